@@ -1,0 +1,51 @@
+"""tunecache: a shared, content-addressed store of Triton autotuning results.
+
+    import tunecache
+    @tunecache.autotune(configs=[...], key=["B", "N"], bucket={"B": tunecache.buckets.sglang})
+    @triton.jit
+    def kernel(...): ...
+
+Restarts resolve every tuning key from the store (``TUNECACHE_URL``, default a per-user SQLite
+file) instead of benchmarking. See the README for modes, fleets and the CLI.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from tunecache import buckets
+from tunecache.errors import CaptureMissError, SchemaError, StoreError, StoreReadOnlyError, TunecacheError
+from tunecache.metrics import flush, reset_stats, stats
+from tunecache.store import ConfigResult, Problem, Store, open_store
+
+__all__ = [
+    "__version__",
+    "autotune",
+    "install",
+    "uninstall",
+    "open_store",
+    "stats",
+    "reset_stats",
+    "flush",
+    "buckets",
+    "Store",
+    "Problem",
+    "ConfigResult",
+    "CaptureMissError",
+    "SchemaError",
+    "StoreError",
+    "StoreReadOnlyError",
+    "TunecacheError",
+    "TunecacheAutotuner",
+]
+
+_LAZY = {"autotune", "install", "uninstall", "TunecacheAutotuner", "current_mode"}
+
+
+def __getattr__(name: str):
+    # Importing triton costs ~1 s; the CLI's export/import/ls never need it.
+    if name in _LAZY:
+        from tunecache import autotuner
+
+        return getattr(autotuner, name)
+    raise AttributeError(f"module 'tunecache' has no attribute {name!r}")

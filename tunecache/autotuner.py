@@ -1,0 +1,871 @@
+"""Autotuner: a drop-in ``triton.autotune`` that reads the store before benchmarking.
+
+``TunecacheAutotuner`` subclasses Triton's ``Autotuner`` and changes nothing on the launch path:
+after a key is resolved, Triton's own ``run`` finds it in ``self.cache`` (a dict lookup) and
+launches. Everything tunecache does happens on a miss, through the hooks that are stable from
+Triton 3.4 to 3.9:
+
+* ``check_disk_cache(key, configs, bench_fn)``: called by ``run`` on every miss once
+  ``cache_results`` is on (we force it on, also under the interpreter). Here we look the problem
+  up (prefetched in one query per kernel), fall back during a CUDA graph capture, take the
+  benchmark lease, and write results back.
+* ``_bench(config=...)``: returns stored timings for configs already measured (or failed) on
+  this target, so a grown search space benchmarks only new configs and a failed config is never
+  compiled again; records the status and failure reason of the rest.
+* ``do_bench``: wraps the benchmarker to see the exception Triton swallows (OutOfResources with
+  the bytes needed and the limit), and uses a CPU timer under ``TRITON_INTERPRET=1``.
+* ``prune_configs(kwargs)``: only remembers ``kwargs`` to name the tuning-key values.
+
+``run`` is wrapped, not copied, to recover from a stored winner that no longer compiles.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import logging
+import os
+import statistics
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from triton.runtime.autotuner import Autotuner
+
+from tunecache import metrics as _stats
+from tunecache.errors import CaptureMissError, StoreError
+from tunecache.identity import (
+    KernelIdentity,
+    Target,
+    canonical_key,
+    config_identity,
+    detect_target,
+    hostname,
+    interpreting,
+    kernel_identity,
+    problem_digest,
+    search_space_hash,
+)
+from tunecache.store import ConfigResult, Problem, Store, pick_winner, shared_store
+
+log = logging.getLogger("tunecache")
+
+MODES = ("readwrite", "readonly", "offline", "strict", "off")
+
+
+def current_mode() -> str:
+    mode = os.environ.get("TUNECACHE_MODE", "readwrite").strip().lower() or "readwrite"
+    if mode not in MODES:
+        raise ValueError(f"TUNECACHE_MODE={mode!r} is not one of {', '.join(MODES)}")
+    return mode
+
+
+def _env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if not raw:
+        return default
+    try:
+        v = float(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a number") from None
+    if v < 0:
+        raise ValueError(f"{name}={raw!r} must be >= 0")
+    return v
+
+
+def lease_seconds() -> float:
+    """How long a benchmark lease lives without renewal: a killed holder blocks others this long."""
+    return _env_float("TUNECACHE_LEASE_SECONDS", 30.0)
+
+
+def wait_seconds() -> float:
+    """How long a process waits for another's benchmark before benchmarking itself."""
+    return _env_float("TUNECACHE_WAIT_SECONDS", 300.0)
+
+
+def driver_change_policy() -> int | None:
+    """``TUNECACHE_ON_DRIVER_CHANGE``: ``retune`` (None) or ``topk:N`` (N)."""
+    raw = os.environ.get("TUNECACHE_ON_DRIVER_CHANGE", "retune").strip().lower()
+    if raw in ("", "retune"):
+        return None
+    if raw.startswith("topk:") and raw[5:].isdigit() and int(raw[5:]) > 0:
+        return int(raw[5:])
+    raise ValueError(f"TUNECACHE_ON_DRIVER_CHANGE={raw!r}: expected 'retune' or 'topk:N' with N >= 1")
+
+
+def cpu_do_bench(kernel_call: Callable[[], Any], quantiles: Sequence[float] = (0.5, 0.2, 0.8)) -> list[float]:
+    """Wall-clock timer for the interpreter, where Triton's CUDA-event benchmarker cannot run."""
+    kernel_call()  # warm-up (the interpreter rewrites the function on first use)
+    reps = max(1, int(os.environ.get("TUNECACHE_CPU_BENCH_REPS", "3")))
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        kernel_call()
+        times.append((time.perf_counter() - t0) * 1e3)
+    times.sort()
+    return [_quantile(times, q) for q in quantiles]
+
+
+def _quantile(xs: list[float], q: float) -> float:
+    if len(xs) == 1:
+        return xs[0]
+    return statistics.quantiles(xs, n=100, method="inclusive")[max(0, min(98, round(q * 100) - 1))]
+
+
+def _capturing() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    try:
+        return bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+    except Exception:  # noqa: BLE001 - a broken CUDA context is not a capture
+        return False
+
+
+def _classify(exc: BaseException) -> tuple[str, dict[str, Any]]:
+    """Map an exception from compiling or launching a config to (status, failure detail)."""
+    name = type(exc).__name__
+    if name == "OutOfResources":
+        return "out_of_resources", {
+            "error": name,
+            "resource": getattr(exc, "name", None),
+            "required": getattr(exc, "required", None),
+            "limit": getattr(exc, "limit", None),
+            "message": str(exc)[:500],
+        }
+    if name in ("CompilationError", "CompileTimeAssertionFailure", "PTXASError", "UnsupportedLanguageConstruct"):
+        return "compile_error", {"error": name, "message": str(exc)[:2000]}
+    return "runtime_error", {"error": name, "message": str(exc)[:2000]}
+
+
+_warned: set[tuple[str, str]] = set()
+_warned_lock = threading.Lock()
+
+
+def _warn_once(kernel: str, what: str, msg: str, *args: Any) -> None:
+    with _warned_lock:
+        if (kernel, what) in _warned:
+            return
+        _warned.add((kernel, what))
+    log.warning(msg, *args)
+
+
+class _Ctx:
+    """Everything about one miss: computed once per new tuning key, never on the launch path."""
+
+    __slots__ = ("key", "names", "values", "key_json", "digest", "bucket", "target", "hashes", "configs")
+
+    def __init__(self, **kw: Any) -> None:
+        for k, v in kw.items():
+            setattr(self, k, v)
+
+
+class TunecacheAutotuner(Autotuner):
+    """Triton's Autotuner, backed by a shared store of results."""
+
+    def __init__(
+        self,
+        fn: Any,
+        arg_names: Sequence[str],
+        configs: Any,
+        key: Sequence[str],
+        reset_to_zero: Any,
+        restore_value: Any,
+        pre_hook: Any = None,
+        post_hook: Any = None,
+        prune_configs_by: Any = None,
+        warmup: Any = None,
+        rep: Any = None,
+        use_cuda_graph: bool = False,
+        do_bench: Any = None,
+        cache_results: bool = False,
+        *,
+        store: str | Store | None = None,
+        bucket: Mapping[str, Callable[[int], int]] | None = None,
+    ) -> None:
+        # Forward by keyword: the positional order differs between Triton versions.
+        super().__init__(
+            fn,
+            arg_names,
+            configs,
+            key,
+            reset_to_zero,
+            restore_value,
+            pre_hook=pre_hook,
+            post_hook=post_hook,
+            prune_configs_by=prune_configs_by,
+            warmup=warmup,
+            rep=rep,
+            use_cuda_graph=use_cuda_graph,
+            do_bench=do_bench,
+            cache_results=cache_results,
+        )
+        # Route every miss through check_disk_cache (3.6+ turns it off under the interpreter).
+        self.cache_results = True
+        bucket = dict(bucket or {})
+        unknown = [n for n in bucket if n not in self.keys]
+        if unknown:
+            raise ValueError(f"bucket names {unknown} must also be in key={list(self.keys)}")
+        for n, f in bucket.items():
+            if not callable(f):
+                raise TypeError(f"bucket[{n!r}] must be a function of the batch size, got {type(f).__name__}")
+        self._tc_bucket = bucket
+        self._tc_store_arg = store
+        self._tc_store: Store | None = None
+        self._tc_store_retry_at = 0.0
+        self._tc_unsaved: list[tuple[Problem, list[ConfigResult], bool]] = []
+        self._tc_identity: KernelIdentity | None = None
+        self._tc_mem: dict[str, Problem] = {}
+        self._tc_prefetched: set[str] = set()  # target digests prefetched
+        self._tc_kwargs: dict[str, Any] = {}
+        self._tc_known: dict[str, ConfigResult] = {}
+        self._tc_results: dict[str, ConfigResult] = {}
+        self._tc_failure: tuple[str, dict[str, Any]] | None = None
+        self._tc_samples = 0
+        self._tc_hash_of: dict[int, tuple[str, str]] = {}
+        self._tc_from_store: dict[Any, tuple[str, str]] = {}  # tuning key -> (digest, config hash)
+        self._tc_lock = threading.RLock()
+
+    # ---- identity ---------------------------------------------------------------------------
+
+    @property
+    def kernel_name(self) -> str:
+        return self.identity.name
+
+    @property
+    def identity(self) -> KernelIdentity:
+        if self._tc_identity is None:
+            self._tc_identity = kernel_identity(self.fn)
+        return self._tc_identity
+
+    def _config_id(self, config: Any) -> tuple[str, str]:
+        ident = self._tc_hash_of.get(id(config))
+        if ident is None:
+            ident = self._tc_hash_of[id(config)] = config_identity(config)
+        return ident
+
+    def _key_names(self, n: int) -> list[str]:
+        """Names of Triton's tuning-key values, built exactly as ``Autotuner.run`` builds them."""
+        all_args = {**(self.nargs or {}), **self._tc_kwargs}
+        _args = {k: v for k, v in all_args.items() if k in self.arg_names}
+        names = [k for k in self.keys if k in _args]
+        names += [f"{k}.dtype" for k, v in _args.items() if hasattr(v, "dtype")]
+        return names if len(names) == n else [f"key[{i}]" for i in range(n)]
+
+    def _context(self, tuning_key: tuple, configs: Sequence[Any]) -> _Ctx:
+        names = self._key_names(len(tuning_key))
+        values = list(tuning_key)
+        bucket = None
+        for i, name in enumerate(names):
+            f = self._tc_bucket.get(name)
+            if f is not None:
+                values[i] = int(f(values[i]))
+                bucket = values[i] if bucket is None else bucket
+        key_json = canonical_key(names, values)  # TypeError names a bad argument, before any benchmark
+        target = detect_target()
+        return _Ctx(
+            key=tuning_key,
+            names=names,
+            values=values,
+            key_json=key_json,
+            bucket=bucket,
+            target=target,
+            digest=problem_digest(self.identity.source_hash, target, key_json),
+            hashes=[self._config_id(c)[1] for c in configs],
+            configs=list(configs),
+        )
+
+    # ---- store access -------------------------------------------------------------------------
+
+    def _store(self) -> Store | None:
+        if self._tc_store is not None:
+            return self._tc_store
+        if time.monotonic() < self._tc_store_retry_at:
+            return None
+        try:
+            arg = self._tc_store_arg
+            self._tc_store = arg if isinstance(arg, Store) else shared_store(arg)
+        except StoreError as e:
+            self._store_trouble("open", e)
+            self._tc_store_retry_at = time.monotonic() + 30.0
+            return None
+        if not self._tc_store.readonly:
+            for item in self._tc_unsaved:  # tuned while the store was down
+                _stats.defer_put(self._tc_store, *item)
+        self._tc_unsaved.clear()
+        return self._tc_store
+
+    def _store_trouble(self, what: str, e: Exception) -> None:
+        _stats.count(None, None, store_errors=1)
+        _warn_once(
+            self.kernel_name,
+            f"store-{what}",
+            "tunecache: %s: store unavailable (%s); tuning in this process instead",
+            self.kernel_name,
+            e,
+        )
+
+    def _lookup(self, ctx: _Ctx) -> Problem | None:
+        """In memory first; on the first miss of a target, prefetch the kernel's problems in one query."""
+        p = self._tc_mem.get(ctx.digest)
+        if p is not None:
+            return p
+        store = self._store()
+        if store is None:
+            return None
+        try:
+            if ctx.target.digest not in self._tc_prefetched:
+                for q in store.get_many(self.identity.source_hash, ctx.target.digest):
+                    self._tc_mem[q.digest] = q
+                self._tc_prefetched.add(ctx.target.digest)
+                p = self._tc_mem.get(ctx.digest)
+            else:
+                p = store.get(ctx.digest)
+        except StoreError as e:
+            self._store_trouble("read", e)
+            return None
+        if p is not None:
+            self._tc_mem[p.digest] = p
+        return p
+
+    # ---- the hooks ------------------------------------------------------------------------------
+
+    def prune_configs(self, kwargs: dict) -> list:
+        self._tc_kwargs = kwargs
+        return super().prune_configs(kwargs)
+
+    @property
+    def do_bench(self) -> Callable[..., Any]:  # shadows Autotuner.do_bench (a cached_property)
+        base = self._do_bench
+        if base is None:
+            if interpreting():
+                base = cpu_do_bench
+            else:
+                from triton.runtime.driver import driver
+
+                base = driver.active.get_benchmarker()
+        return functools.partial(self._recording_bench, base)
+
+    def _recording_bench(
+        self, base: Callable[..., Any], kernel_call: Callable[[], Any], *args: Any, **kwargs: Any
+    ) -> Any:
+        """See the exception Triton's ``_bench`` swallows, and count samples."""
+
+        def counted() -> Any:
+            self._tc_samples += 1
+            return kernel_call()
+
+        try:
+            return base(counted, *args, **kwargs)
+        except Exception as e:
+            self._tc_failure = _classify(e)
+            raise
+
+    def _bench(self, *args: Any, config: Any, **meta: Any) -> list[float]:
+        config_json, h = self._config_id(config)
+        known = self._tc_known.get(h)
+        if known is not None:
+            return known.timings()
+        self._tc_failure = None
+        self._tc_samples = 0
+        t0 = time.perf_counter()
+        try:
+            timings = super()._bench(*args, config=config, **meta)
+        except Exception as e:  # noqa: BLE001 - a config that fails is a result, not a crash
+            self._tc_failure = self._tc_failure or _classify(e)
+            timings = [float("inf")] * 3
+        elapsed = time.perf_counter() - t0
+        if not isinstance(timings, (list, tuple)):
+            timings = [float(timings)] * 3
+        timings = [float(t) for t in timings] + [float(timings[0])] * (3 - len(timings))
+        import orjson
+
+        cfg = orjson.loads(config_json)
+        if self._tc_failure is not None or timings[0] == float("inf"):
+            status, failure = self._tc_failure or ("compile_error", {"error": "unknown", "message": "timing inf"})
+            result = ConfigResult(h, cfg, status=status, failure=failure, samples=self._tc_samples)
+        else:
+            result = ConfigResult(
+                h, cfg, median_ms=timings[0], p20_ms=timings[1], p80_ms=timings[2], samples=self._tc_samples
+            )
+        self._tc_results[h] = result
+        _stats.count(self.kernel_name, self._tc_store, benchmarks=1, bench_seconds=elapsed)
+        return timings[:3]
+
+    def check_disk_cache(self, tuning_key: Any, configs: list, bench_fn: Callable[[], None]) -> bool:
+        mode = current_mode()
+        if mode == "off":
+            if self.cache_results is True and getattr(self, "_tc_user_cache_results", False):
+                return super().check_disk_cache(tuning_key, configs, bench_fn)
+            bench_fn()
+            return False
+        if len(configs) == 1:
+            # Nothing to choose (Triton 3.8+ does the same before calling us): never benchmark.
+            self.cache[tuning_key] = configs[0]
+            return True
+        ctx = self._context(tuning_key, configs)
+        with self._tc_lock:
+            return self._resolve(ctx, mode, bench_fn)
+
+    # ---- resolution -------------------------------------------------------------------------------
+
+    def _covers(self, p: Problem | None, ctx: _Ctx) -> bool:
+        if p is None:
+            return False
+        stored = p.config_map()
+        return all(h in stored for h in ctx.hashes)
+
+    def _use(self, ctx: _Ctx, p: Problem, *, hit: bool) -> None:
+        """Launch the stored winner: the same config on every worker of the fleet."""
+        rows = p.config_map()
+        by_hash = dict(zip(ctx.hashes, ctx.configs))
+        if p.winner_config_hash in by_hash:
+            win = p.winner_config_hash
+        else:  # configs were removed since: best stored among the current ones
+            best = pick_winner(rows[h] for h in ctx.hashes if h in rows)
+            win = best.config_hash if best else ctx.hashes[0]
+        self.cache[ctx.key] = by_hash[win]
+        self.configs_timings = {c: rows[h].timings() for h, c in by_hash.items() if h in rows}
+        self._tc_from_store[ctx.key] = (p.digest, win)
+        if hit:
+            _stats.count(self.kernel_name, self._tc_store, hits=1, saved_seconds=p.tuning_seconds or 0.0)
+            _stats.hit(self._tc_store, p.digest)
+
+    def _problem(self, ctx: _Ctx, seconds: float = 0.0) -> Problem:
+        ident = self.identity
+        return Problem(
+            digest=ctx.digest,
+            kernel=ident.name,
+            source_hash=ident.source_hash,
+            target=ctx.target,
+            key_json=ctx.key_json,
+            batch_bucket=ctx.bucket,
+            tuning_seconds=seconds,
+            host=hostname(),
+            search_space_hash=search_space_hash(ctx.hashes),
+        )
+
+    def _resolve(self, ctx: _Ctx, mode: str, bench_fn: Callable[[], None]) -> bool:
+        p = self._lookup(ctx)
+        if self._covers(p, ctx):
+            self._use(ctx, p, hit=True)
+            return True
+        capturing = _capturing()
+        if capturing or mode == "offline":
+            return self._fallback(ctx, "capture" if capturing else "offline", mode)
+        _stats.count(self.kernel_name, self._tc_store, misses=1)
+        store = self._store()
+        if mode == "readonly" or store is None or store.readonly:
+            return self._bench_unstored(ctx, p, bench_fn, keep=mode != "readonly" and store is None)
+        return self._single_flight(ctx, p, store, bench_fn)
+
+    def _fallback(self, ctx: _Ctx, reason: str, mode: str) -> bool:
+        """No benchmark now: nearest stored bucket's winner, else the first config. Deterministic."""
+        if reason == "capture" and mode == "strict":
+            raise CaptureMissError(self.kernel_name, dict(zip(ctx.names, ctx.values)))
+        cfg = self._nearest(ctx)
+        self.cache[ctx.key] = cfg
+        _stats.count(self.kernel_name, None, **{f"{reason}_fallbacks": 1})
+        _warn_once(
+            self.kernel_name,
+            reason,
+            "tunecache: %s: no stored config for %s during %s; using %s without benchmarking. "
+            "Run `tunecache misses` and tune these keys before the next start.",
+            self.kernel_name,
+            ctx.key_json,
+            "CUDA graph capture" if reason == "capture" else "offline mode",
+            cfg,
+        )
+        store = self._store()
+        if store is not None and not store.readonly:
+            try:
+                store.record_miss(self._problem(ctx), reason)
+            except StoreError as e:
+                self._store_trouble("write", e)
+        return True
+
+    def _nearest(self, ctx: _Ctx) -> Any:
+        by_hash = dict(zip(ctx.hashes, ctx.configs))
+        bi = next((i for i, n in enumerate(ctx.names) if n in self._tc_bucket), None)
+        best: tuple[Any, ...] | None = None
+        for p in self._tc_mem.values():
+            if p.target.digest != ctx.target.digest or p.winner_config_hash not in by_hash:
+                continue
+            try:
+                import orjson
+
+                other = [v for _, v in orjson.loads(p.key_json)]
+            except ValueError:
+                continue
+            if len(other) != len(ctx.values):
+                continue
+            same_rest = all(a == b for i, (a, b) in enumerate(zip(other, ctx.values)) if i != bi)
+            dist = abs(other[bi] - ctx.values[bi]) if bi is not None and isinstance(other[bi], int) else 0
+            rank = (0 if same_rest else 1, dist, other[bi] if bi is not None else 0, p.digest)
+            if best is None or rank < best[0]:
+                best = (rank, by_hash[p.winner_config_hash])
+        return best[1] if best else ctx.configs[0]
+
+    def _prepare_known(self, ctx: _Ctx, p: Problem | None) -> dict[str, ConfigResult]:
+        known = {h: r for h, r in (p.config_map().items() if p else ()) if h in ctx.hashes}
+        if p is None:
+            known.update(self._driver_change_prune(ctx))
+        return known
+
+    def _driver_change_prune(self, ctx: _Ctx) -> dict[str, ConfigResult]:
+        """``topk:N``: after a driver change, benchmark only the N best configs of the old driver."""
+        n = driver_change_policy()
+        store = self._tc_store
+        if n is None or store is None:
+            return {}
+        t = ctx.target
+        try:
+            olds = [
+                q
+                for q in store.list(
+                    with_configs=True,
+                    source_hash=self.identity.source_hash,
+                    key_json=ctx.key_json,
+                    arch=t.arch,
+                    device=t.device_name,
+                )
+                if q.target.driver_version != t.driver_version or q.target.driver_release != t.driver_release
+            ]
+        except StoreError as e:
+            self._store_trouble("read", e)
+            return {}
+        olds = [
+            q
+            for q in olds
+            if {k: v for k, v in q.target.digest_fields().items() if not k.startswith("driver")}
+            == {k: v for k, v in t.digest_fields().items() if not k.startswith("driver")}
+        ]
+        if not olds:
+            return {}
+        old = max(olds, key=lambda q: (q.updated_at or 0, q.digest))
+        ranked = sorted(
+            (r for r in old.configs if r.ok and r.config_hash in ctx.hashes), key=lambda r: (r.median_ms, r.config_hash)
+        )
+        keep = {r.config_hash for r in ranked[:n]}
+        if not keep:
+            return {}
+        skip = {}
+        for h in ctx.hashes:
+            if h in keep:
+                continue
+            prev = old.config_map().get(h)
+            if prev is not None and not prev.ok:
+                skip[h] = prev  # failed before: stays failed, no compile
+            else:
+                skip[h] = ConfigResult(
+                    h,
+                    {},
+                    status="pruned",
+                    failure={
+                        "reason": f"TUNECACHE_ON_DRIVER_CHANGE=topk:{n}: not among the {n} best configs stored for "
+                        f"driver {old.target.driver_release or old.target.driver_version}"
+                    },
+                )
+        log.info(
+            "tunecache: %s: driver changed; re-checking %d of %d configs", self.kernel_name, len(keep), len(ctx.hashes)
+        )
+        return skip
+
+    def _run_bench(
+        self, ctx: _Ctx, known: dict[str, ConfigResult], bench_fn: Callable[[], None]
+    ) -> tuple[list[ConfigResult], float]:
+        self._tc_known = known
+        self._tc_results = {}
+        t0 = time.perf_counter()
+        try:
+            bench_fn()
+        finally:
+            self._tc_known = {}
+        seconds = time.perf_counter() - t0
+        new = dict(self._tc_results)
+        for h, r in known.items():  # rows made up by the driver-change policy are stored too
+            if h not in new and r.status == "pruned" and not r.config:
+                new[h] = ConfigResult(h, _config_json(self, ctx, h), status="pruned", failure=r.failure)
+        return list(new.values()), seconds
+
+    def _single_flight(self, ctx: _Ctx, p: Problem | None, store: Store, bench_fn: Callable[[], None]) -> bool:
+        """Exactly one process per digest benchmarks, on this host (filelock) and across hosts (lease row)."""
+        holder = f"{hostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        ttl = lease_seconds()
+        deadline = time.monotonic() + wait_seconds()
+        flock = _host_lock(store, ctx.digest)
+        waited = False
+        poll = 0.05
+        while True:
+            got_host = flock is None or _try_acquire(flock)
+            if got_host:
+                try:
+                    if store.try_lease(ctx.digest, holder, ttl):
+                        try:
+                            return self._bench_and_store(ctx, store, bench_fn, holder, ttl)
+                        finally:
+                            with contextlib.suppress(StoreError):
+                                store.release_lease(ctx.digest, holder)
+                except StoreError as e:
+                    self._store_trouble("lease", e)
+                    return self._bench_unstored(ctx, p, bench_fn)
+                finally:
+                    if flock is not None:
+                        flock.release()
+            if not waited:
+                waited = True
+                _stats.count(None, None, waits=1)
+                log.info("tunecache: %s: another process is benchmarking %s; waiting", self.kernel_name, ctx.key_json)
+            time.sleep(poll)
+            poll = min(poll * 1.5, 0.5)
+            try:
+                q = store.get(ctx.digest)
+            except StoreError as e:
+                self._store_trouble("read", e)
+                return self._bench_unstored(ctx, p, bench_fn)
+            if self._covers(q, ctx):
+                self._tc_mem[q.digest] = q
+                self._use(ctx, q, hit=False)
+                return True
+            if time.monotonic() > deadline:
+                _warn_once(
+                    self.kernel_name,
+                    "wait-timeout",
+                    "tunecache: %s: waited %.0fs for another process's benchmark of %s; benchmarking here",
+                    self.kernel_name,
+                    wait_seconds(),
+                    ctx.key_json,
+                )
+                return self._bench_and_store(ctx, store, bench_fn, None, ttl)
+
+    def _bench_unstored(self, ctx: _Ctx, p: Problem | None, bench_fn: Callable[[], None], keep: bool = True) -> bool:
+        """Tune in this process; with ``keep``, write the result once the store is back."""
+        results, seconds = self._run_bench(ctx, self._prepare_known(ctx, p), bench_fn)
+        if keep:
+            item = (self._problem(ctx, seconds), results, p is not None)
+            if self._tc_store is not None:
+                _stats.defer_put(self._tc_store, *item)
+            else:
+                self._tc_unsaved.append(item)
+        return False
+
+    def _bench_and_store(
+        self, ctx: _Ctx, store: Store, bench_fn: Callable[[], None], holder: str | None, ttl: float
+    ) -> bool:
+        try:
+            p = store.get(ctx.digest)  # someone may have finished while we took the lease
+        except StoreError as e:
+            self._store_trouble("read", e)
+            p = self._tc_mem.get(ctx.digest)
+        if self._covers(p, ctx):
+            self._tc_mem[p.digest] = p
+            self._use(ctx, p, hit=False)
+            return True
+        stop = threading.Event()
+        if holder is not None:
+            threading.Thread(target=_heartbeat, args=(store, ctx.digest, holder, ttl, stop), daemon=True).start()
+        try:
+            results, seconds = self._run_bench(ctx, self._prepare_known(ctx, p), bench_fn)
+        finally:
+            stop.set()
+        problem = self._problem(ctx, seconds + (p.tuning_seconds if p else 0.0))
+        try:
+            stored = store.put(problem, results, replace=p is not None)
+        except StoreError as e:
+            self._store_trouble("write", e)
+            _stats.defer_put(store, problem, results, p is not None)
+            return False  # bench_fn already set self.cache[key] to the local winner
+        self._tc_mem[stored.digest] = stored
+        self._use(ctx, stored, hit=False)
+        return False
+
+    # ---- a stored winner that no longer works ---------------------------------------------------
+
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().run(*args, **kwargs)
+        except Exception as e:
+            if not self._tc_from_store or not type(e).__module__.startswith("triton"):
+                raise
+            bad = [k for k, (_, _h) in self._tc_from_store.items() if self.cache.get(k) is self.best_config]
+            if not bad:
+                raise
+            self._poisoned(bad, e)
+        return super().run(*args, **kwargs)
+
+    def _poisoned(self, keys: list[Any], exc: Exception) -> None:
+        status, failure = _classify(exc)
+        for k in keys:
+            digest, h = self._tc_from_store.pop(k)
+            self.cache.pop(k, None)
+            p = self._tc_mem.pop(digest, None)
+            if p is not None:
+                r = p.config_map().get(h)
+                if r is not None:
+                    r.status, r.failure, r.median_ms = status, failure, None
+                    best = pick_winner(p.configs)
+                    p.winner_config_hash = best.config_hash if best else None
+                    self._tc_mem[digest] = p
+            _stats.count(None, None, poisoned=1)
+            log.warning(
+                "tunecache: %s: stored winner %s failed on this target (%s: %s); marked %s and re-resolving",
+                self.kernel_name,
+                h[:12],
+                type(exc).__name__,
+                str(exc)[:200],
+                status,
+            )
+            store = self._store()
+            if store is not None and not store.readonly:
+                try:
+                    store.mark_config(digest, h, status, failure)
+                except StoreError as e:
+                    self._store_trouble("write", e)
+
+
+def _config_json(tuner: TunecacheAutotuner, ctx: _Ctx, h: str) -> dict[str, Any]:
+    import orjson
+
+    for c, ch in zip(ctx.configs, ctx.hashes):
+        if ch == h:
+            return orjson.loads(tuner._config_id(c)[0])
+    return {}
+
+
+def _heartbeat(store: Store, digest: str, holder: str, ttl: float, stop: threading.Event) -> None:
+    while not stop.wait(max(ttl / 3.0, 0.05)):
+        try:
+            store.renew_lease(digest, holder, ttl)
+        except StoreError:
+            log.debug("tunecache: lease renewal failed", exc_info=True)
+
+
+def _lock_dir(store: Store) -> Path | None:
+    base = os.environ.get("TUNECACHE_LOCK_DIR")
+    if not base:
+        import platformdirs
+
+        base = platformdirs.user_cache_dir("tunecache")
+    d = Path(base) / "locks" / hashlib.sha256(str(store.url).encode()).hexdigest()[:16]
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    return d if os.access(d, os.W_OK) else None
+
+
+@functools.lru_cache(maxsize=64)
+def _lock_dir_cached(store: Store) -> Path | None:
+    return _lock_dir(store)
+
+
+def _host_lock(store: Store, digest: str) -> Any:
+    """A per-digest file lock: the OS drops it when its holder dies, even by kill -9."""
+    d = _lock_dir_cached(store)
+    if d is None:
+        return None
+    from filelock import FileLock
+
+    return FileLock(str(d / f"{digest[:32]}.lock"))
+
+
+def _try_acquire(lock: Any) -> bool:
+    from filelock import Timeout
+
+    try:
+        lock.acquire(timeout=0)
+        return True
+    except Timeout:
+        return False
+    except OSError:
+        return True  # no usable lock file: the lease row still serialises
+
+
+def autotune(
+    configs: Any,
+    key: Sequence[str],
+    prune_configs_by: Any = None,
+    reset_to_zero: Any = None,
+    restore_value: Any = None,
+    pre_hook: Any = None,
+    post_hook: Any = None,
+    warmup: Any = None,
+    rep: Any = None,
+    use_cuda_graph: bool = False,
+    do_bench: Any = None,
+    cache_results: bool = False,
+    *,
+    store: str | Store | None = None,
+    bucket: Mapping[str, Callable[[int], int]] | None = None,
+) -> Callable[[Any], Any]:
+    """``triton.autotune`` with a shared store behind it. Same arguments, plus:
+
+    store: a SQLAlchemy URL or a :class:`Store` (default: ``TUNECACHE_URL`` or the per-user SQLite).
+    bucket: ``{"B": tunecache.buckets.sglang}`` puts the batch bucket of argument ``B`` in the tuning
+        key while the kernel still receives the real ``B``.
+    """
+
+    def decorator(fn: Any) -> Any:
+        kw = dict(
+            prune_configs_by=prune_configs_by,
+            warmup=warmup,
+            rep=rep,
+            use_cuda_graph=use_cuda_graph,
+            do_bench=do_bench,
+            cache_results=cache_results,
+            pre_hook=pre_hook,
+            post_hook=post_hook,
+        )
+        if current_mode() == "off":
+            return Autotuner(fn, fn.arg_names, configs, key, reset_to_zero, restore_value, **kw)
+        tuner = TunecacheAutotuner(
+            fn, fn.arg_names, configs, key, reset_to_zero, restore_value, **kw, store=store, bucket=bucket
+        )
+        tuner._tc_user_cache_results = cache_results
+        return tuner
+
+    return decorator
+
+
+_originals: dict[str, Any] = {}
+
+
+def install() -> None:
+    """Make ``triton.autotune`` build tunecache autotuners, so unmodified third-party kernels
+    decorated after this call use the store. Idempotent."""
+    import triton
+    import triton.runtime
+    import triton.runtime.autotuner as at
+
+    if _originals:
+        return
+    _originals.update(triton=triton.autotune, runtime=triton.runtime.autotune, autotuner=at.autotune)
+    triton.autotune = autotune
+    triton.runtime.autotune = autotune
+    at.autotune = autotune
+
+
+def uninstall() -> None:
+    """Undo :func:`install`; kernels decorated meanwhile keep their tunecache autotuner."""
+    import triton
+    import triton.runtime
+    import triton.runtime.autotuner as at
+
+    if not _originals:
+        return
+    triton.autotune = _originals["triton"]
+    triton.runtime.autotune = _originals["runtime"]
+    at.autotune = _originals["autotuner"]
+    _originals.clear()
+
+
+def installed() -> bool:
+    return bool(_originals)
+
+
+__all__ = ["TunecacheAutotuner", "autotune", "install", "uninstall", "installed", "current_mode", "Target"]

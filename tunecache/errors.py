@@ -1,0 +1,41 @@
+"""Typed exceptions. Every message says what went wrong and what the user can do about it."""
+
+from __future__ import annotations
+
+
+class TunecacheError(Exception):
+    """Base class of every error tunecache raises on purpose."""
+
+
+class StoreError(TunecacheError):
+    """The store cannot be opened, read or written (unreachable server, bad URL, corrupt file)."""
+
+
+class StoreReadOnlyError(StoreError):
+    """A write was attempted on a store opened read-only."""
+
+
+class SchemaError(StoreError):
+    """The database schema is missing, older than needed in read-only mode, or newer than this code."""
+
+
+class CaptureMissError(TunecacheError):
+    """A tuning key missed the store while a CUDA graph was being captured (strict mode)."""
+
+    def __init__(self, kernel: str, key: object, reason: str = "CUDA graph capture") -> None:
+        self.kernel = kernel
+        self.key = key
+        super().__init__(
+            f"{kernel}: no stored config for tuning key {key!r} during {reason}; benchmarking now would "
+            "break the capture. Tune this key before capturing (run `tunecache warm` at image build, or "
+            "a warm-up forward pass before capture), or unset TUNECACHE_MODE=strict to fall back."
+        )
+
+
+class ImportFormatError(TunecacheError):
+    """An export file is malformed; nothing from it was written."""
+
+    def __init__(self, line: int, reason: str) -> None:
+        self.line = line
+        self.reason = reason
+        super().__init__(f"line {line}: {reason}")

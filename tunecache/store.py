@@ -1,0 +1,1057 @@
+"""Store: tables, engine and queries for tuning results.
+
+One SQL schema serves the embedded SQLite default and a shared PostgreSQL or MySQL. Queries are
+SQLAlchemy Core (no ORM objects: a warm start builds hundreds of rows and must stay cheap), and
+every write is one transaction, so a reader sees a problem with all its config rows or not at all.
+
+SQLite settings, set explicitly on every connection (see also the README):
+
+=================  ===========  ==================================================================
+pragma             value        why
+=================  ===========  ==================================================================
+journal_mode       WAL          readers never block the one writer, so 16 workers can read while
+                                one writes a benchmark result
+busy_timeout       30000 ms     a writer waits for the lock instead of failing (``TUNECACHE_SQLITE_
+                                BUSY_MS``)
+synchronous        NORMAL       durable at every checkpoint; a power cut can lose the last commits,
+                                never corrupt the file. Results can be re-measured, so the fsync per
+                                commit of FULL is not worth its cost
+foreign_keys       ON           config rows go with their problem
+write transactions BEGIN        takes the write lock up front: a deferred transaction that reads
+                   IMMEDIATE    then writes can fail with SQLITE_BUSY without waiting
+=================  ===========  ==================================================================
+
+A store whose file or directory is not writable (an image with a read-only root filesystem) is
+opened with ``mode=ro&immutable=1``: no lock files, no WAL, no writes; every write raises
+:class:`StoreReadOnlyError`, which the autotuner treats as "store unavailable for writing".
+Writers checkpoint the WAL into the main file when they close, so a copied or baked file is whole.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import logging
+import os
+import re
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import orjson
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.dialects import mysql as mysql_dialect
+from sqlalchemy.engine import URL, Connection, Engine, make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, SQLAlchemyError
+
+from tunecache.errors import SchemaError, StoreError, StoreReadOnlyError
+from tunecache.identity import TARGET_FIELDS, Target, hostname, search_space_hash
+
+log = logging.getLogger("tunecache")
+
+STATUSES = ("ok", "out_of_resources", "compile_error", "runtime_error", "pruned")
+FAILED_STATUSES = ("out_of_resources", "compile_error", "runtime_error")
+
+# --------------------------------------------------------------------------------------------
+# Tables
+# --------------------------------------------------------------------------------------------
+
+metadata = sa.MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "ck": "ck_%(table_name)s_%(constraint_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+Timestamp = sa.DateTime().with_variant(mysql_dialect.DATETIME(fsp=6), "mysql", "mariadb")
+Digest = sa.String(64)
+
+problems = sa.Table(
+    "problems",
+    metadata,
+    sa.Column("digest", Digest, primary_key=True),
+    sa.Column("kernel", sa.String(255), nullable=False),
+    sa.Column("source_hash", Digest, nullable=False),
+    sa.Column("target_digest", Digest, nullable=False),
+    sa.Column("backend", sa.String(16), nullable=False),
+    sa.Column("arch", sa.String(32), nullable=False),
+    sa.Column("device_name", sa.String(128), nullable=False),
+    sa.Column("sm_count", sa.Integer, nullable=False),
+    sa.Column("max_shared_mem", sa.Integer, nullable=False),
+    sa.Column("warp_size", sa.Integer, nullable=False),
+    sa.Column("driver_version", sa.String(32), nullable=False),
+    sa.Column("driver_release", sa.String(64), nullable=False),
+    sa.Column("cuda_runtime", sa.String(32), nullable=False),
+    sa.Column("triton_version", sa.String(16), nullable=False),
+    sa.Column("key_json", sa.Text, nullable=False),
+    sa.Column("batch_bucket", sa.Integer, nullable=True),
+    sa.Column("winner_config_hash", sa.String(32), nullable=True),
+    sa.Column("winner_ms", sa.Double, nullable=True),
+    sa.Column("search_space_hash", Digest, nullable=False),
+    sa.Column("tuning_seconds", sa.Double, nullable=False, default=0.0),
+    sa.Column("host", sa.String(255), nullable=False),
+    sa.Column("created_at", Timestamp, nullable=False),
+    sa.Column("updated_at", Timestamp, nullable=False),
+    sa.Column("hit_count", sa.Integer, nullable=False, default=0),
+    sa.Column("last_hit_at", Timestamp, nullable=True),
+    sa.Index(None, "source_hash", "target_digest"),  # warm-start bulk fetch
+    sa.Index(None, "kernel"),
+    sa.Index(None, "arch", "device_name"),
+    sa.Index(None, "driver_version"),
+    sa.Index(None, "updated_at"),
+    sa.Index(None, "last_hit_at"),  # gc
+)
+
+configs = sa.Table(
+    "configs",
+    metadata,
+    sa.Column("digest", Digest, sa.ForeignKey("problems.digest", ondelete="CASCADE"), primary_key=True),
+    sa.Column("config_hash", sa.String(32), primary_key=True),
+    sa.Column("config_json", sa.Text, nullable=False),
+    sa.Column("status", sa.String(20), nullable=False),
+    sa.Column("median_ms", sa.Double, nullable=True),
+    sa.Column("p20_ms", sa.Double, nullable=True),
+    sa.Column("p80_ms", sa.Double, nullable=True),
+    sa.Column("samples", sa.Integer, nullable=False, default=0),
+    sa.Column("failure", sa.Text, nullable=True),
+    sa.Column("host", sa.String(255), nullable=False),
+    sa.Column("measured_at", Timestamp, nullable=False),
+    sa.CheckConstraint(
+        "status IN ('ok', 'out_of_resources', 'compile_error', 'runtime_error', 'pruned')", name="status"
+    ),
+)
+
+leases = sa.Table(
+    "leases",
+    metadata,
+    sa.Column("digest", Digest, primary_key=True),
+    sa.Column("holder", sa.String(255), nullable=False),
+    sa.Column("host", sa.String(255), nullable=False),
+    sa.Column("pid", sa.Integer, nullable=False),
+    sa.Column("expires_at", sa.Double, nullable=False),  # epoch seconds (hosts are NTP-synced)
+)
+
+misses = sa.Table(
+    "misses",
+    metadata,
+    sa.Column("digest", Digest, primary_key=True),
+    sa.Column("reason", sa.String(16), primary_key=True),  # capture | offline
+    sa.Column("kernel", sa.String(255), nullable=False),
+    sa.Column("source_hash", Digest, nullable=False),
+    sa.Column("target_digest", Digest, nullable=False),
+    sa.Column("key_json", sa.Text, nullable=False),
+    sa.Column("count", sa.Integer, nullable=False, default=1),
+    sa.Column("host", sa.String(255), nullable=False),
+    sa.Column("first_seen", Timestamp, nullable=False),
+    sa.Column("last_seen", Timestamp, nullable=False),
+)
+
+kernel_stats = sa.Table(
+    "kernel_stats",
+    metadata,
+    sa.Column("kernel", sa.String(255), primary_key=True),
+    sa.Column("hits", sa.BigInteger, nullable=False, default=0),
+    sa.Column("misses", sa.BigInteger, nullable=False, default=0),
+    sa.Column("benchmarks", sa.BigInteger, nullable=False, default=0),
+    sa.Column("bench_seconds", sa.Double, nullable=False, default=0.0),
+    sa.Column("saved_seconds", sa.Double, nullable=False, default=0.0),
+    sa.Column("updated_at", Timestamp, nullable=False),
+)
+
+# --------------------------------------------------------------------------------------------
+# Values
+# --------------------------------------------------------------------------------------------
+
+
+def utcnow() -> dt.datetime:
+    """Naive UTC: every backend stores and compares it the same way."""
+    return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+
+
+@dataclass
+class ConfigResult:
+    """One config's outcome for one problem."""
+
+    config_hash: str
+    config: dict[str, Any]
+    status: str = "ok"
+    median_ms: float | None = None
+    p20_ms: float | None = None
+    p80_ms: float | None = None
+    samples: int = 0
+    failure: dict[str, Any] | None = None
+    host: str = ""
+    measured_at: dt.datetime | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok" and self.median_ms is not None
+
+    def timings(self) -> list[float]:
+        """[median, p20, p80] as Triton's ``configs_timings`` holds them (inf when failed)."""
+        if not self.ok:
+            return [float("inf")] * 3
+        return [self.median_ms, self.p20_ms or self.median_ms, self.p80_ms or self.median_ms]
+
+
+@dataclass
+class Problem:
+    """One tuning problem (kernel source x target x tuning key) and its config rows."""
+
+    digest: str
+    kernel: str
+    source_hash: str
+    target: Target
+    key_json: str
+    batch_bucket: int | None = None
+    winner_config_hash: str | None = None
+    winner_ms: float | None = None
+    search_space_hash: str = ""
+    tuning_seconds: float = 0.0
+    host: str = ""
+    created_at: dt.datetime | None = None
+    updated_at: dt.datetime | None = None
+    hit_count: int = 0
+    last_hit_at: dt.datetime | None = None
+    configs: list[ConfigResult] = field(default_factory=list)
+
+    def config_map(self) -> dict[str, ConfigResult]:
+        return {c.config_hash: c for c in self.configs}
+
+    @property
+    def winner(self) -> ConfigResult | None:
+        return self.config_map().get(self.winner_config_hash) if self.winner_config_hash else None
+
+
+def pick_winner(rows: Iterable[ConfigResult]) -> ConfigResult | None:
+    """Fastest ok config; ties broken by config hash so every host picks the same one."""
+    ok = [r for r in rows if r.ok]
+    return min(ok, key=lambda r: (r.median_ms, r.config_hash)) if ok else None
+
+
+# --------------------------------------------------------------------------------------------
+# URLs and errors
+# --------------------------------------------------------------------------------------------
+
+
+def default_url() -> str:
+    import platformdirs
+
+    path = Path(platformdirs.user_cache_dir("tunecache")) / "tunecache.sqlite3"
+    return f"sqlite:///{path}"
+
+
+def resolve_url(url: str | URL | None = None) -> URL:
+    """The SQLAlchemy URL to use: argument, then ``TUNECACHE_URL``, then the per-user SQLite file.
+
+    ``postgresql://`` and ``mysql://`` without a driver pick psycopg 3 and PyMySQL, the drivers the
+    extras install.
+    """
+    raw = url if url is not None else (os.environ.get("TUNECACHE_URL") or default_url())
+    try:
+        u = raw if isinstance(raw, URL) else make_url(str(raw))
+    except ArgumentError:
+        raise StoreError(
+            f"malformed store URL {mask_raw(str(raw))!r}: expected e.g. sqlite:////path/tunecache.sqlite3 "
+            "or postgresql://user@host/db"
+        ) from None
+    drivers = {
+        "postgresql": "postgresql+psycopg",
+        "postgres": "postgresql+psycopg",
+        "mysql": "mysql+pymysql",
+        "mariadb": "mariadb+pymysql",
+    }
+    if u.drivername in drivers:
+        u = u.set(drivername=drivers[u.drivername])
+    return u
+
+
+def mask_url(u: URL | str) -> str:
+    if isinstance(u, str):
+        try:
+            u = make_url(u)
+        except ArgumentError:
+            return mask_raw(u)
+    return u.render_as_string(hide_password=True)
+
+
+def mask_raw(text: str) -> str:
+    """Hide ``user:password@`` in any URL-looking text."""
+    return re.sub(r"(://[^:/@\s]*:)[^@\s]*@", r"\1***@", text)
+
+
+def _scrub(text: str, u: URL) -> str:
+    text = mask_raw(text)
+    if u.password:
+        text = text.replace(str(u.password), "***")
+    return text
+
+
+def _reason(exc: BaseException) -> str:
+    orig = getattr(exc, "orig", None) or exc
+    lines = [ln.strip() for ln in str(orig).strip().splitlines() if ln.strip()]
+    return lines[0] if lines else type(orig).__name__
+
+
+# --------------------------------------------------------------------------------------------
+# Engine
+# --------------------------------------------------------------------------------------------
+
+
+def _sqlite_path(u: URL) -> Path | None:
+    db = u.database
+    if not db or db == ":memory:" or db.startswith("file:"):
+        return None
+    return Path(db).expanduser()
+
+
+def _sqlite_writable(path: Path) -> bool:
+    parent = path.parent
+    if path.exists():
+        return os.access(path, os.W_OK) and os.access(parent, os.W_OK)
+    probe = parent
+    while not probe.exists():
+        probe = probe.parent
+    return os.access(probe, os.W_OK)
+
+
+def _make_engine(u: URL, readonly: bool) -> Engine:
+    if u.get_backend_name() == "sqlite":
+        path = _sqlite_path(u)
+        busy_ms = int(os.environ.get("TUNECACHE_SQLITE_BUSY_MS", "30000"))
+        if readonly and path is not None:
+            uri = f"file:{path}?mode=ro&immutable=1"
+            engine = sa.create_engine(
+                "sqlite://",
+                creator=lambda: sqlite3.connect(uri, uri=True, check_same_thread=False),
+                poolclass=sa.pool.StaticPool,
+            )
+        else:
+            if path is not None:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            engine = sa.create_engine(u, connect_args={"check_same_thread": False, "timeout": busy_ms / 1000})
+
+        @event.listens_for(engine, "connect")
+        def _on_connect(dbapi_conn: Any, _rec: Any) -> None:
+            dbapi_conn.isolation_level = None  # we emit BEGIN ourselves (see _on_begin)
+            cur = dbapi_conn.cursor()
+            cur.execute(f"PRAGMA busy_timeout={busy_ms}")
+            if not readonly:
+                cur.execute("PRAGMA journal_mode=WAL")
+                cur.execute("PRAGMA synchronous=NORMAL")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.close()
+
+        @event.listens_for(engine, "begin")
+        def _on_begin(conn: Connection) -> None:
+            write = conn.get_execution_options().get("tunecache_write")
+            conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+
+        return engine
+    connect_args: dict[str, Any] = {}
+    timeout = int(os.environ.get("TUNECACHE_CONNECT_TIMEOUT", "5"))
+    backend = u.get_backend_name()
+    if backend == "postgresql":
+        connect_args["connect_timeout"] = timeout
+        connect_args["application_name"] = "tunecache"
+    elif backend in ("mysql", "mariadb"):
+        connect_args["connect_timeout"] = timeout
+    try:
+        return sa.create_engine(u, pool_pre_ping=True, pool_size=2, max_overflow=4, connect_args=connect_args)
+    except (NoSuchModuleError, ModuleNotFoundError) as e:
+        extra = {"postgresql": "postgres", "mysql": "mysql", "mariadb": "mysql"}.get(backend, backend)
+        raise StoreError(
+            f"no database driver for {mask_url(u)} ({_reason(e)}): pip install 'tunecache[{extra}]'"
+        ) from None
+
+
+# --------------------------------------------------------------------------------------------
+# Migrations
+# --------------------------------------------------------------------------------------------
+
+
+def _alembic_config(conn: Connection | None = None) -> Any:
+    from importlib.resources import files
+
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(files("tunecache.migrations")))
+    if conn is not None:
+        cfg.attributes["connection"] = conn
+    return cfg
+
+
+def head_revision() -> str:
+    from alembic.script import ScriptDirectory
+
+    return ScriptDirectory.from_config(_alembic_config()).get_current_head()
+
+
+def _known_revisions() -> set[str]:
+    from alembic.script import ScriptDirectory
+
+    return {s.revision for s in ScriptDirectory.from_config(_alembic_config()).walk_revisions()}
+
+
+def _current_revision(conn: Connection) -> str | None:
+    from alembic.runtime.migration import MigrationContext
+
+    return MigrationContext.configure(conn).get_current_revision()
+
+
+# --------------------------------------------------------------------------------------------
+# The store
+# --------------------------------------------------------------------------------------------
+
+
+class Store:
+    """A connection to one tuning-results database. Thread-safe; cheap to keep for a process."""
+
+    def __init__(self, url: URL, engine: Engine, readonly: bool) -> None:
+        self.url = url
+        self.engine = engine
+        self.readonly = readonly
+        self.dialect = engine.dialect.name
+        self._lock = threading.Lock()
+
+    # ---- lifecycle ------------------------------------------------------------------------
+
+    @property
+    def masked_url(self) -> str:
+        return mask_url(self.url)
+
+    def __repr__(self) -> str:
+        return f"Store({self.masked_url}{', read-only' if self.readonly else ''})"
+
+    def close(self) -> None:
+        """Checkpoint SQLite's WAL into the main file (so the file can be copied) and dispose."""
+        if self.dialect == "sqlite" and not self.readonly:
+            with contextlib.suppress(SQLAlchemyError), self.engine.connect() as conn:
+                conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+        self.engine.dispose()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextlib.contextmanager
+    def _guard(self, what: str) -> Iterator[None]:
+        """Turn driver errors into StoreError with the host named and the password hidden."""
+        try:
+            yield
+        except StoreError:
+            raise
+        except (SQLAlchemyError, sqlite3.Error, OSError) as e:
+            reason = _scrub(_reason(e), self.url)
+            if "readonly database" in reason or "read-only" in reason:
+                raise StoreReadOnlyError(f"{what} failed: store {self.masked_url} is read-only ({reason})") from None
+            if isinstance(e, DBAPIError) and e.connection_invalidated or "connect" in reason.lower():
+                host = self.url.host or "localhost"
+                raise StoreError(
+                    f"{what} failed: cannot reach the store at {host} ({self.masked_url}): {reason}"
+                ) from None
+            raise StoreError(f"{what} failed on {self.masked_url}: {reason}") from None
+
+    @contextlib.contextmanager
+    def _write(self, what: str) -> Iterator[Connection]:
+        if self.readonly:
+            raise StoreReadOnlyError(f"{what}: store {self.masked_url} is opened read-only")
+        with self._guard(what), self.engine.connect() as conn:
+            conn.execution_options(tunecache_write=True)
+            with conn.begin():
+                yield conn
+
+    @contextlib.contextmanager
+    def _read(self, what: str) -> Iterator[Connection]:
+        with self._guard(what), self.engine.connect() as conn:
+            yield conn
+
+    # ---- schema ---------------------------------------------------------------------------
+
+    def revision(self) -> str | None:
+        with self._read("reading the schema revision") as conn:
+            return _current_revision(conn)
+
+    def check_schema(self, migrate: bool) -> None:
+        """Migrate to head if allowed, refuse a schema newer than this code, never downgrade."""
+        head = head_revision()
+        current = self.revision()
+        if current == head:
+            return
+        if current is not None and current not in _known_revisions():
+            raise SchemaError(
+                f"store {self.masked_url} has schema revision {current}, newer than this tunecache "
+                f"(head {head}); upgrade tunecache. The store was not changed."
+            )
+        if not migrate or self.readonly:
+            if current is None and self.readonly:
+                raise SchemaError(f"store {self.masked_url} is read-only and has no tunecache schema")
+            if self.readonly:
+                raise SchemaError(
+                    f"read-only store {self.masked_url} is at revision {current}; head is "
+                    f"{head}. Run `tunecache db upgrade` where it is writable."
+                )
+            raise SchemaError(
+                f"store {self.masked_url} is at revision {current}, head is {head}: run `tunecache db upgrade`"
+            )
+        self.upgrade()
+
+    def upgrade(self, revision: str = "head") -> None:
+        """Apply migrations; concurrent callers serialise on a lock and only the first migrates."""
+        from alembic import command
+
+        with self._migration_lock(), self._write("migrating the schema") as conn:
+            if self.dialect == "postgresql":
+                conn.exec_driver_sql("SELECT pg_advisory_xact_lock(7283105331)")
+            before = _current_revision(conn)
+            if before == head_revision() and revision == "head":
+                return
+            if before is not None and before not in _known_revisions():
+                raise SchemaError(
+                    f"store {self.masked_url} has schema revision {before}, newer than this "
+                    "tunecache; refusing to touch it"
+                )
+            command.upgrade(_alembic_config(conn), revision)
+            log.info("tunecache: migrated %s from %s to %s", self.masked_url, before, revision)
+
+    @contextlib.contextmanager
+    def _migration_lock(self) -> Iterator[None]:
+        if self.dialect == "sqlite":
+            path = _sqlite_path(self.url)
+            if path is not None:
+                from filelock import FileLock
+
+                with FileLock(str(path) + ".migrate.lock", timeout=120):
+                    yield
+                return
+        if self.dialect in ("mysql", "mariadb"):
+            with self.engine.connect() as c:
+                c.exec_driver_sql("SELECT GET_LOCK('tunecache_migrate', 120)")
+                try:
+                    yield
+                finally:
+                    c.exec_driver_sql("SELECT RELEASE_LOCK('tunecache_migrate')")
+            return
+        yield  # PostgreSQL: pg_advisory_xact_lock inside the migration transaction
+
+    # ---- reads ----------------------------------------------------------------------------
+
+    _problem_cols = [c for c in problems.c]
+
+    def _rows_to_problems(self, rows: Iterable[Any]) -> list[Problem]:
+        out: dict[str, Problem] = {}
+        for r in rows:
+            m = r._mapping
+            d = m["digest"]
+            p = out.get(d)
+            if p is None:
+                p = out[d] = _problem_from(m)
+            if m.get("config_hash") is not None:
+                p.configs.append(_config_from(m))
+        return list(out.values())
+
+    def _select_full(self) -> sa.Select:
+        cfg_cols = [c.label(c.name) for c in configs.c if c.name not in ("digest", "host")]
+        return sa.select(*self._problem_cols, *cfg_cols, configs.c.host.label("config_host")).select_from(
+            problems.outerjoin(configs, configs.c.digest == problems.c.digest)
+        )
+
+    def get(self, digest: str) -> Problem | None:
+        """The problem with all its config rows, or None."""
+        with self._read("get") as conn:
+            found = self._rows_to_problems(conn.execute(self._select_full().where(problems.c.digest == digest)))
+        return found[0] if found else None
+
+    def get_many(self, source_hash: str, target_digest: str) -> list[Problem]:
+        """Every problem of one kernel on one target, with config rows, in ONE query (warm starts)."""
+        with self._read("bulk fetch") as conn:
+            q = self._select_full().where(
+                problems.c.source_hash == source_hash, problems.c.target_digest == target_digest
+            )
+            return self._rows_to_problems(conn.execute(q))
+
+    def find(self, digest_prefix: str) -> list[Problem]:
+        """Problems whose digest starts with a prefix (as typed by a user), with config rows."""
+        prefix = digest_prefix.strip().lower()
+        if not re.fullmatch(r"[0-9a-f]{1,64}", prefix):
+            raise ValueError(f"digest prefix {digest_prefix!r} is not hexadecimal")
+        with self._read("find") as conn:
+            q = self._select_full().where(problems.c.digest.like(prefix + "%")).order_by(problems.c.digest)
+            return self._rows_to_problems(conn.execute(q))
+
+    def list(self, *, with_configs: bool = False, limit: int | None = None, **filters: Any) -> list[Problem]:
+        """Problems matching filters (see :func:`_where`), newest first."""
+        where = _where(**filters)
+        with self._read("list") as conn:
+            if with_configs:
+                q = self._select_full().where(*where).order_by(problems.c.updated_at.desc(), problems.c.digest)
+            else:
+                q = (
+                    sa.select(*self._problem_cols)
+                    .where(*where)
+                    .order_by(problems.c.updated_at.desc(), problems.c.digest)
+                )
+                if limit:
+                    q = q.limit(limit)
+            return self._rows_to_problems(conn.execute(q))
+
+    def iter_problems(self, batch: int = 2000, **filters: Any) -> Iterator[Problem]:
+        """Every matching problem with its configs, streamed in digest order (for export)."""
+        where = _where(**filters)
+        last = ""
+        while True:
+            with self._read("export") as conn:
+                ids = (
+                    conn.execute(
+                        sa.select(problems.c.digest)
+                        .where(*where, problems.c.digest > last)
+                        .order_by(problems.c.digest)
+                        .limit(batch)
+                    )
+                    .scalars()
+                    .all()
+                )
+                if not ids:
+                    return
+                q = self._select_full().where(problems.c.digest.in_(ids)).order_by(problems.c.digest)
+                found = self._rows_to_problems(conn.execute(q))
+            yield from found
+            last = ids[-1]
+
+    def counts(self, **filters: Any) -> dict[str, int]:
+        where = _where(**filters)
+        with self._read("counts") as conn:
+            n_problems = conn.execute(sa.select(sa.func.count()).select_from(problems).where(*where)).scalar_one()
+            sub = sa.select(problems.c.digest).where(*where)
+            cfg = configs.c.digest.in_(sub) if where else sa.true()
+            n_configs = conn.execute(sa.select(sa.func.count()).select_from(configs).where(cfg)).scalar_one()
+            n_failed = conn.execute(
+                sa.select(sa.func.count()).select_from(configs).where(cfg, configs.c.status.in_(FAILED_STATUSES))
+            ).scalar_one()
+            n_misses = conn.execute(sa.select(sa.func.count()).select_from(misses)).scalar_one()
+        return {"problems": n_problems, "configs": n_configs, "failed_configs": n_failed, "open_misses": n_misses}
+
+    # ---- writes ---------------------------------------------------------------------------
+
+    def _insert_ignore(self, table: sa.Table) -> Any:
+        if self.dialect == "sqlite":
+            from sqlalchemy.dialects.sqlite import insert
+
+            return insert(table).on_conflict_do_nothing()
+        if self.dialect == "postgresql":
+            from sqlalchemy.dialects.postgresql import insert
+
+            return insert(table).on_conflict_do_nothing()
+        return sa.insert(table).prefix_with("IGNORE")
+
+    def put(self, problem: Problem, results: Sequence[ConfigResult], *, replace: bool = False) -> Problem:
+        """Store a problem and its config rows in one transaction; return what is stored now.
+
+        An upsert: concurrent puts of one digest never fail or duplicate. New config rows are added;
+        rows already stored are kept unless ``replace``. The first complete winner stays unless
+        ``replace`` (used when a search space grew or a winner turned out broken).
+        """
+        now = utcnow()
+        host = problem.host or hostname()
+        with self._write("put") as conn:
+            conn.execute(self._insert_ignore(problems), [_problem_values(problem, host, now)])
+            if self.dialect != "sqlite":  # SQLite's BEGIN IMMEDIATE already serialises writers
+                conn.execute(sa.select(problems.c.digest).where(problems.c.digest == problem.digest).with_for_update())
+            rows = [_config_values(problem.digest, r, host, now) for r in results]
+            if rows:
+                if replace:
+                    conn.execute(
+                        sa.delete(configs).where(
+                            configs.c.digest == problem.digest,
+                            configs.c.config_hash.in_([r["config_hash"] for r in rows]),
+                        )
+                    )
+                conn.execute(self._insert_ignore(configs), rows)
+            stored = self._rows_to_problems(
+                conn.execute(self._select_full().where(problems.c.digest == problem.digest))
+            )[0]
+            best = pick_winner(stored.configs)
+            values: dict[str, Any] = {
+                "search_space_hash": search_space_hash([c.config_hash for c in stored.configs]),
+                "updated_at": now,
+            }
+            if replace or stored.winner_config_hash is None:
+                values.update(
+                    winner_config_hash=best.config_hash if best else None,
+                    winner_ms=best.median_ms if best else None,
+                    tuning_seconds=problem.tuning_seconds,
+                    host=host,
+                )
+            elif stored.winner_config_hash and best and stored.winner is None:
+                values.update(winner_config_hash=best.config_hash, winner_ms=best.median_ms)
+            conn.execute(sa.update(problems).where(problems.c.digest == problem.digest).values(**values))
+            conn.execute(sa.delete(misses).where(misses.c.digest == problem.digest))
+            return self._rows_to_problems(conn.execute(self._select_full().where(problems.c.digest == problem.digest)))[
+                0
+            ]
+
+    def mark_config(self, digest: str, config_hash: str, status: str, failure: dict[str, Any]) -> None:
+        """Record that a stored config failed after all (a poisoned winner), and re-pick the winner."""
+        if status not in STATUSES:
+            raise ValueError(f"unknown status {status!r}")
+        with self._write("mark config") as conn:
+            conn.execute(
+                sa.update(configs)
+                .where(configs.c.digest == digest, configs.c.config_hash == config_hash)
+                .values(
+                    status=status,
+                    failure=orjson.dumps(failure).decode(),
+                    median_ms=None,
+                    p20_ms=None,
+                    p80_ms=None,
+                    measured_at=utcnow(),
+                    host=hostname(),
+                )
+            )
+            stored = self._rows_to_problems(conn.execute(self._select_full().where(problems.c.digest == digest)))
+            if stored:
+                best = pick_winner(stored[0].configs)
+                conn.execute(
+                    sa.update(problems)
+                    .where(problems.c.digest == digest)
+                    .values(
+                        winner_config_hash=best.config_hash if best else None,
+                        winner_ms=best.median_ms if best else None,
+                        updated_at=utcnow(),
+                    )
+                )
+
+    def delete(self, *, dry_run: bool = False, **filters: Any) -> list[Problem]:
+        """Delete matching problems with their config rows; return what was (or would be) deleted."""
+        where = _where(**filters)
+        if not where:
+            raise ValueError("refusing to delete every problem without a filter")
+        found = self.list(**filters)
+        if dry_run or not found:
+            return found
+        digests = [p.digest for p in found]
+        with self._write("delete") as conn:
+            for i in range(0, len(digests), 500):
+                chunk = digests[i : i + 500]
+                conn.execute(sa.delete(configs).where(configs.c.digest.in_(chunk)))
+                conn.execute(sa.delete(problems).where(problems.c.digest.in_(chunk)))
+        return found
+
+    def record_hits(self, hits: Mapping[str, int]) -> None:
+        if not hits:
+            return
+        now = utcnow()
+        with self._write("record hits") as conn:
+            conn.execute(
+                sa.update(problems)
+                .where(problems.c.digest == sa.bindparam("d"))
+                .values(hit_count=problems.c.hit_count + sa.bindparam("n"), last_hit_at=now),
+                [{"d": d, "n": n} for d, n in hits.items()],
+            )
+
+    def bump_stats(self, deltas: Mapping[str, Mapping[str, float]]) -> None:
+        """Add per-kernel counters (hits, misses, benchmarks, bench_seconds, saved_seconds)."""
+        if not deltas:
+            return
+        now = utcnow()
+        cols = ("hits", "misses", "benchmarks", "bench_seconds", "saved_seconds")
+        with self._write("record stats") as conn:
+            for kernel, d in deltas.items():
+                vals = {
+                    c: kernel_stats.c[c] + float(d.get(c, 0))
+                    if "seconds" in c
+                    else kernel_stats.c[c] + int(d.get(c, 0))
+                    for c in cols
+                }
+                res = conn.execute(
+                    sa.update(kernel_stats).where(kernel_stats.c.kernel == kernel).values(**vals, updated_at=now)
+                )
+                if res.rowcount == 0:
+                    conn.execute(
+                        self._insert_ignore(kernel_stats),
+                        [{"kernel": kernel, **{c: d.get(c, 0) for c in cols}, "updated_at": now}],
+                    )
+
+    def kernel_stats(self) -> list[dict[str, Any]]:
+        with self._read("stats") as conn:
+            rows = conn.execute(sa.select(kernel_stats).order_by(kernel_stats.c.kernel)).mappings().all()
+        return [dict(r) for r in rows]
+
+    def record_miss(self, problem: Problem, reason: str) -> None:
+        now = utcnow()
+        with self._write("record miss") as conn:
+            res = conn.execute(
+                sa.update(misses)
+                .where(misses.c.digest == problem.digest, misses.c.reason == reason)
+                .values(count=misses.c.count + 1, last_seen=now)
+            )
+            if res.rowcount == 0:
+                conn.execute(
+                    self._insert_ignore(misses),
+                    [
+                        {
+                            "digest": problem.digest,
+                            "reason": reason,
+                            "kernel": problem.kernel,
+                            "source_hash": problem.source_hash,
+                            "target_digest": problem.target.digest,
+                            "key_json": problem.key_json,
+                            "count": 1,
+                            "host": hostname(),
+                            "first_seen": now,
+                            "last_seen": now,
+                        }
+                    ],
+                )
+
+    def list_misses(self) -> list[dict[str, Any]]:
+        with self._read("misses") as conn:
+            rows = conn.execute(sa.select(misses).order_by(misses.c.kernel, misses.c.last_seen.desc())).mappings()
+            return [dict(r) for r in rows]
+
+    # ---- leases (one benchmark per key across hosts) --------------------------------------
+
+    def try_lease(self, digest: str, holder: str, ttl: float) -> bool:
+        """Take the benchmark lease of a digest if it is free, expired, or held by a dead local pid."""
+        now = time.time()
+        host = hostname()
+        with self._write("lease") as conn:
+            res = conn.execute(
+                self._insert_ignore(leases),
+                {"digest": digest, "holder": holder, "host": host, "pid": os.getpid(), "expires_at": now + ttl},
+            )
+            if res.rowcount == 1:
+                return True
+            row = conn.execute(sa.select(leases).where(leases.c.digest == digest)).mappings().first()
+            if row is None:
+                return False
+            stale = row["expires_at"] < now or (row["host"] == host and not _pid_alive(row["pid"]))
+            if not stale:
+                return False
+            res = conn.execute(
+                sa.update(leases)
+                .where(leases.c.digest == digest, leases.c.holder == row["holder"])
+                .values(holder=holder, host=host, pid=os.getpid(), expires_at=now + ttl)
+            )
+            if res.rowcount == 1:
+                log.warning(
+                    "tunecache: took over the expired benchmark lease of %s from %s", digest[:12], row["holder"]
+                )
+            return res.rowcount == 1
+
+    def renew_lease(self, digest: str, holder: str, ttl: float) -> bool:
+        with self._write("renew lease") as conn:
+            res = conn.execute(
+                sa.update(leases)
+                .where(leases.c.digest == digest, leases.c.holder == holder)
+                .values(expires_at=time.time() + ttl)
+            )
+            return res.rowcount == 1
+
+    def release_lease(self, digest: str, holder: str) -> None:
+        with self._write("release lease") as conn:
+            conn.execute(sa.delete(leases).where(leases.c.digest == digest, leases.c.holder == holder))
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie (killed, not yet reaped by its parent) is dead for our purposes.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][:1] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _like_escape(v: str) -> str:
+    return v.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+def _where(
+    *,
+    kernel: str | None = None,
+    arch: str | None = None,
+    device: str | None = None,
+    driver: str | None = None,
+    not_driver: str | None = None,
+    since: dt.datetime | None = None,
+    older_than: dt.datetime | None = None,
+    no_hit_since: dt.datetime | None = None,
+    source_hash: str | None = None,
+    target_digest: str | None = None,
+    key_json: str | None = None,
+    digests: Sequence[str] | None = None,
+) -> list[Any]:
+    """Filters shared by ls, export, invalidate and gc. Every value is a bound parameter."""
+    w: list[Any] = []
+    if kernel:
+        # Full name, or the function name / qualname at the end of it.
+        w.append(sa.or_(problems.c.kernel == kernel, problems.c.kernel.like("%." + _like_escape(kernel), escape="\\")))
+    if arch:
+        w.append(problems.c.arch == arch)
+    if device:
+        w.append(problems.c.device_name == device)
+    if driver:
+        w.append(sa.or_(problems.c.driver_version == driver, problems.c.driver_release == driver))
+    if not_driver is not None:
+        w.append(problems.c.driver_version != not_driver)
+    if since:
+        w.append(problems.c.updated_at >= since)
+    if older_than:
+        w.append(problems.c.updated_at < older_than)
+    if no_hit_since:
+        w.append(sa.func.coalesce(problems.c.last_hit_at, problems.c.updated_at) < no_hit_since)
+    if source_hash:
+        w.append(problems.c.source_hash == source_hash)
+    if target_digest:
+        w.append(problems.c.target_digest == target_digest)
+    if key_json:
+        w.append(problems.c.key_json == key_json)
+    if digests is not None:
+        w.append(problems.c.digest.in_(list(digests)))
+    return w
+
+
+def _problem_values(p: Problem, host: str, now: dt.datetime) -> dict[str, Any]:
+    t = p.target
+    return {
+        "digest": p.digest,
+        "kernel": p.kernel[:255],
+        "source_hash": p.source_hash,
+        "target_digest": t.digest,
+        **{f: getattr(t, f) for f in TARGET_FIELDS},
+        "key_json": p.key_json,
+        "batch_bucket": p.batch_bucket,
+        "winner_config_hash": None,
+        "winner_ms": None,
+        "search_space_hash": p.search_space_hash or "",
+        "tuning_seconds": p.tuning_seconds,
+        "host": host,
+        "created_at": p.created_at or now,
+        "updated_at": p.updated_at or now,
+        "hit_count": p.hit_count,
+        "last_hit_at": p.last_hit_at,
+    }
+
+
+def _config_values(digest: str, r: ConfigResult, host: str, now: dt.datetime) -> dict[str, Any]:
+    if r.status not in STATUSES:
+        raise ValueError(f"unknown config status {r.status!r}; expected one of {STATUSES}")
+    return {
+        "digest": digest,
+        "config_hash": r.config_hash,
+        "config_json": orjson.dumps(r.config, option=orjson.OPT_SORT_KEYS).decode(),
+        "status": r.status,
+        "median_ms": r.median_ms,
+        "p20_ms": r.p20_ms,
+        "p80_ms": r.p80_ms,
+        "samples": r.samples,
+        "failure": orjson.dumps(r.failure, option=orjson.OPT_SORT_KEYS).decode() if r.failure else None,
+        "host": r.host or host,
+        "measured_at": r.measured_at or now,
+    }
+
+
+def _problem_from(m: Mapping[str, Any]) -> Problem:
+    target = Target(**{f: m[f] for f in TARGET_FIELDS})
+    return Problem(
+        digest=m["digest"],
+        kernel=m["kernel"],
+        source_hash=m["source_hash"],
+        target=target,
+        key_json=m["key_json"],
+        batch_bucket=m["batch_bucket"],
+        winner_config_hash=m["winner_config_hash"],
+        winner_ms=m["winner_ms"],
+        search_space_hash=m["search_space_hash"],
+        tuning_seconds=m["tuning_seconds"],
+        host=m["host"],
+        created_at=m["created_at"],
+        updated_at=m["updated_at"],
+        hit_count=m["hit_count"],
+        last_hit_at=m["last_hit_at"],
+    )
+
+
+def _config_from(m: Mapping[str, Any]) -> ConfigResult:
+    return ConfigResult(
+        config_hash=m["config_hash"],
+        config=orjson.loads(m["config_json"]),
+        status=m["status"],
+        median_ms=m["median_ms"],
+        p20_ms=m["p20_ms"],
+        p80_ms=m["p80_ms"],
+        samples=m["samples"],
+        failure=orjson.loads(m["failure"]) if m["failure"] else None,
+        host=m["config_host"],
+        measured_at=m["measured_at"],
+    )
+
+
+_stores: dict[tuple[str, bool | None], Store] = {}
+_stores_lock = threading.Lock()
+
+
+def open_store(url: str | URL | None = None, *, readonly: bool | None = None, migrate: bool | None = None) -> Store:
+    """Open (and on first use create and migrate) the store at ``url`` or ``TUNECACHE_URL``.
+
+    ``readonly=None`` detects a read-only SQLite file or directory. ``migrate=None`` follows
+    ``TUNECACHE_AUTO_MIGRATE`` (default on). Raises :class:`StoreError` with a message naming the
+    host (never the password) when the database cannot be reached.
+    """
+    u = resolve_url(url)
+    if readonly is None:
+        readonly = False
+        if u.get_backend_name() == "sqlite":
+            path = _sqlite_path(u)
+            readonly = path is not None and not _sqlite_writable(path)
+            if readonly and path is not None and not path.exists():
+                raise StoreError(f"store {mask_url(u)} does not exist and its directory is not writable")
+    if migrate is None:
+        migrate = os.environ.get("TUNECACHE_AUTO_MIGRATE", "1") not in ("0", "false", "no", "off")
+    engine = _make_engine(u, readonly)
+    store = Store(u, engine, readonly)
+    try:
+        store.check_schema(migrate=migrate)
+    except BaseException:
+        engine.dispose()
+        raise
+    return store
+
+
+def shared_store(url: str | URL | None = None) -> Store:
+    """One Store per URL per process (the autotuner's), opened lazily."""
+    key = (str(resolve_url(url)), None)
+    with _stores_lock:
+        s = _stores.get(key)
+        if s is None:
+            s = _stores[key] = open_store(url)
+        return s
+
+
+def _reset_shared_stores() -> None:
+    with _stores_lock:
+        for s in _stores.values():
+            with contextlib.suppress(Exception):
+                s.engine.dispose()
+        _stores.clear()
+
+
+# Kept for callers that want a copy of a problem with other fields.
+__all__ = ["ConfigResult", "Problem", "Store", "open_store", "replace", "pick_winner", "STATUSES"]
