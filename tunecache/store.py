@@ -352,8 +352,9 @@ def _make_engine(u: URL, readonly: bool) -> Engine:
 
         @event.listens_for(engine, "begin")
         def _on_begin(conn: Connection) -> None:
-            write = conn.get_execution_options().get("tunecache_write")
-            conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+            # Writes take the write lock up front; reads run in autocommit (one statement each).
+            if conn.get_execution_options().get("tunecache_write"):
+                conn.exec_driver_sql("BEGIN IMMEDIATE")
 
         return engine
     connect_args: dict[str, Any] = {}
@@ -655,6 +656,13 @@ class Store:
             return insert(table).on_conflict_do_nothing()
         return sa.insert(table).prefix_with("IGNORE")
 
+    def _inserted(self, conn: Connection, table: sa.Table, values: dict[str, Any]) -> bool:
+        """Insert unless the key exists; True if this call inserted (rowcount is unreliable on psycopg)."""
+        stmt = self._insert_ignore(table)
+        if self.dialect in ("postgresql", "sqlite"):
+            return conn.execute(stmt.returning(*table.primary_key.columns), values).first() is not None
+        return conn.execute(stmt, values).rowcount == 1
+
     def put(self, problem: Problem, results: Sequence[ConfigResult], *, replace: bool = False) -> Problem:
         """Store a problem and its config rows in one transaction; return what is stored now.
 
@@ -827,11 +835,8 @@ class Store:
         now = time.time()
         host = hostname()
         with self._write("lease") as conn:
-            res = conn.execute(
-                self._insert_ignore(leases),
-                {"digest": digest, "holder": holder, "host": host, "pid": os.getpid(), "expires_at": now + ttl},
-            )
-            if res.rowcount == 1:
+            values = {"digest": digest, "holder": holder, "host": host, "pid": os.getpid(), "expires_at": now + ttl}
+            if self._inserted(conn, leases, values):
                 return True
             row = conn.execute(sa.select(leases).where(leases.c.digest == digest)).mappings().first()
             if row is None:
@@ -1008,12 +1013,10 @@ _stores: dict[tuple[str, bool | None], Store] = {}
 _stores_lock = threading.Lock()
 
 
-def open_store(url: str | URL | None = None, *, readonly: bool | None = None, migrate: bool | None = None) -> Store:
-    """Open (and on first use create and migrate) the store at ``url`` or ``TUNECACHE_URL``.
+def connect(url: str | URL | None = None, *, readonly: bool | None = None) -> Store:
+    """A Store on ``url`` without touching the schema (``tunecache db`` uses this).
 
-    ``readonly=None`` detects a read-only SQLite file or directory. ``migrate=None`` follows
-    ``TUNECACHE_AUTO_MIGRATE`` (default on). Raises :class:`StoreError` with a message naming the
-    host (never the password) when the database cannot be reached.
+    ``readonly=None`` detects a read-only SQLite file or directory.
     """
     u = resolve_url(url)
     if readonly is None:
@@ -1023,14 +1026,23 @@ def open_store(url: str | URL | None = None, *, readonly: bool | None = None, mi
             readonly = path is not None and not _sqlite_writable(path)
             if readonly and path is not None and not path.exists():
                 raise StoreError(f"store {mask_url(u)} does not exist and its directory is not writable")
+    return Store(u, _make_engine(u, readonly), readonly)
+
+
+def open_store(url: str | URL | None = None, *, readonly: bool | None = None, migrate: bool | None = None) -> Store:
+    """Open (and on first use create and migrate) the store at ``url`` or ``TUNECACHE_URL``.
+
+    ``readonly=None`` detects a read-only SQLite file or directory. ``migrate=None`` follows
+    ``TUNECACHE_AUTO_MIGRATE`` (default on). Raises :class:`StoreError` with a message naming the
+    host (never the password) when the database cannot be reached.
+    """
     if migrate is None:
         migrate = os.environ.get("TUNECACHE_AUTO_MIGRATE", "1") not in ("0", "false", "no", "off")
-    engine = _make_engine(u, readonly)
-    store = Store(u, engine, readonly)
+    store = connect(url, readonly=readonly)
     try:
         store.check_schema(migrate=migrate)
     except BaseException:
-        engine.dispose()
+        store.engine.dispose()
         raise
     return store
 

@@ -1,0 +1,170 @@
+"""Shared fixtures. Store tests run against SQLite AND the real PostgreSQL (never a mock).
+
+PostgreSQL comes from ``TUNECACHE_TEST_PG_URL`` (default: the local server's ``test`` database);
+each test gets a fresh database on that server. If the server cannot be reached, the PostgreSQL
+tests FAIL: ``scripts/test`` starts the local server first.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from pathlib import Path
+
+# Kernels run under the Triton interpreter on a CPU machine; this must precede any triton import.
+if os.environ.get("TUNECACHE_TEST_GPU") != "1":
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest  # noqa: E402
+import sqlalchemy as sa  # noqa: E402
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))  # tests/tinykernels.py, tests/procs.py
+
+PG_URL = os.environ.get("TUNECACHE_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+MYSQL_URL = os.environ.get("TUNECACHE_TEST_MYSQL_URL", "mysql+pymysql://root@127.0.0.1:3306/test")
+
+
+def _server_db(base: str, name: str) -> str:
+    from tunecache.store import resolve_url
+
+    return resolve_url(base).set(database=name).render_as_string(hide_password=False)
+
+
+def make_database(kind: str) -> tuple[str, callable]:
+    """Create a fresh, empty database on the test server; return its URL and a dropper."""
+    from tunecache.store import resolve_url
+
+    name = f"tc_{uuid.uuid4().hex[:12]}"
+    base = PG_URL if kind == "postgresql" else MYSQL_URL
+    admin = sa.create_engine(resolve_url(base), isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as c:
+            c.exec_driver_sql(f"CREATE DATABASE {name}")
+    except Exception as e:  # noqa: BLE001
+        admin.dispose()
+        pytest.fail(f"cannot create a {kind} test database at {resolve_url(base).render_as_string()}: {e}")
+
+    def drop() -> None:
+        with admin.connect() as c:
+            force = " WITH (FORCE)" if kind == "postgresql" else ""
+            c.exec_driver_sql(f"DROP DATABASE IF EXISTS {name}{force}")
+        admin.dispose()
+
+    return _server_db(base, name), drop
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'store.sqlite3'}"
+
+
+@pytest.fixture
+def pg_url():
+    url, drop = make_database("postgresql")
+    yield url
+    from tunecache.store import _reset_shared_stores
+
+    _reset_shared_stores()
+    drop()
+
+
+@pytest.fixture
+def mysql_url():
+    url, drop = make_database("mysql")
+    yield url
+    from tunecache.store import _reset_shared_stores
+
+    _reset_shared_stores()
+    drop()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request: pytest.FixtureRequest) -> str:
+    """Parametrises a test over the embedded SQLite and the real PostgreSQL."""
+    return request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg_url")
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Every test: its own default store, lock dir and counters; no leaked env."""
+    monkeypatch.setenv("TUNECACHE_URL", f"sqlite:///{tmp_path / 'default.sqlite3'}")
+    monkeypatch.setenv("TUNECACHE_LOCK_DIR", str(tmp_path / "locks"))
+    for var in ("TUNECACHE_MODE", "TUNECACHE_TARGET_OVERRIDE", "TUNECACHE_ON_DRIVER_CHANGE",
+                "TUNECACHE_LEASE_SECONDS", "TUNECACHE_WAIT_SECONDS", "TUNECACHE_HOST_ID"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("TUNECACHE_CPU_BENCH_REPS", "1")
+    import tunecache
+    from tunecache import autotuner, metrics
+    from tunecache.store import _reset_shared_stores
+
+    tunecache.reset_stats()
+    autotuner._warned.clear()
+    yield
+    metrics.flush()
+    _reset_shared_stores()
+    autotuner.uninstall()
+
+
+def run_procs(cmd: str, nprocs: int, env: dict | None = None, timeout: float = 300, **args) -> list[dict]:
+    """Start nprocs copies of ``tests/procs.py CMD`` at once; return each one's RESULT (asserting exit 0)."""
+    import json
+    import subprocess
+    import time
+
+    args.setdefault("start_at", time.time() + 3.0)
+    full_env = {**os.environ, **(env or {})}
+    procs = [
+        subprocess.Popen([sys.executable, str(HERE / "procs.py"), cmd, json.dumps(args)], env=full_env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(nprocs)
+    ]
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=timeout)
+        assert p.returncode == 0, f"worker failed ({p.returncode}):\n{err[-3000:]}"
+        line = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
+        assert line, f"worker printed no result:\n{out[-2000:]}\n{err[-2000:]}"
+        results.append({**json.loads(line[-1][7:]), "stderr": err})
+    return results
+
+
+@pytest.fixture
+def make_readonly(tmp_path: Path):
+    """Returns ``freeze(files) -> dir``: a directory holding copies of ``files`` that nobody can write.
+
+    As root (CI), chmod does not stop writes, so the copies go on a tmpfs remounted read-only, like
+    an image's read-only root filesystem. Otherwise the directory and files are chmod'ed read-only.
+    """
+    import shutil
+    import subprocess
+
+    mounts: list[Path] = []
+    chmodded: list[Path] = []
+
+    def freeze(files: list[Path]) -> Path:
+        d = tmp_path / f"ro{len(mounts) + len(chmodded)}"
+        d.mkdir()
+        if os.geteuid() == 0:
+            r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(d)], capture_output=True)
+            if r.returncode == 0:
+                mounts.append(d)
+                for f in files:
+                    shutil.copy(f, d / Path(f).name)
+                subprocess.run(["mount", "-o", "remount,ro", str(d)], check=True)
+                return d
+        for f in files:
+            shutil.copy(f, d / Path(f).name)
+            os.chmod(d / Path(f).name, 0o444)
+        os.chmod(d, 0o555)
+        chmodded.append(d)
+        if os.access(d, os.W_OK):
+            pytest.fail("cannot make a read-only directory here (root without mount permission)")
+        return d
+
+    yield freeze
+    for d in mounts:
+        subprocess.run(["umount", "-l", str(d)], check=False)
+    for d in chmodded:
+        os.chmod(d, 0o755)

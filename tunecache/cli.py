@@ -1,0 +1,490 @@
+"""The ``tunecache`` command: a thin layer over the library API.
+
+Exit codes: 0 ok; 1 a user error (one line on stderr, no traceback); 2 usage (click's own).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib
+import re
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import click
+import orjson
+
+from tunecache.errors import TunecacheError
+from tunecache.store import Problem, Store, connect, mask_raw, open_store, utcnow
+
+
+class _Group(click.Group):
+    """Turn expected errors into one line and exit 1, never a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (TunecacheError, ValueError, TypeError, OSError) as e:
+            msg = mask_raw(str(e)) or type(e).__name__
+            click.echo(f"tunecache: error: {msg.splitlines()[0] if msg else msg}", err=True)
+            ctx.exit(1)
+
+
+def _open(ctx: click.Context, **kw: Any) -> Store:
+    store = open_store(ctx.obj.get("url"), **kw)
+    ctx.call_on_close(store.close)
+    return store
+
+
+def _json_out(obj: Any) -> None:
+    click.echo(orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS, default=_default).decode())
+
+
+def _default(o: Any) -> Any:
+    if isinstance(o, dt.datetime):
+        return o.isoformat()
+    raise TypeError(type(o).__name__)
+
+
+def _table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
+    rows = [["" if v is None else str(v) for v in r] for r in rows]
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    click.echo("  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip())
+    for r in rows:
+        click.echo("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip())
+
+
+def parse_age(text: str) -> dt.timedelta:
+    """'30d', '12h', '90m', '45s' or a bare number of days."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([dhms]?)\s*", text or "")
+    if not m:
+        raise click.BadParameter(f"{text!r} is not a duration like 30d, 12h, 90m")
+    n, unit = float(m.group(1)), m.group(2) or "d"
+    return dt.timedelta(**{{"d": "days", "h": "hours", "m": "minutes", "s": "seconds"}[unit]: n})
+
+
+def parse_since(text: str) -> dt.datetime:
+    """An ISO date/time (UTC) or a duration back from now."""
+    try:
+        t = dt.datetime.fromisoformat(text)
+        return t.astimezone(dt.timezone.utc).replace(tzinfo=None) if t.tzinfo else t
+    except ValueError:
+        return utcnow() - parse_age(text)
+
+
+def filter_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    for opt in reversed(
+        [
+            click.option("--kernel", help="Kernel name (full module.qualname, or its last part)."),
+            click.option("--arch", help="GPU arch, e.g. sm90."),
+            click.option("--device", help="Device name, e.g. 'NVIDIA H200'."),
+            click.option("--driver", help="Driver version (numeric like 13000, or release like 580.159.04)."),
+        ]
+    ):
+        fn = opt(fn)
+    return fn
+
+
+def _filters(kernel: str | None, arch: str | None, device: str | None, driver: str | None) -> dict[str, Any]:
+    return {"kernel": kernel, "arch": arch, "device": device, "driver": driver}
+
+
+def problem_summary(p: Problem) -> dict[str, Any]:
+    """The JSON shape of one problem in ``ls --json``, ``show --json`` and exports."""
+    win = p.winner
+    return {
+        "digest": p.digest,
+        "kernel": p.kernel,
+        "source_hash": p.source_hash,
+        "target": p.target.as_dict(),
+        "key": orjson.loads(p.key_json),
+        "batch_bucket": p.batch_bucket,
+        "winner": win.config if win else None,
+        "winner_config_hash": p.winner_config_hash,
+        "winner_ms": p.winner_ms,
+        "search_space_hash": p.search_space_hash,
+        "tuning_seconds": p.tuning_seconds,
+        "host": p.host,
+        "created_at": p.created_at,
+        "updated_at": p.updated_at,
+        "hit_count": p.hit_count,
+        "last_hit_at": p.last_hit_at,
+    }
+
+
+def _config_label(cfg: dict[str, Any] | None) -> str:
+    if not cfg:
+        return "-"
+    kw = " ".join(f"{k}={v}" for k, v in sorted(cfg.get("kwargs", {}).items()))
+    opts = f"w{cfg.get('num_warps')} s{cfg.get('num_stages')}"
+    hook = " +hook" if cfg.get("pre_hook") else ""
+    return f"{kw} {opts}{hook}".strip()
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--url", envvar="TUNECACHE_URL", help="Store URL (SQLAlchemy); default $TUNECACHE_URL or per-user SQLite."
+)
+@click.version_option(package_name="tunecache")
+@click.pass_context
+def main(ctx: click.Context, url: str | None) -> None:
+    """tunecache: keep Triton autotuning results in a shared store."""
+    ctx.ensure_object(dict)
+    ctx.obj["url"] = url or None
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_context
+def info(ctx: click.Context, as_json: bool) -> None:
+    """This machine's target identity, the store URL (password masked), schema revision and counts."""
+    from tunecache.identity import detect_target, hostname
+    from tunecache.store import head_revision
+
+    store = _open(ctx)
+    target = detect_target()
+    out = {
+        "store": store.masked_url,
+        "readonly": store.readonly,
+        "schema_revision": store.revision(),
+        "schema_head": head_revision(),
+        "host": hostname(),
+        "target": target.as_dict(),
+        "target_digest": target.digest,
+        "counts": store.counts(),
+    }
+    if as_json:
+        _json_out(out)
+        return
+    click.echo(f"store:     {out['store']}{' (read-only)' if store.readonly else ''}")
+    click.echo(f"schema:    {out['schema_revision']} (head {out['schema_head']})")
+    click.echo(f"host:      {out['host']}")
+    click.echo(f"target:    {target.digest[:16]}")
+    for k, v in target.as_dict().items():
+        click.echo(f"  {k:<15} {v}")
+    click.echo("counts:    " + ", ".join(f"{k}={v}" for k, v in out["counts"].items()))
+
+
+@main.group()
+def db() -> None:
+    """Schema management (Alembic)."""
+
+
+@db.command("upgrade")
+@click.option("--revision", default="head", show_default=True)
+@click.pass_context
+def db_upgrade(ctx: click.Context, revision: str) -> None:
+    """Create or migrate the schema."""
+    store = connect(ctx.obj.get("url"), readonly=False)
+    ctx.call_on_close(store.close)
+    before = store.revision()
+    store.upgrade(revision)
+    click.echo(f"{store.masked_url}: {before or 'empty'} -> {store.revision()}")
+
+
+@db.command("current")
+@click.pass_context
+def db_current(ctx: click.Context) -> None:
+    """Show the schema revision of the store (and whether it is head)."""
+    from tunecache.store import head_revision
+
+    store = connect(ctx.obj.get("url"))
+    ctx.call_on_close(store.close)
+    rev = store.revision()
+    head = head_revision()
+    click.echo(f"{rev or 'none'}{' (head)' if rev == head else f' (head is {head})'}")
+
+
+@main.command("ls")
+@filter_options
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="At most this many rows.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_context
+def ls_cmd(
+    ctx: click.Context, kernel: str, arch: str, device: str, driver: str, limit: int | None, as_json: bool
+) -> None:
+    """List stored problems, newest first."""
+    store = _open(ctx)
+    found = store.list(with_configs=True, **_filters(kernel, arch, device, driver))
+    if limit:
+        found = found[:limit]
+    if as_json:
+        _json_out([problem_summary(p) for p in found])
+        return
+    _table(
+        ["DIGEST", "KERNEL", "ARCH", "DEVICE", "DRIVER", "KEY", "CONFIGS", "WINNER", "MS", "HITS"],
+        (
+            [
+                p.digest[:12],
+                p.kernel.rsplit(".", 1)[-1],
+                p.target.arch,
+                p.target.device_name,
+                p.target.driver_release or p.target.driver_version or "-",
+                ",".join(f"{k}={v}" for k, v in orjson.loads(p.key_json) if not str(k).endswith(".dtype")),
+                len(p.configs),
+                _config_label(p.winner.config if p.winner else None),
+                f"{p.winner_ms:.4f}" if p.winner_ms is not None else "-",
+                p.hit_count,
+            ]
+            for p in found
+        ),
+    )
+
+
+@main.command()
+@click.argument("digest_prefix")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_context
+def show(ctx: click.Context, digest_prefix: str, as_json: bool) -> None:
+    """Every config of one problem: status, timings and why it failed."""
+    store = _open(ctx)
+    found = store.find(digest_prefix)
+    if not found:
+        raise TunecacheError(f"no problem with a digest starting {digest_prefix!r}")
+    if len(found) > 1:
+        raise TunecacheError(
+            f"{len(found)} problems start with {digest_prefix!r}: "
+            + ", ".join(p.digest[:16] for p in found[:5])
+            + ("..." if len(found) > 5 else "")
+            + "; give more characters"
+        )
+    p = found[0]
+    rows = sorted(p.configs, key=lambda r: (not r.ok, r.median_ms or 0.0, r.config_hash))
+    if as_json:
+        _json_out(
+            {
+                **problem_summary(p),
+                "configs": [
+                    {
+                        "config_hash": r.config_hash,
+                        "config": r.config,
+                        "status": r.status,
+                        "median_ms": r.median_ms,
+                        "p20_ms": r.p20_ms,
+                        "p80_ms": r.p80_ms,
+                        "samples": r.samples,
+                        "failure": r.failure,
+                        "host": r.host,
+                        "measured_at": r.measured_at,
+                    }
+                    for r in rows
+                ],
+            }
+        )
+        return
+    click.echo(f"digest:  {p.digest}")
+    click.echo(f"kernel:  {p.kernel}  (source {p.source_hash[:12]})")
+    t = p.target
+    click.echo(
+        f"target:  {t.device_name} {t.arch}, driver {t.driver_release or t.driver_version}, triton {t.triton_version}"
+    )
+    click.echo(f"key:     {p.key_json}")
+    click.echo(f"tuned:   {p.tuning_seconds:.2f}s on {p.host} at {p.updated_at}; {p.hit_count} hits")
+    _table(
+        ["", "CONFIG", "STATUS", "MEDIAN_MS", "P20", "P80", "N", "REASON"],
+        (
+            [
+                "*" if r.config_hash == p.winner_config_hash else "",
+                _config_label(r.config),
+                r.status,
+                f"{r.median_ms:.4f}" if r.median_ms is not None else "-",
+                f"{r.p20_ms:.4f}" if r.p20_ms is not None else "-",
+                f"{r.p80_ms:.4f}" if r.p80_ms is not None else "-",
+                r.samples,
+                _failure_text(r.failure),
+            ]
+            for r in rows
+        ),
+    )
+
+
+def _failure_text(f: dict[str, Any] | None) -> str:
+    if not f:
+        return ""
+    if f.get("required") is not None:
+        return f"{f.get('resource') or 'resource'}: needs {f['required']}, limit {f.get('limit')}"
+    return str(f.get("message") or f.get("reason") or f.get("error") or "")[:80]
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_context
+def stats(ctx: click.Context, as_json: bool) -> None:
+    """Per-kernel hits, misses, benchmarks and seconds saved (persisted by every process)."""
+    store = _open(ctx)
+    rows = store.kernel_stats()
+    if as_json:
+        _json_out(rows)
+        return
+    _table(
+        ["KERNEL", "HITS", "MISSES", "BENCHMARKS", "BENCH_S", "SAVED_S"],
+        (
+            [
+                r["kernel"],
+                r["hits"],
+                r["misses"],
+                r["benchmarks"],
+                f"{r['bench_seconds']:.1f}",
+                f"{r['saved_seconds']:.1f}",
+            ]
+            for r in rows
+        ),
+    )
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_context
+def misses(ctx: click.Context, as_json: bool) -> None:
+    """Keys that missed during a CUDA graph capture or in offline mode: tune them next image build."""
+    store = _open(ctx)
+    rows = store.list_misses()
+    if as_json:
+        _json_out([{**r, "key": orjson.loads(r.pop("key_json"))} for r in rows])
+        return
+    _table(
+        ["DIGEST", "KERNEL", "REASON", "COUNT", "KEY", "LAST_SEEN", "HOST"],
+        (
+            [r["digest"][:12], r["kernel"], r["reason"], r["count"], r["key_json"], r["last_seen"], r["host"]]
+            for r in rows
+        ),
+    )
+
+
+@main.command()
+@filter_options
+@click.option("--driver-not-current", is_flag=True, help="Entries for any driver other than this machine's.")
+@click.option("--older-than", help="Entries not updated for this long (30d, 12h) or since an ISO date.")
+@click.option("--dry-run", is_flag=True, help="List what would be deleted, delete nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_context
+def invalidate(
+    ctx: click.Context,
+    kernel: str,
+    arch: str,
+    device: str,
+    driver: str,
+    driver_not_current: bool,
+    older_than: str | None,
+    dry_run: bool,
+    as_json: bool,
+) -> None:
+    """Delete stored problems (e.g. after a driver upgrade). At least one filter is required."""
+    filters = _filters(kernel, arch, device, driver)
+    if driver_not_current:
+        from tunecache.identity import detect_target
+
+        t = detect_target()
+        if t.backend == "cpu":
+            raise TunecacheError("--driver-not-current needs a GPU to read the current driver; use --driver X")
+        filters["not_driver"] = t.driver_version
+    if older_than:
+        filters["older_than"] = parse_since(older_than)
+    if not any(v is not None and v is not False for v in filters.values()):
+        raise click.UsageError(
+            "give at least one filter (--driver, --driver-not-current, --arch, --kernel, --older-than)"
+        )
+    store = _open(ctx)
+    gone = store.delete(dry_run=dry_run, **filters)
+    _report_deleted(gone, dry_run, as_json)
+
+
+def _report_deleted(gone: list[Problem], dry_run: bool, as_json: bool) -> None:
+    if as_json:
+        _json_out({"dry_run": dry_run, "count": len(gone), "problems": [problem_summary(p) for p in gone]})
+        return
+    for p in gone:
+        click.echo(f"{'would delete' if dry_run else 'deleted'} {p.digest[:12]} {p.kernel} {p.key_json}")
+    click.echo(f"{len(gone)} problem(s) {'would be ' if dry_run else ''}deleted")
+
+
+@main.command()
+@click.option(
+    "--days",
+    type=click.FloatRange(min=0),
+    default=30.0,
+    show_default=True,
+    help="Delete problems with no hit (and no update) for this many days.",
+)
+@click.option("--dry-run", is_flag=True, help="List what would be deleted, delete nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_context
+def gc(ctx: click.Context, days: float, dry_run: bool, as_json: bool) -> None:
+    """Remove problems nobody has used for N days (last hit, or last update if never hit)."""
+    store = _open(ctx)
+    gone = store.delete(dry_run=dry_run, no_hit_since=utcnow() - dt.timedelta(days=days))
+    _report_deleted(gone, dry_run, as_json)
+
+
+@main.command()
+@click.argument("module")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_context
+def warm(ctx: click.Context, module: str, as_json: bool) -> None:
+    """Tune ahead of time: import MODULE and call its warmup() (e.g. during an image build)."""
+    import tunecache
+
+    if ctx.obj.get("url"):
+        import os
+
+        os.environ["TUNECACHE_URL"] = ctx.obj["url"]
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as e:
+        raise TunecacheError(f"cannot import {module!r}: {e}") from None
+    fn = getattr(mod, "warmup", None)
+    if not callable(fn):
+        raise TunecacheError(f"module {module!r} has no warmup() function")
+    t0 = time.perf_counter()
+    bar = _progress_for(fn, as_json)
+    result = fn(progress=bar) if bar is not None else fn()
+    tunecache.flush()
+    out = {"module": module, "seconds": round(time.perf_counter() - t0, 3), "stats": tunecache.stats()}
+    if isinstance(result, dict):
+        out["buckets"] = len(result)
+    if as_json:
+        _json_out(out)
+    else:
+        s = out["stats"]
+        click.echo(
+            f"warmed {module} in {out['seconds']:.1f}s: {s['hits']} hits, {s['misses']} misses, "
+            f"{s['benchmarks']} configs benchmarked"
+        )
+
+
+def _progress_for(fn: Callable[..., Any], quiet: bool) -> Callable[..., None] | None:
+    import inspect
+
+    if "progress" not in inspect.signature(fn).parameters:
+        return None
+    if quiet or not sys.stderr.isatty():
+        return lambda *a, **k: None
+    state = {"n": 0}
+
+    def progress(item: Any = None, seconds: float | None = None, total: int | None = None, **_: Any) -> None:
+        state["n"] += 1
+        total_txt = f"/{total}" if total else ""
+        extra = f" ({seconds:.2f}s)" if seconds is not None else ""
+        click.echo(f"\r  {state['n']}{total_txt} {item}{extra}   ", nl=False, err=True)
+
+    return progress
+
+
+@main.command()
+@click.option(
+    "--url", "demo_url", default=None, help="Store for the demo (default: a fresh SQLite file in a temp dir)."
+)
+@click.option("--buckets", "bucket_list", default=None, help="Comma-separated batch buckets (default: per device).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def demo(demo_url: str | None, bucket_list: str | None, as_json: bool) -> None:
+    """Run the bundled sparse MLA decode kernel twice, each in a fresh process, on one store."""
+    from tunecache.demo import run_demo
+
+    buckets = [int(b) for b in bucket_list.split(",")] if bucket_list else None
+    run_demo(url=demo_url, buckets=buckets, as_json=as_json)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
