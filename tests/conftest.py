@@ -91,8 +91,14 @@ def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """Every test: its own default store, lock dir and counters; no leaked env."""
     monkeypatch.setenv("TUNECACHE_URL", f"sqlite:///{tmp_path / 'default.sqlite3'}")
     monkeypatch.setenv("TUNECACHE_LOCK_DIR", str(tmp_path / "locks"))
-    for var in ("TUNECACHE_MODE", "TUNECACHE_TARGET_OVERRIDE", "TUNECACHE_ON_DRIVER_CHANGE",
-                "TUNECACHE_LEASE_SECONDS", "TUNECACHE_WAIT_SECONDS", "TUNECACHE_HOST_ID"):
+    for var in (
+        "TUNECACHE_MODE",
+        "TUNECACHE_TARGET_OVERRIDE",
+        "TUNECACHE_ON_DRIVER_CHANGE",
+        "TUNECACHE_LEASE_SECONDS",
+        "TUNECACHE_WAIT_SECONDS",
+        "TUNECACHE_HOST_ID",
+    ):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("TUNECACHE_CPU_BENCH_REPS", "1")
     import tunecache
@@ -116,8 +122,13 @@ def run_procs(cmd: str, nprocs: int, env: dict | None = None, timeout: float = 3
     args.setdefault("start_at", time.time() + 3.0)
     full_env = {**os.environ, **(env or {})}
     procs = [
-        subprocess.Popen([sys.executable, str(HERE / "procs.py"), cmd, json.dumps(args)], env=full_env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, str(HERE / "procs.py"), cmd, json.dumps(args)],
+            env=full_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for _ in range(nprocs)
     ]
     results = []

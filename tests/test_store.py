@@ -25,10 +25,25 @@ def problem(i: int, target: Target = H200, source: str = "src1", kernel: str = "
 
 
 def results(n: int = 3, fast: int = 1) -> list[ConfigResult]:
-    out = [ConfigResult(f"c{j}", {"kwargs": {"BLOCK_T": 16 << j}, "num_warps": 4}, median_ms=1.0 + abs(j - fast),
-                        p20_ms=0.9 + abs(j - fast), p80_ms=1.1 + abs(j - fast), samples=100) for j in range(n)]
-    out.append(ConfigResult("oor", {"kwargs": {"BLOCK_T": 512}, "num_warps": 8}, status="out_of_resources",
-                            failure={"resource": "shared", "required": 786432, "limit": 232448}))
+    out = [
+        ConfigResult(
+            f"c{j}",
+            {"kwargs": {"BLOCK_T": 16 << j}, "num_warps": 4},
+            median_ms=1.0 + abs(j - fast),
+            p20_ms=0.9 + abs(j - fast),
+            p80_ms=1.1 + abs(j - fast),
+            samples=100,
+        )
+        for j in range(n)
+    ]
+    out.append(
+        ConfigResult(
+            "oor",
+            {"kwargs": {"BLOCK_T": 512}, "num_warps": 8},
+            status="out_of_resources",
+            failure={"resource": "shared", "required": 786432, "limit": 232448},
+        )
+    )
     return out
 
 
@@ -135,8 +150,7 @@ def test_lease_of_a_dead_local_process_is_taken_over(store_url):
     from tunecache.store import leases
 
     with s.engine.begin() as c:
-        c.execute(sa.insert(leases).values(digest=d, holder="ghost", host=hostname(), pid=dead.pid,
-                                           expires_at=1e12))
+        c.execute(sa.insert(leases).values(digest=d, holder="ghost", host=hostname(), pid=dead.pid, expires_at=1e12))
     assert s.try_lease(d, "me", ttl=60)
     s.close()
 

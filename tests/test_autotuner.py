@@ -1,0 +1,472 @@
+"""The autotuner: store hits, partial re-benchmarks, failures, capture, modes, single flight.
+
+Runs kernels under TRITON_INTERPRET=1 (set in conftest) with the CPU timer.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import tinykernels
+import triton
+import triton.language as tl
+from conftest import HERE, run_procs
+
+import tunecache
+from tunecache import autotuner as at
+from tunecache.store import open_store
+
+
+def fresh_process(code: str, env: dict | None = None) -> dict:
+    """Run code in a fresh interpreter (a 'restart'); it must print one JSON line last."""
+    full = {**os.environ, **(env or {})}
+    r = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=full,
+        capture_output=True,
+        text=True,
+        cwd=str(HERE),
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+RESTART = """
+    import json, tinykernels, tunecache
+    k = tinykernels.make_add()
+    winners = [str(tinykernels.launch(k, n)) for n in (64, 100, 300)]
+    print(json.dumps({"stats": tunecache.stats(), "winners": winners}))
+"""
+
+
+def test_restart_in_a_new_process_does_no_benchmarks(sqlite_url):
+    env = {"TUNECACHE_URL": sqlite_url}
+    a = fresh_process(RESTART, env)
+    b = fresh_process(RESTART, env)
+    assert a["stats"]["benchmarks"] == 3 * len(tinykernels.CONFIGS)
+    assert b["stats"]["benchmarks"] == 0 and b["stats"]["hits"] == 3
+    assert b["winners"] == a["winners"]
+    assert b["stats"]["saved_seconds"] > 0
+
+
+def test_restart_against_postgresql(pg_url):
+    env = {"TUNECACHE_URL": pg_url}
+    a = fresh_process(RESTART, env)
+    b = fresh_process(RESTART, env)
+    assert a["stats"]["benchmarks"] > 0 and b["stats"]["benchmarks"] == 0 and b["winners"] == a["winners"]
+
+
+def test_changed_source_or_called_jit_or_driver_rebenchmarks(sqlite_url, tmp_path):
+    mod = tmp_path / "kmod.py"
+    body = textwrap.dedent("""
+        import triton, triton.language as tl, tunecache
+        @triton.jit
+        def helper(a):
+            return a * 2{helper_extra}
+        @tunecache.autotune(configs=[triton.Config({{"BLOCK": b}}) for b in (16, 32)], key=["N"])
+        @triton.jit
+        def k(x, out, N, BLOCK: tl.constexpr):
+            offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            tl.store(out + offs, helper(tl.load(x + offs, mask=offs < N)){kernel_extra}, mask=offs < N)
+    """)
+    code = """
+        import json, torch, triton, tunecache, kmod
+        x = torch.ones(40); o = torch.empty(40)
+        kmod.k[lambda m: (triton.cdiv(40, m["BLOCK"]),)](x, o, 40)
+        print(json.dumps({"stats": tunecache.stats()}))
+    """
+    env = {"TUNECACHE_URL": sqlite_url, "PYTHONPATH": f"{tmp_path}:{HERE}"}
+
+    def run(helper_extra="", kernel_extra="", extra_env=None):
+        mod.write_text(body.format(helper_extra=helper_extra, kernel_extra=kernel_extra))
+        return fresh_process(code, {**env, **(extra_env or {})})["stats"]["benchmarks"]
+
+    assert run() == 2
+    assert run() == 0
+    assert run(helper_extra="  # a comment only") == 0  # comments do not change identity
+    assert run(kernel_extra=" + 0.0") == 2  # kernel source changed
+    assert run(kernel_extra=" + 0.0") == 0
+    assert run(helper_extra=" + 0", kernel_extra=" + 0.0") == 2  # a called @jit function changed
+    assert (
+        run(
+            helper_extra=" + 0",
+            kernel_extra=" + 0.0",
+            extra_env={"TUNECACHE_TARGET_OVERRIDE": json.dumps({"driver_version": "13010"})},
+        )
+        == 2
+    )  # new driver
+
+
+def test_added_config_benchmarks_only_the_new_one(sqlite_url):
+    k1 = tinykernels.make_add(configs=tinykernels.CONFIGS[:4], store=sqlite_url)
+    tinykernels.launch(k1, 100)
+    assert tunecache.stats()["benchmarks"] == 4
+    tunecache.reset_stats()
+    k2 = tinykernels.make_add(configs=tinykernels.CONFIGS[:5], store=sqlite_url)
+    tinykernels.launch(k2, 100)
+    assert tunecache.stats()["benchmarks"] == 1
+    p = open_store(sqlite_url).list(with_configs=True)[0]
+    assert len(p.configs) == 5
+    tunecache.reset_stats()
+    k3 = tinykernels.make_add(configs=tinykernels.CONFIGS[1:3], store=sqlite_url)  # a subset: all known
+    tinykernels.launch(k3, 100)
+    assert tunecache.stats()["benchmarks"] == 0
+
+
+def test_failed_config_is_recorded_and_never_compiled_again(sqlite_url):
+    from triton.runtime.errors import OutOfResources
+
+    bad = triton.Config({"BLOCK": 64}, num_warps=8)
+
+    def bench(kernel_call, quantiles):
+        if bench.current is bad:
+            raise OutOfResources(786432, 232448, "shared memory")
+        kernel_call()
+        return [1.0 if bench.current.kwargs["BLOCK"] == 32 else 2.0] * 3
+
+    configs = [triton.Config({"BLOCK": 16}), triton.Config({"BLOCK": 32}), bad]
+
+    class Spy(at.TunecacheAutotuner):
+        def _bench(self, *args, config, **meta):
+            bench.current = config
+            return super()._bench(*args, config=config, **meta)
+
+    def make():
+        @triton.jit
+        def kern(x, y, out, N, BLOCK: tl.constexpr):
+            offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            tl.store(out + offs, tl.load(x + offs, mask=offs < N) + tl.load(y + offs, mask=offs < N), mask=offs < N)
+
+        return Spy(kern, kern.arg_names, configs, ["N"], None, None, do_bench=bench, store=sqlite_url)
+
+    assert tinykernels.launch(make(), 50).kwargs["BLOCK"] == 32
+    p = open_store(sqlite_url).list(with_configs=True)[0]
+    rows = {r.config["kwargs"]["BLOCK"]: r for r in p.configs}
+    assert rows[64].status == "out_of_resources"
+    assert rows[64].failure["required"] == 786432 and rows[64].failure["limit"] == 232448
+    assert rows[32].ok and p.winner.config["kwargs"]["BLOCK"] == 32
+    # A restart: everything known, nothing benchmarked or compiled.
+    tunecache.reset_stats()
+    tuner2 = make()
+    tinykernels.launch(tuner2, 50)
+    assert tunecache.stats()["benchmarks"] == 0
+    # Add a config: only it is benchmarked; the OutOfResources one is not compiled again.
+    configs.append(triton.Config({"BLOCK": 16}, num_warps=2))
+    tunecache.reset_stats()
+    bench.current = None
+    tinykernels.launch(make(), 50)  # `bench` would raise again if the bad config were compiled and run
+    assert tunecache.stats()["benchmarks"] == 1
+
+
+def test_unserialisable_key_raises_type_error_before_benchmarking(sqlite_url):
+    k = tinykernels.make_add(store=sqlite_url, key=("N",))
+    import torch
+
+    x = torch.ones(8)
+    with pytest.raises(TypeError, match="'N'"):
+        k[lambda m: (1,)](x, x, torch.empty(8), object())
+    assert tunecache.stats()["benchmarks"] == 0
+
+
+def test_bucket_puts_the_bucket_in_the_key_and_passes_the_real_size(sqlite_url):
+    k = tinykernels.make_add(store=sqlite_url, bucket={"N": tunecache.buckets.sglang})
+    for n in (17, 20, 24):  # all bucket 24
+        tinykernels.launch(k, n)  # launch asserts the output for the real n
+    assert tunecache.stats()["benchmarks"] == len(tinykernels.CONFIGS)
+    probs = open_store(sqlite_url).list()
+    assert [p.batch_bucket for p in probs] == [24]
+    assert json.loads(probs[0].key_json)[0] == ["N", 24]
+    with pytest.raises(ValueError, match="must also be in key"):
+        tinykernels.make_add(bucket={"M": tunecache.buckets.sglang})
+
+
+def test_modes_readonly_offline_off(sqlite_url, monkeypatch):
+    monkeypatch.setenv("TUNECACHE_MODE", "readonly")
+    tinykernels.launch(tinykernels.make_add(store=sqlite_url), 100)
+    assert tunecache.stats()["benchmarks"] > 0
+    assert open_store(sqlite_url).counts()["problems"] == 0  # never writes
+    tunecache.reset_stats()
+    monkeypatch.setenv("TUNECACHE_MODE", "offline")
+    cfg = tinykernels.launch(tinykernels.make_add(store=sqlite_url), 100)
+    assert tunecache.stats()["benchmarks"] == 0 and tunecache.stats()["offline_fallbacks"] == 1
+    assert cfg is tinykernels.CONFIGS[0] or str(cfg) == str(tinykernels.CONFIGS[0])
+    assert open_store(sqlite_url).list_misses()[0]["reason"] == "offline"
+    monkeypatch.setenv("TUNECACHE_MODE", "off")
+    k = tinykernels.make_add(store=sqlite_url)
+    assert type(k) is triton.runtime.autotuner.Autotuner
+    monkeypatch.setenv("TUNECACHE_MODE", "bogus")
+    with pytest.raises(ValueError, match="TUNECACHE_MODE"):
+        tinykernels.make_add()
+
+
+def test_offline_fallback_uses_the_nearest_stored_bucket(sqlite_url, monkeypatch):
+    k = tinykernels.make_add(store=sqlite_url, bucket={"N": tunecache.buckets.sglang})
+    for n in (8, 64):
+        tinykernels.launch(k, n)
+    stored = {p.batch_bucket: p.winner.config for p in open_store(sqlite_url).list(with_configs=True)}
+    monkeypatch.setenv("TUNECACHE_MODE", "offline")
+    k2 = tinykernels.make_add(store=sqlite_url, bucket={"N": tunecache.buckets.sglang})
+    tinykernels.launch(k2, 8)  # prefetch happens on this hit
+    cfg = tinykernels.launch(k2, 56)  # miss: nearest stored bucket is 64
+    assert cfg.kwargs == stored[64]["kwargs"] and cfg.num_warps == stored[64]["num_warps"]
+
+
+class _Capturing:
+    """Simulate torch.cuda's capture state on a CPU machine."""
+
+    def __init__(self, monkeypatch):
+        self.on = False
+        monkeypatch.setattr(at, "_capturing", lambda: self.on)
+
+
+def test_capture_miss_never_benchmarks_and_hit_launches(sqlite_url, monkeypatch, caplog):
+    cap = _Capturing(monkeypatch)
+    k = tinykernels.make_add(store=sqlite_url)
+    tinykernels.launch(k, 100)  # eager warm-up: tuned
+    n_bench = tunecache.stats()["benchmarks"]
+    cap.on = True
+    with caplog.at_level(logging.WARNING, logger="tunecache"):
+        tinykernels.launch(k, 100)  # hit in memory: fine
+        tinykernels.launch(k, 300)  # miss during capture
+        tinykernels.launch(k, 600)  # another miss: warned once only
+    assert tunecache.stats()["benchmarks"] == n_bench
+    assert tunecache.stats()["capture_fallbacks"] == 2
+    assert sum("CUDA graph capture" in r.message for r in caplog.records) == 1
+    misses = open_store(sqlite_url).list_misses()
+    assert {m["reason"] for m in misses} == {"capture"} and len(misses) == 2
+    # A fresh process whose store has the key: a hit during capture launches the stored winner.
+    k2 = tinykernels.make_add(store=sqlite_url)
+    tunecache.reset_stats()
+    tinykernels.launch(k2, 100)
+    assert tunecache.stats()["hits"] == 1 and tunecache.stats()["benchmarks"] == 0
+
+
+def test_strict_mode_raises_capture_miss_error(sqlite_url, monkeypatch):
+    cap = _Capturing(monkeypatch)
+    monkeypatch.setenv("TUNECACHE_MODE", "strict")
+    k = tinykernels.make_add(store=sqlite_url)
+    cap.on = True
+    with pytest.raises(tunecache.CaptureMissError, match="add_kernel") as e:
+        tinykernels.launch(k, 100)
+    assert e.value.key["N"] == 100
+    assert tunecache.stats()["benchmarks"] == 0
+
+
+def test_store_down_still_runs_and_writes_later(tmp_path, pg_url, monkeypatch, caplog):
+    bad = "postgresql://tc:secret-pw@127.0.0.1:1/none"
+    with caplog.at_level(logging.WARNING, logger="tunecache"):
+        k = tinykernels.make_add(store=bad)
+        tinykernels.launch(k, 100)
+        tinykernels.launch(k, 200)
+    s = tunecache.stats()
+    assert s["benchmarks"] == 2 * len(tinykernels.CONFIGS) and s["store_errors"] >= 1
+    warnings = [r.message for r in caplog.records if "store unavailable" in r.message]
+    assert len(warnings) == 1 and "secret-pw" not in warnings[0]
+    # Deferred writes reach a store that comes (back) up.
+    store = open_store(pg_url)
+    k2 = tinykernels.make_add(store=store)
+    tinykernels.launch(k2, 100)
+    tunecache.flush()
+    assert store.counts()["problems"] == 1
+
+
+def test_read_only_store_hits_without_writing(tmp_path, make_readonly, monkeypatch):
+    src = tmp_path / "img.sqlite3"
+    url = f"sqlite:///{src}"
+    tinykernels.launch(tinykernels.make_add(store=url), 100)
+    tunecache.flush()
+    from tunecache.store import _reset_shared_stores
+
+    _reset_shared_stores()
+    open_store(url).close()
+    ro = make_readonly([src])
+    tunecache.reset_stats()
+    k = tinykernels.make_add(store=f"sqlite:///{ro / 'img.sqlite3'}")
+    tinykernels.launch(k, 100)  # hit
+    tinykernels.launch(k, 250)  # miss: tuned in memory, nothing written
+    tunecache.flush()
+    s = tunecache.stats()
+    assert s["hits"] == 1 and s["benchmarks"] == len(tinykernels.CONFIGS) and s["store_errors"] == 0
+
+
+def test_config_pre_hook_is_cached_and_its_identity_in_the_config(sqlite_url):
+    def hook_a(nargs):
+        nargs["out"].zero_()
+
+    cfgs = [triton.Config({"BLOCK": 16}, pre_hook=hook_a), triton.Config({"BLOCK": 32}, pre_hook=hook_a)]
+    tinykernels.launch(tinykernels.make_add(configs=cfgs, store=sqlite_url), 40)
+    p = open_store(sqlite_url).list(with_configs=True)[0]
+    assert all("hook_a" in r.config["pre_hook"] for r in p.configs)
+    tunecache.reset_stats()
+    tinykernels.launch(tinykernels.make_add(configs=cfgs, store=sqlite_url), 40)
+    assert tunecache.stats()["benchmarks"] == 0
+
+
+def test_single_config_never_benchmarks(sqlite_url):
+    k = tinykernels.make_add(configs=tinykernels.CONFIGS[:1], store=sqlite_url)
+    tinykernels.launch(k, 10)
+    assert tunecache.stats()["benchmarks"] == 0
+
+
+def test_user_do_bench_is_the_one_used(sqlite_url):
+    used = []
+
+    def my_bench(kernel_call, quantiles):
+        used.append(1)
+        kernel_call()
+        return [float(len(used))] * 3
+
+    @tunecache.autotune(configs=tinykernels.CONFIGS[:3], key=["N"], do_bench=my_bench, store=sqlite_url)
+    @triton.jit
+    def k(x, y, out, N, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(out + offs, tl.load(x + offs, mask=offs < N) + tl.load(y + offs, mask=offs < N), mask=offs < N)
+
+    assert tinykernels.launch(k, 20) is tinykernels.CONFIGS[0]
+    assert len(used) == 3
+
+
+def test_install_patches_triton_autotune_for_unmodified_code(sqlite_url, monkeypatch):
+    monkeypatch.setenv("TUNECACHE_URL", sqlite_url)
+    tunecache.install()
+    assert triton.autotune is tunecache.autotune
+    assert triton.runtime.autotuner.autotune is tunecache.autotune
+
+    @triton.autotune(configs=tinykernels.CONFIGS[:2], key=["N"])
+    @triton.jit
+    def third_party(x, y, out, N, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(out + offs, tl.load(x + offs, mask=offs < N) + tl.load(y + offs, mask=offs < N), mask=offs < N)
+
+    assert isinstance(third_party, at.TunecacheAutotuner)
+    tinykernels.launch(third_party, 30)
+    assert open_store(sqlite_url).counts()["problems"] == 1
+    tunecache.uninstall()
+    assert triton.autotune is not tunecache.autotune
+
+
+def test_stacks_over_heuristics(sqlite_url):
+    @tunecache.autotune(configs=tinykernels.CONFIGS[:2], key=["N"], store=sqlite_url)
+    @triton.heuristics({"EVEN": lambda a: a["N"] % 16 == 0})
+    @triton.jit
+    def k(x, y, out, N, BLOCK: tl.constexpr, EVEN: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(out + offs, tl.load(x + offs, mask=offs < N) + tl.load(y + offs, mask=offs < N), mask=offs < N)
+
+    tinykernels.launch(k, 32)
+    assert open_store(sqlite_url).list()[0].kernel.endswith("k")
+
+
+def test_poisoned_stored_winner_is_marked_and_retuned(sqlite_url, caplog):
+    k = tinykernels.make_add(store=sqlite_url)
+    tinykernels.launch(k, 100)
+    store = open_store(sqlite_url)
+    p = store.list(with_configs=True)[0]
+    # Make the stored winner a config that cannot compile: BLOCK=3 is not a power of two.
+    import sqlalchemy as sa
+
+    from tunecache.store import configs as ctab
+
+    poisoned = next(r for r in p.configs if r.config_hash != p.winner_config_hash)
+    with store.engine.begin() as c:
+        c.execute(
+            sa.update(ctab)
+            .where(ctab.c.digest == p.digest, ctab.c.config_hash == poisoned.config_hash)
+            .values(median_ms=0.0001)
+        )
+        c.execute(sa.text("UPDATE problems SET winner_config_hash = :h"), {"h": poisoned.config_hash})
+    # A kernel whose config list holds the poisoned config as BLOCK=3.
+    cfgs = list(tinykernels.CONFIGS)
+    idx = next(i for i, c in enumerate(cfgs) if at.config_identity(c)[1] == poisoned.config_hash)
+    bad = triton.Config({"BLOCK": 3}, num_warps=cfgs[idx].num_warps)
+    # Store the bad config under its own hash as the winner.
+    bad_hash = at.config_identity(bad)[1]
+    with store.engine.begin() as c:
+        c.execute(
+            sa.text("UPDATE configs SET config_hash = :b WHERE config_hash = :h"),
+            {"b": bad_hash, "h": poisoned.config_hash},
+        )
+        c.execute(sa.text("UPDATE problems SET winner_config_hash = :b"), {"b": bad_hash})
+    cfgs[idx] = bad
+    tunecache.reset_stats()
+    k2 = tinykernels.make_add(configs=cfgs, store=sqlite_url)
+    with caplog.at_level(logging.WARNING, logger="tunecache"):
+        cfg = tinykernels.launch(k2, 100)  # the caller never sees the failure
+    assert cfg.kwargs["BLOCK"] != 3
+    assert tunecache.stats()["poisoned"] == 1
+    assert any("failed on this target" in r.message for r in caplog.records)
+    fixed = store.get(p.digest)
+    assert fixed.config_map()[bad_hash].status in ("compile_error", "runtime_error")
+    assert fixed.winner_config_hash != bad_hash
+
+
+def test_driver_change_topk_benchmarks_only_previous_best(sqlite_url, monkeypatch):
+    k = tinykernels.make_add(store=sqlite_url)
+    tinykernels.launch(k, 100)
+    monkeypatch.setenv("TUNECACHE_TARGET_OVERRIDE", json.dumps({"driver_version": "99999"}))
+    monkeypatch.setenv("TUNECACHE_ON_DRIVER_CHANGE", "topk:2")
+    tunecache.reset_stats()
+    k2 = tinykernels.make_add(store=sqlite_url)
+    tinykernels.launch(k2, 100)
+    assert tunecache.stats()["benchmarks"] == 2
+    newp = [p for p in open_store(sqlite_url).list(with_configs=True) if p.target.driver_version == "99999"][0]
+    assert sum(r.status == "pruned" for r in newp.configs) == len(tinykernels.CONFIGS) - 2
+    monkeypatch.setenv("TUNECACHE_ON_DRIVER_CHANGE", "sometimes")
+    with pytest.raises(ValueError, match="TUNECACHE_ON_DRIVER_CHANGE"):
+        at.driver_change_policy()
+
+
+@pytest.mark.slow
+def test_sixteen_processes_warm_36_buckets_once(store_url):
+    sizes = list(tunecache.buckets.SGLANG_CAPTURE_SIZES)
+    open_store(store_url).close()
+    t0 = time.time()
+    out = run_procs("warm", 16, url=store_url, sizes=sizes, start_at=time.time() + 8, timeout=600)
+    total = sum(r["stats"]["benchmarks"] for r in out)
+    assert total == len(sizes) * len(tinykernels.CONFIGS), total
+    assert all(r["stats"]["store_errors"] == 0 for r in out)
+    assert len({json.dumps(r["winners"], sort_keys=True) for r in out}) == 1  # the whole fleet agrees
+    s = open_store(store_url)
+    assert s.counts()["problems"] == len(sizes)
+    assert all(len(p.configs) == len(tinykernels.CONFIGS) for p in s.list(with_configs=True))
+    print(f"16 workers x {len(sizes)} buckets: {time.time() - t0:.1f}s")
+
+
+def test_kill_9_of_the_benchmarking_process_is_recovered(sqlite_url, tmp_path):
+    """The holder is killed mid-benchmark; another process completes the key within lease + 10 s."""
+    slow = tmp_path / "slowbench.py"
+    slow.write_text(
+        textwrap.dedent("""
+        import json, sys, time, os, tinykernels, tunecache
+        def bench(call, quantiles):
+            if os.environ.get("HANG"):
+                print("BENCHING", flush=True); time.sleep(600)
+            call(); return [1.0, 1.0, 1.0]
+        import triton
+        k = tinykernels.make_add(configs=tinykernels.CONFIGS[:2])
+        k._do_bench = bench
+        tinykernels.launch(k, 100)
+        print(json.dumps({"stats": tunecache.stats()}))
+    """)
+    )
+    env = {**os.environ, "TUNECACHE_URL": sqlite_url, "PYTHONPATH": str(HERE), "TUNECACHE_LEASE_SECONDS": "5"}
+    holder = subprocess.Popen([sys.executable, str(slow)], env={**env, "HANG": "1"}, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "BENCHING"
+    waiter = subprocess.Popen([sys.executable, str(slow)], env=env, stdout=subprocess.PIPE, text=True)
+    time.sleep(2.0)
+    holder.kill()
+    t0 = time.time()
+    out, _ = waiter.communicate(timeout=60)
+    elapsed = time.time() - t0
+    holder.wait()
+    assert elapsed <= 5 + 10
+    assert json.loads(out.strip().splitlines()[-1])["stats"]["benchmarks"] == 2
+    assert open_store(sqlite_url).counts()["problems"] == 1
