@@ -794,7 +794,7 @@ class Store:
     def kernel_stats(self) -> list[dict[str, Any]]:
         with self._read("stats") as conn:
             rows = conn.execute(sa.select(kernel_stats).order_by(kernel_stats.c.kernel)).mappings().all()
-        return [dict(r) for r in rows]
+        return [{str(k): v for k, v in r.items()} for r in rows]
 
     def record_miss(self, problem: Problem, reason: str) -> None:
         now = utcnow()
@@ -826,7 +826,7 @@ class Store:
     def list_misses(self) -> list[dict[str, Any]]:
         with self._read("misses") as conn:
             rows = conn.execute(sa.select(misses).order_by(misses.c.kernel, misses.c.last_seen.desc())).mappings()
-            return [dict(r) for r in rows]
+            return [{str(k): v for k, v in r.items()} for r in rows]
 
     # ---- leases (one benchmark per key across hosts) --------------------------------------
 

@@ -1,0 +1,1103 @@
+"""Export and import: move tuning results between stores as one versioned file.
+
+A platform team tunes on one machine (or reads a fleet's shared store), exports, and imports the
+file into another store: an image being built without a GPU, a second cluster, a laptop. The file
+is data only: import parses JSON, checks every field and recomputes every hash; nothing in it is
+ever executed (no pickle, no eval, no imports).
+
+File format, version 1
+======================
+
+`JSON Lines <https://jsonlines.org>`_ written with orjson, UTF-8, one object per line, every line
+ending in ``\\n``. A path ending in ``.gz`` is gzip-compressed (import also recognises gzip by its
+magic bytes, so ``-`` may carry either). No line may exceed :data:`MAX_LINE_BYTES`.
+
+Line 1, the header:
+
+=================  ==========================================================================
+field              value
+=================  ==========================================================================
+format             ``"tunecache-export"``
+version            ``1``: the version of this format. An importer refuses any other version
+tunecache          version of the tunecache that wrote the file (informational)
+problems           number of problem lines that follow
+configs            total number of config rows in them
+body_sha256        hex sha256 of the exact bytes of every line after the header
+created_at         ISO 8601 UTC time of the export
+filters            the export's filters: ``kernel``, ``arch``, ``device``, ``driver``, ``since``
+                   (string or null)
+=================  ==========================================================================
+
+Every following line is one problem, in digest order, with all its config rows (failed ones
+included: they are what stops a later tuning from re-trying a config that cannot run):
+
+====================  =====================================================================
+field                 value
+====================  =====================================================================
+digest                64 hex: content address, recomputed on import from source_hash,
+                      target and key (:func:`tunecache.identity.problem_digest`)
+kernel                kernel name, ``module.qualname`` (at most 255 characters)
+source_hash           64 hex: hash of the kernel source and the ``@jit`` functions it calls
+target                object with every :class:`~tunecache.identity.Target` field: backend,
+                      arch, device_name, driver_version, driver_release, cuda_runtime,
+                      triton_version (strings); sm_count, max_shared_mem, warp_size (integers)
+key                   the tuning key: a list of ``[name, value]`` pairs, value a scalar
+batch_bucket          integer or null
+winner_config_hash    32 hex, the hash of one of ``configs``, or null (no config ran)
+winner_ms             finite number >= 0, or null
+search_space_hash     64 hex (or empty): hash of the config hashes tried
+tuning_seconds        finite number >= 0
+host                  host that tuned it
+created_at            ISO 8601 UTC date-time (naive, no offset)
+updated_at            ISO 8601 UTC date-time
+hit_count             integer >= 0
+last_hit_at           ISO 8601 UTC date-time or null
+configs               list of config rows, below, in config_hash order
+====================  =====================================================================
+
+A config row:
+
+===========  ==============================================================================
+field        value
+===========  ==============================================================================
+config_hash  32 hex, recomputed on import from ``config``
+             (:func:`tunecache.identity.config_hash_of`)
+config       ``{"kwargs": {name: scalar}, "num_warps", "num_stages", "num_ctas", "maxnreg":
+             integer or null, "pre_hook": string (the hook's identity, never code) or null}``
+status       one of :data:`tunecache.store.STATUSES`
+median_ms    finite number >= 0, or null (p20_ms and p80_ms likewise)
+samples      integer >= 0
+failure      object (why the config failed, e.g. ``{"resource": "shared", "required":
+             300000, "limit": 232448}``) or null; nested at most 8 levels
+host         host that measured it
+measured_at  ISO 8601 UTC date-time
+===========  ==============================================================================
+
+Unknown fields, missing fields, ``true`` where an integer is expected, NaN or Infinity (not
+JSON), a duplicate digest or config hash: each is an error naming the line. A later format adds
+fields by raising ``version``.
+
+Import
+======
+
+Pass 1 reads the whole file once, validates every line and hashes the body, holding only one
+line at a time (plus a digest per problem). Nothing is written if any line is bad. Pass 2 re-reads
+the file and writes in ONE transaction, so readers see all of it or none of it; it re-hashes the
+body and rolls back if the file changed in between. ``on_conflict`` decides what happens to a
+digest the store already has: ``keep`` the stored one, ``replace`` it (its config rows too), or
+take the incoming one only if its winner is ``faster``. A conflict is a digest stored with a
+different winner.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import gzip
+import hashlib
+import io
+import logging
+import math
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+import zlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import IO, Any, BinaryIO
+
+import orjson
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from tunecache.errors import ImportFormatError, StoreError, TunecacheError
+from tunecache.identity import CONFIG_FIELDS, TARGET_FIELDS, Target, canonical_json, config_hash_of, problem_digest
+from tunecache.store import STATUSES, Store, _reason, _scrub, _where, configs, misses, problems, utcnow
+
+log = logging.getLogger("tunecache")
+
+FORMAT_NAME = "tunecache-export"
+FORMAT_VERSION = 1
+#: Longest line import accepts (newline included). A problem with 12 configs takes about 4 KiB; the
+#: limit leaves room for ~10,000 configs per problem while keeping a hostile file's memory bounded.
+#: Export refuses to write a longer line, so every export can be imported.
+MAX_LINE_BYTES = 4 << 20
+MAX_FAILURE_DEPTH = 8
+CONFLICT_POLICIES = ("keep", "replace", "faster")
+GZIP_LEVEL = 3  # level 6 halves the speed for ~10% smaller files; exports are read and written once
+
+#: ``progress(phase, done, total)``: phase is "export", "validate" or "write"; counts are problems.
+Progress = Callable[[str, int, int], None]
+Source = str | os.PathLike[str] | IO[bytes]
+
+_EXPORT_BATCH = 2000
+_WRITE_BATCH = 5000  # config rows per executemany / COPY flush
+_LOOKUP_CHUNK = 2000  # digests per IN (...) when checking what the store already has
+
+_HEADER_FIELDS = ("format", "version", "tunecache", "problems", "configs", "body_sha256", "created_at", "filters")
+_FILTER_FIELDS = ("kernel", "arch", "device", "driver", "since")
+_PROBLEM_FIELDS = (
+    "digest",
+    "kernel",
+    "source_hash",
+    "target",
+    "key",
+    "batch_bucket",
+    "winner_config_hash",
+    "winner_ms",
+    "search_space_hash",
+    "tuning_seconds",
+    "host",
+    "created_at",
+    "updated_at",
+    "hit_count",
+    "last_hit_at",
+    "configs",
+)
+_CONFIG_ROW_FIELDS = (
+    "config_hash",
+    "config",
+    "status",
+    "median_ms",
+    "p20_ms",
+    "p80_ms",
+    "samples",
+    "failure",
+    "host",
+    "measured_at",
+)
+_CONFIG_FIELDS = ("kwargs", *CONFIG_FIELDS, "pre_hook")
+_PROBLEM_SET = frozenset(_PROBLEM_FIELDS)
+_CONFIG_ROW_SET = frozenset(_CONFIG_ROW_FIELDS)
+_CONFIG_SET = frozenset(_CONFIG_FIELDS)
+_TARGET_SET = frozenset(TARGET_FIELDS)
+_TARGET_INT = frozenset(f for f in TARGET_FIELDS if problems.c[f].type.python_type is int)
+_STATUS_SET = frozenset(STATUSES)
+_INT_MAX = 2**31 - 1  # the Integer columns are 32-bit on PostgreSQL and MySQL
+_HEX = re.compile(r"[0-9a-f]*")
+
+# Columns in the order import writes them and export reads them.
+_P_COLS = (
+    "digest",
+    "kernel",
+    "source_hash",
+    "target_digest",
+    *TARGET_FIELDS,
+    "key_json",
+    "batch_bucket",
+    "winner_config_hash",
+    "winner_ms",
+    "search_space_hash",
+    "tuning_seconds",
+    "host",
+    "created_at",
+    "updated_at",
+    "hit_count",
+    "last_hit_at",
+)
+_C_COLS = (
+    "digest",
+    "config_hash",
+    "config_json",
+    "status",
+    "median_ms",
+    "p20_ms",
+    "p80_ms",
+    "samples",
+    "failure",
+    "host",
+    "measured_at",
+)
+
+
+@dataclass
+class ImportSummary:
+    """What an import did (or, with ``dry_run``, would do). ``problems``/``configs`` count the file."""
+
+    new: int = 0
+    updated: int = 0
+    skipped: int = 0
+    conflicts: int = 0
+    problems: int = 0
+    configs: int = 0
+    dry_run: bool = False
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# --------------------------------------------------------------------------------------------
+# Export
+# --------------------------------------------------------------------------------------------
+
+
+def export(
+    store: Store,
+    out: Source,
+    *,
+    kernel: str | None = None,
+    arch: str | None = None,
+    device: str | None = None,
+    driver: str | None = None,
+    since: dt.datetime | None = None,
+    compress: bool | None = None,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Write the matching problems, with every config row, to ``out`` (a path, ``"-"`` or a binary file).
+
+    The header needs the counts and the body's hash, so the body is written to a temporary file
+    first. A path is written next to itself and renamed into place: an interrupted export never
+    leaves a half file under the real name. ``compress`` defaults to "the path ends in .gz".
+    Returns a summary: problems, configs, bytes, body_sha256, seconds.
+    """
+    t0 = time.perf_counter()
+    filters = {"kernel": kernel, "arch": arch, "device": device, "driver": driver, "since": since}
+    path = None if _is_stream(out) else Path(os.fspath(out))  # type: ignore[arg-type]
+    if compress is None:
+        compress = path is not None and path.suffix == ".gz"
+    tmp_dir = path.parent if path is not None else None
+    if tmp_dir is not None and not tmp_dir.is_dir():
+        raise TunecacheError(f"cannot export to {path}: directory {tmp_dir} does not exist")
+    with tempfile.TemporaryFile(dir=tmp_dir, prefix=".tunecache-export-") as body:
+        n_problems, n_configs, sha = _write_body(store, body, filters, progress)
+        header = {
+            "format": FORMAT_NAME,
+            "version": FORMAT_VERSION,
+            "tunecache": _version(),
+            "problems": n_problems,
+            "configs": n_configs,
+            "body_sha256": sha,
+            "created_at": utcnow().isoformat(),
+            "filters": {k: (v.isoformat() if isinstance(v, dt.datetime) else v) for k, v in filters.items()},
+        }
+        body.seek(0)
+        if path is None:
+            target = sys.stdout.buffer if out == "-" else out
+            size = _emit(target, header, body, compress)  # type: ignore[arg-type]
+            where = "-" if out == "-" else getattr(out, "name", "<stream>")
+        else:
+            fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    size = _emit(f, header, body, compress)
+                os.replace(tmp_name, path)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp_name)
+                raise
+            where = str(path)
+    summary = {
+        "path": where,
+        "problems": n_problems,
+        "configs": n_configs,
+        "bytes": size,
+        "compressed": compress,
+        "body_sha256": sha,
+        "seconds": round(time.perf_counter() - t0, 3),
+    }
+    log.info("tunecache: exported %d problems (%d configs) to %s", n_problems, n_configs, where)
+    return summary
+
+
+def _version() -> str:
+    from tunecache import __version__
+
+    return __version__
+
+
+def _is_stream(x: Any) -> bool:
+    return x == "-" or hasattr(x, "read") or hasattr(x, "write")
+
+
+def _emit(f: IO[bytes], header: dict[str, Any], body: IO[bytes], compress: bool) -> int:
+    """Header line then body into ``f`` (through gzip if asked); return the bytes written."""
+    counter = _CountingWriter(f)
+    if compress:
+        with gzip.GzipFile(fileobj=counter, mode="wb", compresslevel=GZIP_LEVEL, mtime=0) as gz:
+            gz.write(orjson.dumps(header, option=orjson.OPT_APPEND_NEWLINE))
+            shutil.copyfileobj(body, gz, 1 << 20)
+    else:
+        counter.write(orjson.dumps(header, option=orjson.OPT_APPEND_NEWLINE))
+        shutil.copyfileobj(body, counter, 1 << 20)
+    counter.flush()
+    return counter.count
+
+
+class _CountingWriter(io.RawIOBase):
+    """A write-only stream that counts what passes through (the size of a compressed export)."""
+
+    def __init__(self, f: IO[bytes]) -> None:
+        self.f = f
+        self.count = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b: Any) -> int:
+        n = self.f.write(b)
+        n = len(b) if n is None else n
+        self.count += n
+        return n
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+_P_SELECT = [problems.c[c] for c in _P_COLS if c != "target_digest"]
+_C_SELECT = [configs.c[c] for c in _C_COLS]
+_N_TARGET = len(TARGET_FIELDS)
+
+
+def _write_body(
+    store: Store, body: IO[bytes], filters: dict[str, Any], progress: Progress | None
+) -> tuple[int, int, str]:
+    """Stream problems in digest order, a batch at a time with its config rows, as JSON lines.
+
+    Keyset pagination (digest > last) over the primary keys: no per-problem query, no server-side
+    cursor, and every batch is one indexed range (or IN list when filtered). The whole export
+    reads in one transaction, a consistent snapshot on SQLite (WAL), PostgreSQL and MySQL.
+    """
+    where = _where(**filters)
+    sha = hashlib.sha256()
+    n_problems = n_configs = 0
+    dumps, fragment, newline = orjson.dumps, orjson.Fragment, orjson.OPT_APPEND_NEWLINE
+    with store._read("export") as conn:
+        if store.dialect != "sqlite":
+            conn.execution_options(isolation_level="REPEATABLE READ")
+        total = conn.execute(sa.select(sa.func.count()).select_from(problems).where(*where)).scalar_one()
+        last = ""
+        while True:
+            prows = conn.execute(
+                sa.select(*_P_SELECT)
+                .where(*where, problems.c.digest > last)
+                .order_by(problems.c.digest)
+                .limit(_EXPORT_BATCH)
+            ).all()
+            if not prows:
+                break
+            first, last = prows[0][0], prows[-1][0]
+            if where:  # a filtered batch may be spread over the whole key space
+                cond = configs.c.digest.in_([r[0] for r in prows])
+            else:  # every digest in [first, last] is in this batch: one range scan
+                cond = configs.c.digest.between(first, last)
+            crows = conn.execute(
+                sa.select(*_C_SELECT).where(cond).order_by(configs.c.digest, configs.c.config_hash)
+            ).all()
+            by_digest: dict[str, list[dict[str, Any]]] = {}
+            for c in crows:
+                lst = by_digest.get(c[0])
+                if lst is None:
+                    lst = by_digest[c[0]] = []
+                lst.append(
+                    {
+                        "config_hash": c[1],
+                        "config": fragment(c[2]),
+                        "status": c[3],
+                        "median_ms": c[4],
+                        "p20_ms": c[5],
+                        "p80_ms": c[6],
+                        "samples": c[7],
+                        "failure": None if c[8] is None else fragment(c[8]),
+                        "host": c[9],
+                        "measured_at": c[10],
+                    }
+                )
+            for r in prows:
+                rows = by_digest.get(r[0], [])
+                i = 3 + _N_TARGET
+                line = dumps(
+                    {
+                        "digest": r[0],
+                        "kernel": r[1],
+                        "source_hash": r[2],
+                        "target": dict(zip(TARGET_FIELDS, r[3:i])),
+                        "key": fragment(r[i]),
+                        "batch_bucket": r[i + 1],
+                        "winner_config_hash": r[i + 2],
+                        "winner_ms": r[i + 3],
+                        "search_space_hash": r[i + 4],
+                        "tuning_seconds": r[i + 5],
+                        "host": r[i + 6],
+                        "created_at": r[i + 7],
+                        "updated_at": r[i + 8],
+                        "hit_count": r[i + 9],
+                        "last_hit_at": r[i + 10],
+                        "configs": rows,
+                    },
+                    option=newline,
+                )
+                if len(line) > MAX_LINE_BYTES:
+                    raise TunecacheError(
+                        f"problem {r[0][:16]} ({r[1]}) has {len(rows)} config rows, a {len(line)}-byte line; "
+                        f"import accepts at most {MAX_LINE_BYTES}. Export it with a filter that leaves it out "
+                        "(--kernel) or delete its stale configs."
+                    )
+                body.write(line)
+                sha.update(line)
+                n_configs += len(rows)
+            n_problems += len(prows)
+            if progress is not None:
+                progress("export", n_problems, total)
+    return n_problems, n_configs, sha.hexdigest()
+
+
+# --------------------------------------------------------------------------------------------
+# Reading a file
+# --------------------------------------------------------------------------------------------
+
+
+class _Bad(Exception):
+    """A validation failure inside one line; the caller adds the line number."""
+
+
+@contextlib.contextmanager
+def _open_source(src: Source) -> Iterator[tuple[IO[bytes], bool]]:
+    """A seekable binary file over ``src`` and whether it is gzip; stdin and pipes are spooled to disk."""
+    with contextlib.ExitStack() as stack:
+        named_gz = False
+        if src == "-" or hasattr(src, "read"):
+            stream: IO[bytes] = sys.stdin.buffer if src == "-" else src  # type: ignore[assignment]
+            seekable = False
+            with contextlib.suppress(AttributeError, OSError, ValueError):
+                seekable = stream.seekable() and stream is not sys.stdin.buffer
+            if seekable:
+                f = stream
+            else:  # two passes need to read it twice
+                f = stack.enter_context(tempfile.TemporaryFile(prefix=".tunecache-import-"))
+                shutil.copyfileobj(stream, f, 1 << 20)
+            named_gz = str(getattr(stream, "name", "")).endswith(".gz")
+        else:
+            path = Path(os.fspath(src))  # type: ignore[arg-type]
+            if path.is_dir():
+                raise TunecacheError(f"cannot import {path}: it is a directory")
+            f = stack.enter_context(open(path, "rb"))  # noqa: SIM115 - closed by the ExitStack
+            named_gz = path.suffix == ".gz"
+        start = f.tell()
+        magic = f.read(2)
+        f.seek(start)
+        yield _Rewind(f, start), named_gz or magic == b"\x1f\x8b"
+
+
+class _Rewind:
+    """The file and where the export starts in it (a caller's stream need not be at 0)."""
+
+    def __init__(self, f: IO[bytes], start: int) -> None:
+        self.f, self.start = f, start
+
+    def lines(self, gz: bool, max_line: int) -> Iterator[tuple[int, bytes]]:
+        """(line number, bytes) for every line, reading at most ``max_line + 1`` bytes per line.
+
+        A line with no newline at the end of the file is a cut-off file (export ends every line
+        with one); a longer line is rejected as soon as the limit is passed, so a 2 GB line never
+        sits in memory.
+        """
+        self.f.seek(self.start)
+        reader: Any = gzip.GzipFile(fileobj=self.f, mode="rb") if gz else self.f
+        lineno = 0
+        while True:
+            lineno += 1
+            try:
+                line = reader.readline(max_line + 1)
+            except (OSError, EOFError, zlib.error) as e:
+                raise ImportFormatError(lineno, f"gzip error: {e} (corrupt or truncated .gz file)") from None
+            if not line:
+                return
+            if len(line) > max_line:
+                raise ImportFormatError(
+                    lineno,
+                    f"line longer than {max_line} bytes: not a tunecache export (the longest line import accepts "
+                    f"is {max_line} bytes)",
+                )
+            if line[-1:] != b"\n":
+                raise ImportFormatError(
+                    lineno, "truncated file: the last line has no newline (the file was cut short while copying?)"
+                )
+            yield lineno, line
+
+
+def _loads(line: bytes) -> Any:
+    try:
+        return orjson.loads(line)
+    except orjson.JSONDecodeError as e:
+        if line.strip() == b"":
+            raise _Bad("empty line: every line must be one JSON object") from None
+        raise _Bad(f"not valid JSON: {e.msg} at column {e.colno} (NaN and Infinity are not JSON)") from None
+
+
+def _tname(v: Any) -> str:
+    if v is None:
+        return "null"
+    return {bool: "boolean", int: "integer", float: "number", str: "string", list: "list", dict: "object"}.get(
+        type(v), type(v).__name__
+    )
+
+
+def _check_fields(obj: Any, allowed: frozenset[str], order: Sequence[str], what: str) -> None:
+    if type(obj) is not dict:
+        raise _Bad(f"{what} must be a JSON object, got {_tname(obj)}")
+    if obj.keys() != allowed:
+        unknown = sorted(set(obj) - allowed)
+        if unknown:
+            raise _Bad(f"unknown field{'s' if len(unknown) > 1 else ''} in {what}: {', '.join(map(repr, unknown))}")
+        missing = [f for f in order if f not in obj]
+        raise _Bad(f"missing field{'s' if len(missing) > 1 else ''} in {what}: {', '.join(map(repr, missing))}")
+
+
+def _check_header(obj: Any) -> dict[str, Any]:
+    if type(obj) is not dict or obj.get("format") != FORMAT_NAME:
+        if type(obj) is dict and "digest" in obj:
+            raise _Bad(
+                f'missing header: line 1 is a problem; a {FORMAT_NAME} file starts with {{"format": '
+                f'"{FORMAT_NAME}", "version": {FORMAT_VERSION}, ...}} (was its start cut off?)'
+            )
+        raise _Bad(f'not a tunecache export: line 1 must be the header {{"format": "{FORMAT_NAME}", ...}}')
+    version = obj.get("version")
+    if type(version) is not int:
+        raise _Bad(f"header field 'version' must be an integer, got {_tname(version)}")
+    if version != FORMAT_VERSION:
+        raise _Bad(
+            f"unsupported format version {version}: this tunecache ({_version()}) reads version "
+            f"{FORMAT_VERSION}" + ("; upgrade tunecache to import this file" if version > FORMAT_VERSION else "")
+        )
+    _check_fields(obj, frozenset(_HEADER_FIELDS), _HEADER_FIELDS, "the header")
+    for name in ("problems", "configs"):
+        v = obj[name]
+        if type(v) is not int or v < 0:
+            raise _Bad(f"header field {name!r} must be a non-negative integer, got {v!r}")
+    if not _is_hex(obj["body_sha256"], 64):
+        raise _Bad("header field 'body_sha256' must be 64 lowercase hex digits")
+    for name in ("tunecache", "created_at"):
+        if type(obj[name]) is not str:
+            raise _Bad(f"header field {name!r} must be a string, got {_tname(obj[name])}")
+    filters = obj["filters"]
+    if type(filters) is not dict or not set(filters) <= set(_FILTER_FIELDS):
+        raise _Bad(f"header field 'filters' must be an object with keys among {', '.join(_FILTER_FIELDS)}")
+    if any(v is not None and type(v) is not str for v in filters.values()):
+        raise _Bad("header field 'filters' must map to strings or null")
+    return obj
+
+
+def _is_hex(v: Any, n: int) -> bool:
+    return type(v) is str and len(v) == n and _HEX.fullmatch(v) is not None
+
+
+def _text(v: Any, name: str, limit: int | None) -> str:
+    if type(v) is not str:
+        raise _Bad(f"{name} must be a string, got {_tname(v)}")
+    if limit is not None and len(v) > limit:
+        raise _Bad(f"{name} is {len(v)} characters long; the store's limit is {limit}")
+    return v
+
+
+def _int(v: Any, name: str, nullable: bool = False) -> int | None:
+    if type(v) is int and 0 <= v <= _INT_MAX:
+        return v
+    if v is None and nullable:
+        return None
+    if type(v) is int:
+        raise _Bad(f"{name} must be between 0 and {_INT_MAX}, got {v}")
+    raise _Bad(f"{name} must be an integer{' or null' if nullable else ''}, got {_tname(v)}")
+
+
+def _ms(v: Any, name: str, nullable: bool = True) -> float | None:
+    """A timing: finite and non-negative (an int is accepted as a number, a boolean is not)."""
+    t = type(v)
+    if t is float:
+        if 0.0 <= v < math.inf:
+            return v
+    elif t is int:
+        if 0 <= v < 2**63:
+            return float(v)
+    elif v is None and nullable:
+        return None
+    else:
+        raise _Bad(f"{name} must be a number{' or null' if nullable else ''}, got {_tname(v)}")
+    raise _Bad(f"{name} must be finite and non-negative, got {v!r}")
+
+
+def _ts(v: Any, name: str, nullable: bool = False) -> dt.datetime | None:
+    if v is None and nullable:
+        return None
+    if type(v) is not str:
+        raise _Bad(f"{name} must be an ISO 8601 date-time string{' or null' if nullable else ''}, got {_tname(v)}")
+    try:
+        t = dt.datetime.fromisoformat(v)
+    except ValueError:
+        raise _Bad(f"{name} is not an ISO 8601 date-time: {v[:40]!r}") from None
+    if t.tzinfo is not None:
+        t = t.astimezone(dt.timezone.utc).replace(tzinfo=None)
+    return t
+
+
+def _scalar(v: Any) -> bool:
+    return v is None or type(v) in (str, int, float, bool)
+
+
+def _depth_ok(v: Any, left: int) -> bool:
+    if type(v) is dict:
+        return left > 0 and all(_depth_ok(x, left - 1) for x in v.values())
+    if type(v) is list:
+        return left > 0 and all(_depth_ok(x, left - 1) for x in v)
+    return True
+
+
+_TEXT_LIMITS = {c.name: getattr(c.type, "length", None) for c in problems.c}
+
+
+class _Validator:
+    """Checks problem lines; caches what repeats (targets, configs) so 1.2M rows stay fast."""
+
+    def __init__(self) -> None:
+        self.targets: dict[tuple[Any, ...], Target] = {}
+        self.config_hashes: dict[bytes, str] = {}
+
+    def target(self, t: Any) -> Target:
+        _check_fields(t, _TARGET_SET, TARGET_FIELDS, "target")
+        key = tuple(t[f] for f in TARGET_FIELDS)
+        found = self.targets.get(key)
+        if found is None or any(type(a) is not type(b) for a, b in zip(key, found.as_dict().values())):
+            for f in TARGET_FIELDS:
+                if f in _TARGET_INT:
+                    _int(t[f], f"target.{f}")
+                else:
+                    _text(t[f], f"target.{f}", _TEXT_LIMITS[f])
+            found = self.targets[key] = Target(**t)
+        return found
+
+    def config_hash(self, cfg: Any, name: str) -> str:
+        if type(cfg) is not dict:
+            raise _Bad(f"{name} must be a JSON object, got {_tname(cfg)}")
+        canon = orjson.dumps(cfg, option=orjson.OPT_SORT_KEYS)
+        h = self.config_hashes.get(canon)
+        if h is None:
+            _check_fields(cfg, _CONFIG_SET, _CONFIG_FIELDS, name)
+            kwargs = cfg["kwargs"]
+            if type(kwargs) is not dict:
+                raise _Bad(f"{name}.kwargs must be an object, got {_tname(kwargs)}")
+            for k, v in kwargs.items():
+                if not _scalar(v):
+                    raise _Bad(f"{name}.kwargs[{k!r}] must be a scalar, got {_tname(v)}")
+            for f in CONFIG_FIELDS:
+                v = cfg[f]
+                if v is not None and (type(v) is not int or abs(v) > _INT_MAX):
+                    raise _Bad(f"{name}.{f} must be an integer or null, got {_tname(v)}")
+            if cfg["pre_hook"] is not None and type(cfg["pre_hook"]) is not str:
+                raise _Bad(f"{name}.pre_hook must be a string (the hook's identity) or null")
+            h = config_hash_of(cfg)
+            if len(self.config_hashes) < 100_000:
+                self.config_hashes[canon] = h
+        return h
+
+    def problem(self, obj: Any) -> tuple[str, str | None, float | None, int]:
+        """Validate one problem line; return (digest, winner hash, winner ms, config rows)."""
+        _check_fields(obj, _PROBLEM_SET, _PROBLEM_FIELDS, "a problem")
+        digest = obj["digest"]
+        if not _is_hex(digest, 64):
+            raise _Bad("digest must be 64 lowercase hex digits")
+        _text(obj["kernel"], "kernel", 255)
+        if not _is_hex(obj["source_hash"], 64):
+            raise _Bad("source_hash must be 64 lowercase hex digits")
+        target = self.target(obj["target"])
+        key = obj["key"]
+        if type(key) is not list:
+            raise _Bad(f"key must be a list of [name, value] pairs, got {_tname(key)}")
+        for pair in key:
+            if type(pair) is not list or len(pair) != 2 or type(pair[0]) is not str or not _scalar(pair[1]):
+                raise _Bad(f"key must be a list of [name, scalar] pairs, got {orjson.dumps(pair).decode()[:60]}")
+        _int(obj["batch_bucket"], "batch_bucket", nullable=True)
+        winner = obj["winner_config_hash"]
+        winner_ms = _ms(obj["winner_ms"], "winner_ms")
+        ssh = obj["search_space_hash"]
+        if not (ssh == "" or _is_hex(ssh, 64)):
+            raise _Bad("search_space_hash must be 64 lowercase hex digits (or empty)")
+        _ms(obj["tuning_seconds"], "tuning_seconds", nullable=False)
+        _text(obj["host"], "host", 255)
+        _ts(obj["created_at"], "created_at")
+        _ts(obj["updated_at"], "updated_at")
+        _int(obj["hit_count"], "hit_count")
+        _ts(obj["last_hit_at"], "last_hit_at", nullable=True)
+        rows = obj["configs"]
+        if type(rows) is not list:
+            raise _Bad(f"configs must be a list, got {_tname(rows)}")
+        seen: set[str] = set()
+        for i, row in enumerate(rows):
+            self.config_row(row, f"configs[{i}]", seen)
+        if winner is not None and winner not in seen:
+            if not _is_hex(winner, 32):
+                raise _Bad("winner_config_hash must be 32 lowercase hex digits or null")
+            raise _Bad(f"winner_config_hash {winner} is not the hash of any of this problem's configs")
+        expected = problem_digest(obj["source_hash"], target, canonical_json(key))
+        if digest != expected:
+            raise _Bad(
+                f"digest {digest[:16]}... does not match its content (source_hash, target, key give "
+                f"{expected[:16]}...): the line was edited or corrupted"
+            )
+        return digest, winner, winner_ms, len(rows)
+
+    def config_row(self, row: Any, name: str, seen: set[str]) -> None:
+        if type(row) is not dict or row.keys() != _CONFIG_ROW_SET:
+            _check_fields(row, _CONFIG_ROW_SET, _CONFIG_ROW_FIELDS, name)
+        h = self.config_hash(row["config"], f"{name}.config")
+        given = row["config_hash"]
+        if given != h:
+            if not _is_hex(given, 32):
+                raise _Bad(f"{name}.config_hash must be 32 lowercase hex digits")
+            raise _Bad(f"{name}.config_hash {given} does not match its config (hash {h}): edited or corrupted")
+        if h in seen:
+            raise _Bad(f"{name}: config {h} appears twice")
+        seen.add(h)
+        status = row["status"]
+        if status not in _STATUS_SET:
+            raise _Bad(f"{name}.status {str(status)[:40]!r} is not one of {', '.join(STATUSES)}")
+        _ms(row["median_ms"], f"{name}.median_ms")
+        _ms(row["p20_ms"], f"{name}.p20_ms")
+        _ms(row["p80_ms"], f"{name}.p80_ms")
+        _int(row["samples"], f"{name}.samples")
+        failure = row["failure"]
+        if failure is not None:
+            if type(failure) is not dict:
+                raise _Bad(f"{name}.failure must be an object or null, got {_tname(failure)}")
+            if not _depth_ok(failure, MAX_FAILURE_DEPTH):
+                raise _Bad(f"{name}.failure nests deeper than {MAX_FAILURE_DEPTH} levels")
+        _text(row["host"], f"{name}.host", 255)
+        _ts(row["measured_at"], f"{name}.measured_at")
+
+
+# --------------------------------------------------------------------------------------------
+# Import
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Scan:
+    header: dict[str, Any]
+    sha: str
+    lines: int
+    problems: list[tuple[str, str | None, float | None]]  # digest, winner hash, winner ms
+    configs: int
+
+
+def _scan(reader: _Rewind, gz: bool, max_line: int, progress: Progress | None) -> _Scan:
+    """Pass 1: validate every line and hash the body, one line in memory at a time."""
+    header: dict[str, Any] | None = None
+    sha = hashlib.sha256()
+    seen: dict[str, int] = {}
+    found: list[tuple[str, str | None, float | None]] = []
+    n_configs = 0
+    validator = _Validator()
+    lineno = 0
+    announced = 0
+    for lineno, line in reader.lines(gz, max_line):
+        try:
+            obj = _loads(line)
+            if header is None:
+                header = _check_header(obj)
+                announced = header["problems"]
+                continue
+            if len(found) >= announced:
+                raise _Bad(f"more problems than the {announced} the header announces")
+            digest, winner, winner_ms, n = validator.problem(obj)
+        except _Bad as e:
+            raise ImportFormatError(lineno, str(e)) from None
+        if digest in seen:
+            raise ImportFormatError(lineno, f"duplicate problem {digest[:16]}..., also on line {seen[digest]}")
+        seen[digest] = lineno
+        sha.update(line)
+        found.append((digest, winner, winner_ms))
+        n_configs += n
+        if progress is not None and len(found) % _EXPORT_BATCH == 0:
+            progress("validate", len(found), announced)
+    if header is None:
+        raise ImportFormatError(1, f"empty file: expected a {FORMAT_NAME} header on line 1")
+    if len(found) != announced:
+        raise ImportFormatError(
+            lineno + 1,
+            f"unexpected end of file after {len(found)} of the {announced} problems the header announces "
+            "(truncated file?)",
+        )
+    if n_configs != header["configs"]:
+        raise ImportFormatError(
+            1, f"the header announces {header['configs']} config rows but the file has {n_configs}"
+        )
+    digest = sha.hexdigest()
+    if digest != header["body_sha256"]:
+        raise ImportFormatError(
+            1,
+            f"body sha256 {digest[:16]}... does not match the header's {header['body_sha256'][:16]}... "
+            "(the file was modified or corrupted after export)",
+        )
+    if progress is not None:
+        progress("validate", len(found), announced)
+    return _Scan(header, digest, lineno, found, n_configs)
+
+
+def import_(
+    store: Store,
+    src: Source,
+    *,
+    dry_run: bool = False,
+    on_conflict: str = "keep",
+    progress: Progress | None = None,
+    max_line_bytes: int = MAX_LINE_BYTES,
+) -> ImportSummary:
+    """Import an export file (path, ``"-"`` or binary file) into ``store``: all of it, or nothing.
+
+    Every line is validated before anything is written (see the module docstring); a bad file
+    raises :class:`ImportFormatError` naming the line and leaves the store as it was.
+    ``on_conflict`` handles digests the store already has: ``keep`` (skip), ``replace``, or
+    ``faster`` (replace when the incoming winner is faster). ``dry_run`` validates and counts.
+    """
+    if on_conflict not in CONFLICT_POLICIES:
+        raise ValueError(f"on_conflict must be one of {', '.join(CONFLICT_POLICIES)}, not {on_conflict!r}")
+    t0 = time.perf_counter()
+    with _open_source(src) as (reader, gz):
+        scan = _scan(reader, gz, max_line_bytes, progress)
+        summary = ImportSummary(problems=len(scan.problems), configs=scan.configs, dry_run=dry_run)
+        if dry_run:
+            with store._read("import (dry run)") as conn:
+                _decide(conn, scan, on_conflict, summary)
+        else:
+            with store._write("import") as conn:
+                write, delete = _decide(conn, scan, on_conflict, summary)
+                _apply(store, conn, reader, gz, max_line_bytes, scan, write, delete, progress)
+    summary.seconds = round(time.perf_counter() - t0, 3)
+    log.info(
+        "tunecache: import%s of %d problems: %d new, %d updated, %d skipped, %d conflicts",
+        " (dry run)" if dry_run else "",
+        summary.problems,
+        summary.new,
+        summary.updated,
+        summary.skipped,
+        summary.conflicts,
+    )
+    return summary
+
+
+def _decide(conn: Connection, scan: _Scan, on_conflict: str, summary: ImportSummary) -> tuple[set[str], list[str]]:
+    """Which incoming digests to write and which stored ones to delete first, from what is stored."""
+    stored: dict[str, tuple[str | None, float | None]] = {}
+    if conn.execute(sa.select(problems.c.digest).limit(1)).first() is not None:
+        digests = [p[0] for p in scan.problems]
+        for i in range(0, len(digests), _LOOKUP_CHUNK):
+            q = sa.select(problems.c.digest, problems.c.winner_config_hash, problems.c.winner_ms).where(
+                problems.c.digest.in_(digests[i : i + _LOOKUP_CHUNK])
+            )
+            stored.update((d, (w, ms)) for d, w, ms in conn.execute(q))
+    write: set[str] = set()
+    delete: list[str] = []
+    for digest, winner, winner_ms in scan.problems:
+        old = stored.get(digest)
+        if old is None:
+            summary.new += 1
+            write.add(digest)
+            continue
+        if old[0] != winner:
+            summary.conflicts += 1
+        take = on_conflict == "replace" or (
+            on_conflict == "faster" and winner_ms is not None and (old[1] is None or winner_ms < old[1])
+        )
+        if take:
+            summary.updated += 1
+            write.add(digest)
+            delete.append(digest)
+        else:
+            summary.skipped += 1
+    return write, delete
+
+
+def _apply(
+    store: Store,
+    conn: Connection,
+    reader: _Rewind,
+    gz: bool,
+    max_line: int,
+    scan: _Scan,
+    write: set[str],
+    delete: list[str],
+    progress: Progress | None,
+) -> None:
+    """Pass 2, inside the import's transaction: delete what is replaced, insert, drop resolved misses."""
+    dbapi_error = getattr(store.engine.dialect.dbapi, "Error", ())
+    try:
+        for i in range(0, len(delete), _LOOKUP_CHUNK):
+            chunk = delete[i : i + _LOOKUP_CHUNK]
+            conn.execute(sa.delete(configs).where(configs.c.digest.in_(chunk)))
+            conn.execute(sa.delete(problems).where(problems.c.digest.in_(chunk)))
+        missed = set(conn.execute(sa.select(misses.c.digest)).scalars()) & write
+        if missed:
+            conn.execute(sa.delete(misses).where(misses.c.digest.in_(sorted(missed))))
+        if not write:
+            return
+        writer = _writer(store, conn)
+        ts = writer.timestamp
+        sha = hashlib.sha256()
+        p_rows: list[tuple[Any, ...]] = []
+        c_rows: list[tuple[Any, ...]] = []
+        targets: dict[tuple[Any, ...], str] = {}
+        canon: dict[bytes, str] = {}
+        done = 0
+        lines = reader.lines(gz, max_line)
+        next(lines)  # the header, validated in pass 1
+        for _, line in lines:
+            sha.update(line)
+            obj = orjson.loads(line)
+            digest = obj["digest"]
+            done += 1
+            if digest not in write:
+                continue
+            t = obj["target"]
+            tkey = tuple(t[f] for f in TARGET_FIELDS)
+            tdigest = targets.get(tkey)
+            if tdigest is None:
+                tdigest = targets[tkey] = Target(**t).digest
+            p_rows.append(
+                (
+                    digest,
+                    obj["kernel"],
+                    obj["source_hash"],
+                    tdigest,
+                    *tkey,
+                    canonical_json(obj["key"]),
+                    obj["batch_bucket"],
+                    obj["winner_config_hash"],
+                    _float(obj["winner_ms"]),
+                    obj["search_space_hash"],
+                    float(obj["tuning_seconds"]),
+                    obj["host"],
+                    ts(obj["created_at"]),
+                    ts(obj["updated_at"]),
+                    obj["hit_count"],
+                    ts(obj["last_hit_at"]),
+                )
+            )
+            for r in obj["configs"]:
+                cj = orjson.dumps(r["config"], option=orjson.OPT_SORT_KEYS)
+                cjs = canon.get(cj)
+                if cjs is None:
+                    cjs = cj.decode()
+                    if len(canon) < 100_000:
+                        canon[cj] = cjs
+                f = r["failure"]
+                c_rows.append(
+                    (
+                        digest,
+                        r["config_hash"],
+                        cjs,
+                        r["status"],
+                        _float(r["median_ms"]),
+                        _float(r["p20_ms"]),
+                        _float(r["p80_ms"]),
+                        r["samples"],
+                        None if f is None else canonical_json(f),
+                        r["host"],
+                        ts(r["measured_at"]),
+                    )
+                )
+            if len(c_rows) >= _WRITE_BATCH or len(p_rows) >= _WRITE_BATCH:
+                writer.write(p_rows, c_rows)
+                p_rows, c_rows = [], []
+                if progress is not None:
+                    progress("write", done, len(scan.problems))
+        writer.write(p_rows, c_rows)
+        writer.finish()
+        if sha.hexdigest() != scan.sha:
+            raise ImportFormatError(1, "the file changed while it was being imported; nothing was written")
+        if progress is not None:
+            progress("write", done, len(scan.problems))
+    except dbapi_error as e:  # raw driver calls (COPY, executemany) bypass SQLAlchemy's wrapping
+        raise StoreError(f"import failed on {store.masked_url}: {_scrub(_reason(e), store.url)}") from None
+
+
+def _float(v: Any) -> float | None:
+    return None if v is None else float(v)
+
+
+def _writer(store: Store, conn: Connection) -> _Writer:
+    if store.dialect == "postgresql":
+        return _CopyWriter(conn)
+    return _Writer(conn, store.dialect)
+
+
+class _Writer:
+    """executemany through the driver, skipping SQLAlchemy's per-row parameter processing.
+
+    On SQLite the import holds the write lock (BEGIN IMMEDIATE) and has checked which digests exist
+    inside it, so plain INSERTs cannot collide. MySQL uses INSERT IGNORE: a concurrent writer's
+    row wins, as with ``keep``.
+    """
+
+    def __init__(self, conn: Connection, dialect: str) -> None:
+        self.conn = conn
+        mark = "?" if conn.dialect.paramstyle == "qmark" else "%s"
+        verb = "INSERT IGNORE" if dialect in ("mysql", "mariadb") else "INSERT"
+        self.p_sql = f"{verb} INTO problems ({', '.join(_P_COLS)}) VALUES ({', '.join([mark] * len(_P_COLS))})"
+        self.c_sql = f"{verb} INTO configs ({', '.join(_C_COLS)}) VALUES ({', '.join([mark] * len(_C_COLS))})"
+        self.sqlite = dialect == "sqlite"
+
+    def timestamp(self, v: str | None) -> Any:
+        """The driver's value for a validated ISO timestamp (SQLite: SQLAlchemy's storage string)."""
+        if v is None:
+            return None
+        t = dt.datetime.fromisoformat(v)
+        if t.tzinfo is not None:
+            t = t.astimezone(dt.timezone.utc).replace(tzinfo=None)
+        return t.isoformat(" ", "microseconds") if self.sqlite else t
+
+    def write(self, p_rows: list[tuple[Any, ...]], c_rows: list[tuple[Any, ...]]) -> None:
+        if p_rows:
+            self.conn.exec_driver_sql(self.p_sql, p_rows)  # type: ignore[arg-type]
+        if c_rows:
+            self.conn.exec_driver_sql(self.c_sql, c_rows)  # type: ignore[arg-type]
+
+    def finish(self) -> None:
+        pass
+
+
+class _CopyWriter(_Writer):
+    """PostgreSQL: COPY into temporary tables, then INSERT ... ON CONFLICT DO NOTHING.
+
+    COPY is several times faster than multi-row INSERTs; staging lets a problem that a concurrent
+    writer stored meanwhile be skipped instead of failing the whole import on a duplicate key.
+    """
+
+    def __init__(self, conn: Connection) -> None:
+        super().__init__(conn, "postgresql")
+        self.raw = conn.connection.driver_connection
+        conn.exec_driver_sql(
+            "CREATE TEMPORARY TABLE tc_import_problems (LIKE problems INCLUDING DEFAULTS) ON COMMIT DROP"
+        )
+        conn.exec_driver_sql(
+            "CREATE TEMPORARY TABLE tc_import_configs (LIKE configs INCLUDING DEFAULTS) ON COMMIT DROP"
+        )
+
+    def timestamp(self, v: str | None) -> Any:
+        if v is None:
+            return None
+        t = dt.datetime.fromisoformat(v)
+        return t.astimezone(dt.timezone.utc).replace(tzinfo=None) if t.tzinfo is not None else t
+
+    def write(self, p_rows: list[tuple[Any, ...]], c_rows: list[tuple[Any, ...]]) -> None:
+        with self.raw.cursor() as cur:
+            for table, cols, rows in (
+                ("tc_import_problems", _P_COLS, p_rows),
+                ("tc_import_configs", _C_COLS, c_rows),
+            ):
+                if rows:
+                    with cur.copy(f"COPY {table} ({', '.join(cols)}) FROM STDIN") as copy:
+                        for row in rows:
+                            copy.write_row(row)
+
+    def finish(self) -> None:
+        p, c = ", ".join(_P_COLS), ", ".join(_C_COLS)
+        self.conn.exec_driver_sql(
+            f"INSERT INTO problems ({p}) SELECT {p} FROM tc_import_problems ON CONFLICT DO NOTHING"
+        )
+        self.conn.exec_driver_sql(
+            f"INSERT INTO configs ({c}) SELECT {c} FROM tc_import_configs ORDER BY digest, config_hash "
+            "ON CONFLICT DO NOTHING"
+        )
