@@ -266,3 +266,13 @@ def test_mysql_store_works(mysql_url):
     assert len(s.get_many("src1", H200.digest)) == 1
     assert s.try_lease(p.digest, "a", 60) and not s.try_lease(p.digest, "b", 60)
     s.close()
+
+
+def test_schema_constants_match_alembic_scripts():
+    from alembic.script import ScriptDirectory
+
+    from tunecache.store import SCHEMA_HEAD, SCHEMA_REVISIONS, _alembic_config
+
+    sd = ScriptDirectory.from_config(_alembic_config())
+    assert sd.get_current_head() == SCHEMA_HEAD
+    assert [s.revision for s in reversed(list(sd.walk_revisions()))] == list(SCHEMA_REVISIONS)

@@ -31,6 +31,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -230,6 +231,19 @@ class TunecacheAutotuner(Autotuner):
         self._tc_hash_of: dict[int, tuple[str, str]] = {}
         self._tc_from_store: dict[Any, tuple[str, str]] = {}  # tuning key -> (digest, config hash)
         self._tc_lock = threading.RLock()
+        self._tc_opening: tuple[int, Future] | None = None
+        if current_mode() != "off" and os.environ.get("TUNECACHE_PREFETCH", "1") not in ("0", "false", "off"):
+            # Open the store and hash the source while the server loads its weights, so the first
+            # launch pays one query, not imports and connection set-up. No CUDA calls here: a
+            # server may still fork.
+            self._tc_opening = (os.getpid(), _background(self._open_early))
+
+    def _open_early(self) -> None:
+        with contextlib.suppress(Exception):
+            _ = self.identity
+            arg = self._tc_store_arg
+            if not isinstance(arg, Store):
+                shared_store(arg)
 
     # ---- identity ---------------------------------------------------------------------------
 
@@ -285,6 +299,12 @@ class TunecacheAutotuner(Autotuner):
     def _store(self) -> Store | None:
         if self._tc_store is not None:
             return self._tc_store
+        if self._tc_opening is not None:
+            pid, fut = self._tc_opening
+            self._tc_opening = None
+            if pid == os.getpid():  # after a fork the parent's thread is gone: open here instead
+                with contextlib.suppress(Exception):
+                    fut.result(timeout=60)
         if time.monotonic() < self._tc_store_retry_at:
             return None
         try:
@@ -735,6 +755,18 @@ def _config_json(tuner: TunecacheAutotuner, ctx: _Ctx, h: str) -> dict[str, Any]
         if ch == h:
             return orjson.loads(tuner._config_id(c)[0])
     return {}
+
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _background(fn: Callable[[], None]) -> Future:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tunecache")
+        return _pool.submit(fn)
 
 
 def _heartbeat(store: Store, digest: str, holder: str, ttl: float, stop: threading.Event) -> None:

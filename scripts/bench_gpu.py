@@ -1,0 +1,467 @@
+#!/usr/bin/env python3
+"""GPU benchmarks and checks for issues 3 and 4, run on the H200 test machine in one go.
+
+    python scripts/bench_gpu.py all --out DIR        # everything below; JSON + markdown in DIR
+    python scripts/bench_gpu.py all --out DIR --quick   # a few buckets (also runs on a CPU, interpreted)
+
+Every "start" is a fresh child process, like a server restart, and reports the time from its first
+kernel launch until every batch bucket is ready (inputs are built before the clock starts):
+
+  stock-cold       stock triton.autotune (TUNECACHE_MODE=off), empty Triton cache
+  stock-restart    stock triton.autotune, cubins cached: re-benchmarks everything
+  tunecache-first  tunecache, cubins cached, empty store: benchmarks, writes the store
+  tunecache-restart tunecache, cubins cached, store filled: zero benchmarks
+  fixed            one fixed config, cubins cached: the floor
+  fresh-host       a new store imported from an export, EMPTY Triton cache: compiles winners only
+
+Then, in separate children: correctness of every bucket against the fp32 reference, capture
+behaviour (a miss inside torch.cuda.graph falls back and replays correctly; every bucket captured
+and replayed), per-launch overhead against a stock autotune hit, per-bucket kernel time and
+bandwidth on gathered KV bytes, and the OutOfResources row recorded in the store.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+
+
+def _inputs(buckets, heads, topk, kv_dtype, device, seed=0):
+    import torch
+    from tunecache.kernels import sparse_decode as sd
+
+    gen = torch.Generator().manual_seed(seed)
+    region = 2 * topk
+    slots = max(buckets) * region
+    kv = (torch.randn(slots, sd.D_QK, generator=gen) * 0.5).to(device).to(sd._KV_DTYPES[kv_dtype])
+    out = {}
+    for b in buckets:
+        q = torch.randn(b, heads, sd.D_QK, generator=gen).to(torch.bfloat16).to(device)
+        pick = torch.rand(b, region, generator=gen).argsort(dim=1)[:, :topk]
+        idx = (pick + (torch.arange(b) * region)[:, None]).to(torch.int32).to(device)
+        out[b] = (q, idx)
+    k_scale = 1.0 / 16 if kv_dtype == "fp8" else 1.0
+    return kv, out, k_scale, 1.0 / (sd.D_QK**0.5)
+
+
+def _shape(args):
+    import torch
+
+    cuda = torch.cuda.is_available()
+    return {
+        "device": "cuda" if cuda else "cpu",
+        "heads": 16,
+        "topk": 2048 if cuda else 64,
+        "kv_dtype": "fp8",
+        "buckets": sorted(args["buckets"], reverse=True),
+    }
+
+
+def child_start(args: dict) -> dict:
+    """One server start: launch every bucket once, largest first; time until all are ready."""
+    import torch
+    from tunecache.kernels import sparse_decode as sd
+
+    import tunecache
+
+    s = _shape(args)
+    kv, data, k_scale, sm_scale = _inputs(s["buckets"], s["heads"], s["topk"], s["kv_dtype"], s["device"])
+    cfg = args.get("config")
+    if s["device"] == "cuda":
+        torch.cuda.synchronize()
+    winners = {}
+    t0 = time.perf_counter()
+    for b in s["buckets"]:
+        q, idx = data[b]
+        sd.sparse_mla_decode(q, kv, idx, sm_scale, k_scale=k_scale, config=cfg, validate=False)
+        if cfg is None:
+            best = sd._split_kernel.best_config
+            winners[b] = sd._config_dict(best)
+    if s["device"] == "cuda":
+        torch.cuda.synchronize()
+    ready = time.perf_counter() - t0
+    tunecache.flush()
+    st = tunecache.stats()
+    return {"seconds_to_ready": ready, "stats": st, "winners": {str(k): v for k, v in winners.items()}}
+
+
+def child_overhead(args: dict) -> dict:
+    """Per-launch cost after resolution: tunecache.autotune against a stock triton.autotune hit."""
+    import torch
+    import triton
+    import triton.language as tl
+
+    import tunecache
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    configs = [triton.Config({"BLOCK": 128}, num_warps=4), triton.Config({"BLOCK": 256}, num_warps=4)]
+
+    def body():
+        @triton.jit
+        def tiny(x, N, BLOCK: tl.constexpr):
+            offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            tl.store(x + offs, tl.load(x + offs, mask=offs < N) + 1, mask=offs < N)
+
+        return tiny
+
+    stock = triton.autotune(configs=configs, key=["N"])(body())
+    ours = tunecache.autotune(configs=configs, key=["N"])(body())
+    x = torch.zeros(1024, device=dev)
+    n = args.get("launches", 10000)
+    grid = (4,)
+    for k in (stock, ours):
+        k[grid](x, 1024)  # resolve (tune or hit)
+    if dev == "cuda":
+        torch.cuda.synchronize()
+    rounds = {"stock": [], "tunecache": []}
+    for _ in range(args.get("rounds", 7)):
+        for name, k in (("stock", stock), ("tunecache", ours)):
+            t0 = time.perf_counter()
+            for _ in range(n):
+                k[grid](x, 1024)
+            if dev == "cuda":
+                torch.cuda.synchronize()
+            rounds[name].append((time.perf_counter() - t0) / n * 1e6)
+    med = {k: statistics.median(v) for k, v in rounds.items()}
+    return {"us_per_launch": med, "ratio": med["tunecache"] / med["stock"], "launches": n, "rounds": rounds}
+
+
+def child_correctness(args: dict) -> dict:
+    """Every bucket against the fp32 reference (tuned kernel); bf16 KV at a few sizes too."""
+    import torch
+    from tunecache.kernels import sparse_decode as sd
+
+    s = _shape(args)
+    res = {}
+    worst = 0.0
+    for kv_dtype in ("fp8", "bf16"):
+        bks = s["buckets"] if kv_dtype == "fp8" else s["buckets"][:: max(1, len(s["buckets"]) // 4)]
+        kv, data, k_scale, sm_scale = _inputs(bks, s["heads"], s["topk"], kv_dtype, s["device"], seed=1)
+        for b in bks:
+            q, idx = data[b]
+            idx = idx.clone()
+            idx[0, s["topk"] // 2 :] = -1  # a ragged tail
+            if b > 1:
+                idx[1, :] = -1  # a fully invalid row
+            out, lse = sd.sparse_mla_decode(q, kv, idx, sm_scale, k_scale=k_scale)
+            ref_o, ref_l = sd.reference(q, kv, idx, sm_scale, k_scale=k_scale)
+            valid = torch.isfinite(ref_l)
+            err = ((out.float() - ref_o).abs().amax() / ref_o.abs().amax().clamp(min=1e-6)).item()
+            lse_err = (lse[valid] - ref_l[valid]).abs().max().item() if valid.any() else 0.0
+            empty_ok = bool((out[~valid] == 0).all()) and bool(torch.isneginf(lse[~valid]).all())
+            res[f"{kv_dtype}:{b}"] = {"rel_err": err, "lse_abs_err": lse_err, "empty_rows_ok": empty_ok}
+            worst = max(worst, err)
+    return {
+        "cases": res,
+        "worst_rel_err": worst,
+        "all_ok": worst <= 1e-2 and all(v["empty_rows_ok"] for v in res.values()),
+    }
+
+
+def child_capture(args: dict) -> dict:
+    """A miss inside torch.cuda.graph falls back (no benchmark) and replays correctly; a hit is
+    captured normally; every bucket captured after warm-up replays correctly."""
+    import torch
+    from tunecache.kernels import sparse_decode as sd
+
+    import tunecache
+
+    s = _shape(args)
+    if s["device"] != "cuda":
+        return {"skipped": "needs CUDA"}
+    kv, data, k_scale, sm_scale = _inputs(s["buckets"], s["heads"], s["topk"], s["kv_dtype"], "cuda", seed=2)
+    out = {}
+    # 1. A miss during capture (this store has never seen the bucket).
+    b_miss = s["buckets"][-1]
+    q, idx = data[b_miss]
+    before = tunecache.stats()["benchmarks"]
+    g = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        sd.sparse_mla_decode(
+            q,
+            kv,
+            idx,
+            sm_scale,
+            k_scale=k_scale,
+            config=sd._check_config({"BLOCK_T": 32, "num_warps": 4, "num_stages": 1}),
+        )  # warm the merge kernel's compile only
+    torch.cuda.current_stream().wait_stream(stream)
+    with torch.cuda.graph(g):
+        o_g, l_g = sd.sparse_mla_decode(q, kv, idx, sm_scale, k_scale=k_scale, validate=False)
+    g.replay()
+    torch.cuda.synchronize()
+    ref_o, _ = sd.reference(q, kv, idx, sm_scale, k_scale=k_scale)
+    st = tunecache.stats()
+    out["miss_in_capture"] = {
+        "benchmarks_during_capture": st["benchmarks"] - before,
+        "capture_fallbacks": st["capture_fallbacks"],
+        "replay_rel_err": ((o_g.float() - ref_o).abs().amax() / ref_o.abs().amax()).item(),
+    }
+    # 2. Warm every bucket eagerly (as a server does), then capture each and replay.
+    errs = {}
+    for b in s["buckets"]:
+        q, idx = data[b]
+        sd.sparse_mla_decode(q, kv, idx, sm_scale, k_scale=k_scale)
+    torch.cuda.synchronize()
+    before = tunecache.stats()["benchmarks"]
+    for b in s["buckets"]:
+        q, idx = data[b]
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            o_g, l_g = sd.sparse_mla_decode(q, kv, idx, sm_scale, k_scale=k_scale, validate=False)
+        g.replay()
+        torch.cuda.synchronize()
+        ref_o, _ = sd.reference(q, kv, idx, sm_scale, k_scale=k_scale)
+        errs[b] = ((o_g.float() - ref_o).abs().amax() / ref_o.abs().amax()).item()
+    out["captured_buckets"] = {
+        "count": len(errs),
+        "worst_rel_err": max(errs.values()),
+        "benchmarks_during_capture": tunecache.stats()["benchmarks"] - before,
+    }
+    return out
+
+
+def child_bandwidth(args: dict) -> dict:
+    """Per-bucket time of the tuned kernel (split + merge), effective TB/s on gathered KV bytes,
+    and the torch fp32 reference at B=64."""
+    import triton
+    from tunecache.kernels import sparse_decode as sd
+
+    s = _shape(args)
+    if s["device"] != "cuda":
+        return {"skipped": "needs CUDA"}
+    kv, data, k_scale, sm_scale = _inputs(s["buckets"], s["heads"], s["topk"], s["kv_dtype"], "cuda", seed=3)
+    rows = {}
+    for b in s["buckets"]:
+        q, idx = data[b]
+        def fn(q=q, idx=idx):
+            return sd.sparse_mla_decode(q, kv, idx, sm_scale, k_scale=k_scale, validate=False)
+
+        fn()
+        ms = triton.testing.do_bench_cudagraph(fn, rep=50)
+        gathered = b * s["topk"] * sd.D_QK * kv.element_size()
+        rows[b] = {
+            "ms": ms,
+            "TBps": gathered / (ms * 1e-3) / 1e12,
+            "winner": sd._config_dict(sd._split_kernel.best_config),
+        }
+    out = {"per_bucket": rows}
+    if 64 in data:
+        q, idx = data[64]
+        ref_ms = triton.testing.do_bench(lambda: sd.reference(q, kv, idx, sm_scale, k_scale=k_scale), rep=200)
+        out["reference_ms_b64"] = ref_ms
+        out["speedup_vs_reference_b64"] = ref_ms / rows[64]["ms"]
+    return out
+
+
+def child_oor(args: dict) -> dict:
+    from tunecache.store import open_store
+
+    s = open_store(args["url"])
+    rows = []
+    for p in s.list(with_configs=True):
+        rows += [
+            dict(bucket=p.batch_bucket, config=r.config, failure=r.failure)
+            for r in p.configs
+            if r.status == "out_of_resources"
+        ]
+    return {
+        "out_of_resources_rows": len(rows),
+        "example": rows[0] if rows else None,
+        "problems": s.counts()["problems"],
+    }
+
+
+CHILDREN = {
+    "start": child_start,
+    "overhead": child_overhead,
+    "correctness": child_correctness,
+    "capture": child_capture,
+    "bandwidth": child_bandwidth,
+    "oor": child_oor,
+}
+
+
+def spawn(kind: str, args: dict, env: dict, log) -> dict:
+    t0 = time.perf_counter()
+    r = subprocess.run(
+        [sys.executable, __file__, "child", kind, json.dumps(args)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=560,
+    )
+    wall = time.perf_counter() - t0
+    log.write(f"--- {kind} {args.get('label', '')} rc={r.returncode} wall={wall:.1f}s\n{r.stderr[-3000:]}\n")
+    log.flush()
+    if r.returncode != 0:
+        print(r.stderr[-3000:], file=sys.stderr)
+        return {"error": r.stderr[-1500:], "process_wall_s": wall}
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    res["process_wall_s"] = wall
+    return res
+
+
+def cubins(cache_dir: str) -> int:
+    return len(glob.glob(os.path.join(cache_dir, "**", "_split_stage*.cubin"), recursive=True)) or len(
+        glob.glob(os.path.join(cache_dir, "**", "_split_stage*.json"), recursive=True)
+    )
+
+
+def run_all(out_dir: Path, quick: bool) -> dict:
+    import torch
+
+    from tunecache.buckets import SGLANG_CAPTURE_SIZES
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="tc-bench-"))
+    cuda = torch.cuda.is_available()
+    buckets = list(SGLANG_CAPTURE_SIZES) if not quick else [1, 8, 64]
+    if not cuda:
+        buckets = [1, 2, 4]
+    base_env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if not cuda:
+        base_env["TRITON_INTERPRET"] = "1"
+    cache1, cache2 = str(work / "triton-cache-1"), str(work / "triton-cache-2")
+    url1, url2 = f"sqlite:///{work / 'store1.sqlite3'}", f"sqlite:///{work / 'store2.sqlite3'}"
+    env1 = {**base_env, "TRITON_CACHE_DIR": cache1, "TUNECACHE_URL": url1}
+    results: dict = {
+        "buckets": len(buckets),
+        "device": torch.cuda.get_device_name() if cuda else "cpu",
+        "triton": __import__("triton").__version__,
+        "torch": torch.__version__,
+    }
+    log = open(out_dir / "bench_gpu.log", "w")  # noqa: SIM115 - closed at the end of run_all
+    a = {"buckets": buckets}
+    t_all = time.perf_counter()
+    if cuda or quick:
+        results["stock-cold"] = spawn("start", {**a, "label": "stock-cold"}, {**env1, "TUNECACHE_MODE": "off"}, log)
+        results["stock-restart"] = spawn(
+            "start", {**a, "label": "stock-restart"}, {**env1, "TUNECACHE_MODE": "off"}, log
+        )
+    results["tunecache-first"] = spawn("start", {**a, "label": "tunecache-first"}, env1, log)
+    results["tunecache-restart"] = spawn("start", {**a, "label": "tunecache-restart"}, env1, log)
+    winners = results["tunecache-first"].get("winners", {})
+    common = statistics.mode([json.dumps(w, sort_keys=True) for w in winners.values()]) if winners else None
+    fixed = json.loads(common) if common else {"BLOCK_T": 32, "num_warps": 4, "num_stages": 1}
+    results["fixed_config"] = fixed
+    results["fixed"] = spawn("start", {**a, "label": "fixed", "config": fixed}, env1, log)
+    # Fresh host: export -> import into an empty store, empty Triton cache.
+    export = work / "tuned.jsonl.gz"
+    tc = [sys.executable, "-m", "tunecache.cli"]
+    ex = subprocess.run([*tc, "--url", url1, "export", str(export)], env=base_env, capture_output=True, text=True)
+    im = subprocess.run([*tc, "--url", url2, "import", str(export)], env=base_env, capture_output=True, text=True)
+    results["exchange"] = {
+        "export_rc": ex.returncode,
+        "import_rc": im.returncode,
+        "import_out": (im.stdout + im.stderr)[-500:],
+    }
+    if im.returncode != 0:  # exchange unavailable: copy the file, as a bare-bones transfer
+        import shutil
+
+        shutil.copy(work / "store1.sqlite3", work / "store2.sqlite3")
+        results["exchange"]["fallback"] = "file copy"
+    results["fresh-host"] = spawn(
+        "start", {**a, "label": "fresh-host"}, {**base_env, "TRITON_CACHE_DIR": cache2, "TUNECACHE_URL": url2}, log
+    )
+    results["fresh-host"]["split_kernels_compiled"] = cubins(cache2)
+    results["stock-cold-split_kernels_compiled"] = cubins(cache1)
+    results["distinct_winners"] = len({json.dumps(w, sort_keys=True) for w in winners.values()})
+    tuned = results["tunecache-restart"].get("winners", {})
+    results["winners_differ_first_vs_restart"] = sum(1 for k in winners if winners[k] != tuned.get(k))
+    results["oor"] = spawn("oor", {"url": url1}, base_env, log)
+    results["overhead"] = spawn(
+        "overhead",
+        {"launches": 10000 if cuda else 200, "rounds": 7 if cuda else 2},
+        {**env1, "TUNECACHE_URL": f"sqlite:///{work / 'overhead.sqlite3'}"},
+        log,
+    )
+    results["correctness"] = spawn("correctness", a, env1, log)
+    results["capture"] = spawn("capture", a, {**env1, "TUNECACHE_URL": f"sqlite:///{work / 'capture.sqlite3'}"}, log)
+    results["bandwidth"] = spawn("bandwidth", a, env1, log)
+    results["total_wall_s"] = time.perf_counter() - t_all
+    log.close()
+    (out_dir / "bench_gpu.json").write_text(json.dumps(results, indent=2, default=str))
+    (out_dir / "bench_gpu.md").write_text(summary(results))
+    print(summary(results))
+    return results
+
+
+def summary(r: dict) -> str:
+    def t(k):
+        v = r.get(k, {})
+        return v.get("seconds_to_ready", float("nan")), v.get("stats", {}).get("benchmarks", "-")
+
+    lines = [
+        f"device: {r['device']}, triton {r['triton']}, torch {r['torch']}, {r['buckets']} buckets",
+        "",
+        "| start | configs benchmarked | time to all buckets ready (s) | process wall (s) |",
+        "|---|---|---|---|",
+    ]
+    for k in ("stock-cold", "stock-restart", "tunecache-first", "tunecache-restart", "fixed", "fresh-host"):
+        if k in r:
+            s, n = t(k)
+            if k.startswith("stock"):
+                n = "all (stock)"
+            lines.append(f"| {k} | {n} | {s:.3f} | {r[k].get('process_wall_s', float('nan')):.1f} |")
+    f, tr = t("fixed")[0], t("tunecache-restart")[0]
+    lines += [
+        "",
+        f"tunecache restart / fixed config: {tr / f:.3f}",
+        f"winners differing first vs restart: {r.get('winners_differ_first_vs_restart')}",
+        f"fresh host compiled split kernels: {r['fresh-host'].get('split_kernels_compiled')} "
+        f"(distinct winners {r.get('distinct_winners')}; stock cold compiled "
+        f"{r.get('stock-cold-split_kernels_compiled')})",
+        f"overhead: {json.dumps(r.get('overhead', {}).get('us_per_launch'))} ratio "
+        f"{r.get('overhead', {}).get('ratio')}",
+        f"oor: {json.dumps(r.get('oor'))}",
+        f"correctness worst rel err: {r.get('correctness', {}).get('worst_rel_err')} "
+        f"all_ok={r.get('correctness', {}).get('all_ok')}",
+        f"capture: {json.dumps(r.get('capture'))}",
+    ]
+    bw = r.get("bandwidth", {})
+    if "per_bucket" in bw:
+        lines += ["", "| B | ms | TB/s (gathered KV) | winner |", "|---|---|---|---|"]
+        for b, v in sorted(bw["per_bucket"].items(), key=lambda kv: int(kv[0])):
+            w = v["winner"]
+            lines.append(
+                f"| {b} | {v['ms']:.4f} | {v['TBps']:.2f} | BLOCK_T={w.get('BLOCK_T')} w{w.get('num_warps')} "
+                f"s{w.get('num_stages')} |"
+            )
+        lines.append(
+            f"\nreference at B=64: {bw.get('reference_ms_b64')} ms; speedup {bw.get('speedup_vs_reference_b64')}"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    a = sub.add_parser("all")
+    a.add_argument("--out", type=Path, default=Path("bench-out"))
+    a.add_argument("--quick", action="store_true")
+    c = sub.add_parser("child")
+    c.add_argument("kind", choices=sorted(CHILDREN))
+    c.add_argument("args")
+    ns = ap.parse_args()
+    if ns.cmd == "all":
+        run_all(ns.out, ns.quick)
+    else:
+        print(json.dumps(CHILDREN[ns.kind](json.loads(ns.args)), default=str))
+
+
+if __name__ == "__main__":
+    main()
