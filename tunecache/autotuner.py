@@ -222,7 +222,7 @@ class TunecacheAutotuner(Autotuner):
         self._tc_unsaved: list[tuple[Problem, list[ConfigResult], bool]] = []
         self._tc_identity: KernelIdentity | None = None
         self._tc_mem: dict[str, Problem] = {}
-        self._tc_prefetched: set[str] = set()  # target digests prefetched
+        self._tc_prefetched = False  # the kernel's problems (every target) are in _tc_mem
         self._tc_kwargs: dict[str, Any] = {}
         self._tc_known: dict[str, ConfigResult] = {}
         self._tc_results: dict[str, ConfigResult] = {}
@@ -239,11 +239,15 @@ class TunecacheAutotuner(Autotuner):
             self._tc_opening = (os.getpid(), _background(self._open_early))
 
     def _open_early(self) -> None:
+        """Background: hash the source, open the store, prefetch every problem of this kernel (all
+        targets: the target needs CUDA, which must not be touched before a server forks)."""
         with contextlib.suppress(Exception):
-            _ = self.identity
+            source = self.identity.source_hash
             arg = self._tc_store_arg
-            if not isinstance(arg, Store):
-                shared_store(arg)
+            store = arg if isinstance(arg, Store) else shared_store(arg)
+            found = store.get_many(source)
+            self._tc_mem.update((p.digest, p) for p in found)
+            self._tc_prefetched = True
 
     # ---- identity ---------------------------------------------------------------------------
 
@@ -331,21 +335,19 @@ class TunecacheAutotuner(Autotuner):
         )
 
     def _lookup(self, ctx: _Ctx) -> Problem | None:
-        """In memory first; on the first miss of a target, prefetch the kernel's problems in one query."""
+        """In memory first (prefetched in one query per kernel); else one query for this digest."""
+        store = self._store()  # joins the background prefetch
         p = self._tc_mem.get(ctx.digest)
-        if p is not None:
+        if p is not None or store is None:
             return p
-        store = self._store()
-        if store is None:
-            return None
         try:
-            if ctx.target.digest not in self._tc_prefetched:
-                for q in store.get_many(self.identity.source_hash, ctx.target.digest):
+            if not self._tc_prefetched:
+                for q in store.get_many(self.identity.source_hash):
                     self._tc_mem[q.digest] = q
-                self._tc_prefetched.add(ctx.target.digest)
+                self._tc_prefetched = True
                 p = self._tc_mem.get(ctx.digest)
             else:
-                p = store.get(ctx.digest)
+                p = store.get(ctx.digest)  # tuned by another process since the prefetch?
         except StoreError as e:
             self._store_trouble("read", e)
             return None

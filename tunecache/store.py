@@ -49,6 +49,7 @@ from sqlalchemy.dialects import mysql as mysql_dialect
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, SQLAlchemyError
 
+from tunecache import metrics as _stats
 from tunecache.errors import SchemaError, StoreError, StoreReadOnlyError
 from tunecache.identity import TARGET_FIELDS, Target, hostname, search_space_hash
 
@@ -582,12 +583,12 @@ class Store:
             found = self._rows_to_problems(conn.execute(self._select_full().where(problems.c.digest == digest)))
         return found[0] if found else None
 
-    def get_many(self, source_hash: str, target_digest: str) -> list[Problem]:
-        """Every problem of one kernel on one target, with config rows, in ONE query (warm starts)."""
+    def get_many(self, source_hash: str, target_digest: str | None = None) -> list[Problem]:
+        """Every problem of one kernel (on one target, or on all), with config rows, in ONE query."""
         with self._read("bulk fetch") as conn:
-            q = self._select_full().where(
-                problems.c.source_hash == source_hash, problems.c.target_digest == target_digest
-            )
+            q = self._select_full().where(problems.c.source_hash == source_hash)
+            if target_digest is not None:
+                q = q.where(problems.c.target_digest == target_digest)
             return self._rows_to_problems(conn.execute(q))
 
     def find(self, digest_prefix: str) -> list[Problem]:
@@ -858,8 +859,12 @@ class Store:
                 .values(holder=holder, host=host, pid=os.getpid(), expires_at=now + ttl)
             )
             if res.rowcount == 1:
+                _stats.count(None, None, lease_takeovers=1)
                 log.warning(
-                    "tunecache: took over the expired benchmark lease of %s from %s", digest[:12], row["holder"]
+                    "tunecache: took over the benchmark lease of %s from %s (%s)",
+                    digest[:12],
+                    row["holder"],
+                    "expired" if row["expires_at"] < now else "its process is gone",
                 )
             return res.rowcount == 1
 

@@ -1,0 +1,38 @@
+"""The package installs as a plain wheel: migrations ship inside and run from it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_wheel_install_then_db_upgrade(tmp_path, pg_url):
+    venv = tmp_path / "venv"
+    # --system-site-packages lends torch/triton/sqlalchemy; tunecache itself comes from the wheel.
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    py = venv / "bin" / "python"
+    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", str(ROOT)],
+                   check=True, capture_output=True)
+    where = subprocess.run([str(py), "-c", "import tunecache, tunecache.migrations, tunecache.kernels; "
+                            "print(tunecache.__file__); print(tunecache.migrations.__file__)"],
+                           check=True, capture_output=True, text=True, cwd=tmp_path).stdout.split()
+    assert all(str(venv) in w for w in where), where  # not the checkout
+    tc = venv / "bin" / "tunecache"
+    for url in (f"sqlite:///{tmp_path / 'new' / 'store.sqlite3'}", pg_url):
+        r = subprocess.run([str(tc), "--url", url, "db", "upgrade"], capture_output=True, text=True, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        r = subprocess.run([str(tc), "--url", url, "db", "current"], capture_output=True, text=True, cwd=tmp_path)
+        assert r.stdout.strip().endswith("(head)"), r.stdout + r.stderr
+        r = subprocess.run([str(tc), "--url", url, "info", "--json"], capture_output=True, text=True, cwd=tmp_path)
+        assert json.loads(r.stdout)["counts"]["problems"] == 0
+    # no generic top-level packages installed
+    site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          check=True, capture_output=True, text=True).stdout.strip()
+    assert not (Path(site) / "kernels").exists() and not (Path(site) / "migrations").exists()
