@@ -14,11 +14,17 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.slow
 def test_wheel_install_then_db_upgrade(tmp_path, pg_url):
+    import sysconfig
+
     venv = tmp_path / "venv"
-    # --system-site-packages lends torch/triton/sqlalchemy; tunecache itself comes from the wheel.
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     py = venv / "bin" / "python"
-    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", str(ROOT)],
+    # Lend this venv's dependencies (torch, triton, sqlalchemy...) through a .pth line; .pth files
+    # inside that directory are not run, so this venv's editable tunecache stays invisible.
+    new_site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                              check=True, capture_output=True, text=True).stdout.strip()
+    Path(new_site, "lend-deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", str(ROOT)],
                    check=True, capture_output=True)
     where = subprocess.run([str(py), "-c", "import tunecache, tunecache.migrations, tunecache.kernels; "
                             "print(tunecache.__file__); print(tunecache.migrations.__file__)"],
@@ -33,6 +39,4 @@ def test_wheel_install_then_db_upgrade(tmp_path, pg_url):
         r = subprocess.run([str(tc), "--url", url, "info", "--json"], capture_output=True, text=True, cwd=tmp_path)
         assert json.loads(r.stdout)["counts"]["problems"] == 0
     # no generic top-level packages installed
-    site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          check=True, capture_output=True, text=True).stdout.strip()
-    assert not (Path(site) / "kernels").exists() and not (Path(site) / "migrations").exists()
+    assert not (Path(new_site) / "kernels").exists() and not (Path(new_site) / "migrations").exists()
