@@ -167,6 +167,8 @@ kernel_stats = sa.Table(
     sa.Column("updated_at", Timestamp, nullable=False),
 )
 
+_P_NAMES = [c.name for c in problems.c]
+
 # --------------------------------------------------------------------------------------------
 # Values
 # --------------------------------------------------------------------------------------------
@@ -559,21 +561,45 @@ class Store:
 
     _problem_cols = [c for c in problems.c]
 
-    def _rows_to_problems(self, rows: Iterable[Any]) -> list[Problem]:
+    def _rows_to_problems(self, result: Any) -> list[Problem]:
+        """Rows of :meth:`_select_full` (problem columns, then config columns) to Problems.
+
+        Positional access over one fetchall: a warm start converts hundreds of rows, and the
+        per-row mapping lookups cost more than the query itself.
+        """
         out: dict[str, Problem] = {}
+        n = len(_P_NAMES)
+        loads = orjson.loads
+        rows = result.all() if hasattr(result, "all") else list(result)
         for r in rows:
-            m = r._mapping
-            d = m["digest"]
+            d = r[0]
             p = out.get(d)
             if p is None:
-                p = out[d] = _problem_from(m)
-            if m.get("config_hash") is not None:
-                p.configs.append(_config_from(m))
+                p = out[d] = _problem_from(dict(zip(_P_NAMES, r[:n])))
+            if len(r) > n and r[n] is not None:
+                ch, cj, st, med, p20, p80, samples, fail, measured, host = r[n : n + 10]
+                p.configs.append(
+                    ConfigResult(
+                        ch, loads(cj), st, med, p20, p80, samples, loads(fail) if fail else None, host, measured
+                    )
+                )
         return list(out.values())
 
     def _select_full(self) -> sa.Select:
-        cfg_cols = [c.label(c.name) for c in configs.c if c.name not in ("digest", "host")]
-        return sa.select(*self._problem_cols, *cfg_cols, configs.c.host.label("config_host")).select_from(
+        c = configs.c
+        cfg_cols = [
+            c.config_hash,
+            c.config_json,
+            c.status,
+            c.median_ms,
+            c.p20_ms,
+            c.p80_ms,
+            c.samples,
+            c.failure,
+            c.measured_at,
+            c.host.label("config_host"),
+        ]
+        return sa.select(*self._problem_cols, *cfg_cols).select_from(
             problems.outerjoin(configs, configs.c.digest == problems.c.digest)
         )
 
@@ -1004,21 +1030,6 @@ def _problem_from(m: Mapping[str, Any]) -> Problem:
         updated_at=m["updated_at"],
         hit_count=m["hit_count"],
         last_hit_at=m["last_hit_at"],
-    )
-
-
-def _config_from(m: Mapping[str, Any]) -> ConfigResult:
-    return ConfigResult(
-        config_hash=m["config_hash"],
-        config=orjson.loads(m["config_json"]),
-        status=m["status"],
-        median_ms=m["median_ms"],
-        p20_ms=m["p20_ms"],
-        p80_ms=m["p80_ms"],
-        samples=m["samples"],
-        failure=orjson.loads(m["failure"]) if m["failure"] else None,
-        host=m["config_host"],
-        measured_at=m["measured_at"],
     )
 
 
