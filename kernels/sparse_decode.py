@@ -25,12 +25,38 @@ Two stages:
    it writes ``out``/``lse`` directly and the merge is skipped.
 2. Merge stage, grid ``(B, H)``: combines the S partials by LSE, skipping empty splits.
 
-Shared memory of the split stage (bytes; why the config list looks as it does): the q tile
-``BLOCK_H * 576 * 2 = 18432`` plus the gathered K/V tile ``BLOCK_T * 576`` elements staged as bf16
-for the dot operands, about ``BLOCK_T * 1024`` (+ ``BLOCK_T * 128`` for rope). Measured with Triton
-3.6/3.9: BLOCK_T=16 -> 34816, 32 -> 51200, 64 -> 67584..83968. Pipelining stages add little because
-gathered rows are not asynchronously pipelined. Limits: 232448 on sm90 (H100/H200, opt-in),
-101376 on SM120. The fp32 accumulator (16 x 512 x 4 = 32 KiB per program) bounds occupancy.
+Shared memory of the split stage (why the config list looks as it does). At least the q tile
+``BLOCK_H * 576 * 2 = 18432`` bytes plus one gathered ``[BLOCK_T, 576]`` tile in the cache's dtype
+(:func:`estimate_shared_memory`, a lower bound); Triton adds layout-conversion buffers for the dot
+operands on top. Compiled on an H200 (Triton 3.6, sm90), bytes:
+
+=========  ======================  =======================
+BLOCK_T    fp8 cache               bf16 cache
+=========  ======================  =======================
+16         34816 .. 35904          37440 .. 51200
+32         51200 .. 53376          56448 .. 83968
+64         67584 .. 88320          94464 .. 149504
+128 (8w2)  125440                  170496
+256 (8w3)  215040 (fits!)          616448 (OutOfResources)
+512 (8w3)  378880 (OutOfResources) 1214464 (OutOfResources)
+=========  ======================  =======================
+
+Limits: 232448 on sm90 (H100/H200, opt-in), 101376 on SM120. Registers bind before shared memory:
+the fp32 accumulator is 16 x 512 x 4 = 32 KiB per program and 4-warp fp8 configs at BLOCK_T >= 32
+reach 255 registers (BLOCK_T=64, 1 stage spills).
+
+Dot operands are bf16 for a bf16 cache and fp16 for an fp8 cache: e4m3 -> fp16 is exact and cheap
+on sm90, while with bf16 operands the fp8 kernel was slower than the bf16-cache kernel that reads
+twice the bytes (an H200, B=64, topk=2048: fp16 operands roughly halved the fp8 time). q is then
+cast to fp16 once per program: exact for 6.1e-5 <= |q| <= 65504, smaller elements lose relative
+precision (negligible in a 576-term dot) and |q| > 65504 would overflow, far outside what MLA
+produces. Under the interpreter all operands are fp32 (its bf16 ``tl.dot`` is wrong in Triton 3.9);
+accumulation is always fp32.
+
+Measured on an H200 (Triton 3.6, CUDA-graph timing of split + merge, H=16, topk=2048, random slots
+of a 4M-slot cache, the autotuner's winner): fp8 B=1 0.015 ms, B=8 0.016 ms, B=64 0.063 ms (1.2 TB/s
+of gathered rows), B=256 0.204 ms (1.5 TB/s); bf16 B=64 0.055 ms (2.7 TB/s), B=256 0.168 ms
+(3.6 TB/s). Winners: BLOCK_T=64 throughout, 8 warps at B <= 8, 4 warps and 2 stages above.
 
 The split stage is autotuned with :func:`tunecache.autotune` keyed on ``(B bucket, TOPK, H)``;
 Triton appends every tensor argument's dtype, so fp8 and bf16 caches tune apart.
@@ -76,22 +102,25 @@ SM90_MAX_SHARED = 232448  # opt-in shared memory per block on H100/H200
 _KV_DTYPES = {"fp8": torch.float8_e4m3fn, "bf16": torch.bfloat16}
 
 
-def estimate_shared_memory(block_t: int, num_stages: int = 1) -> int:
-    """Rough split-stage shared memory in bytes: q tile + one bf16 K/V tile per stage (see module doc)."""
-    return BLOCK_H * D_QK * 2 + max(1, num_stages) * block_t * 1024
+def estimate_shared_memory(block_t: int, kv_bytes: int = 1) -> int:
+    """Lower bound of the split stage's shared memory in bytes: the q tile plus one gathered
+    ``[BLOCK_T, 576]`` tile in the cache's dtype (``kv_bytes`` 1 for fp8, 2 for bf16).
+
+    A lower bound, so that "over the limit by the estimate" means over on real hardware; every
+    compiled size measured on an H200 (module docstring) is at or above it.
+    """
+    return BLOCK_H * D_QK * 2 + block_t * D_QK * kv_bytes
 
 
-# 12 configs that fit every target (the largest, BLOCK_T=64 x 2 stages, is ~150 KB by the estimate
-# and 84 KB compiled), plus one that cannot fit an H200 on purpose, so the autotuner's
-# OutOfResources path (config -> inf) runs on real hardware:
-#   BLOCK_T=256, num_stages=3: 16*576*2 + 3*256*1024 = 18432 + 786432 = 804864 bytes > 232448
-#   (even a single stage, 18432 + 262144 = 280576, is over; measured on an H200: 786432 requested).
+# 12 configs that fit sm90 (compiled on an H200 with Triton 3.6: 34816..88320 bytes for fp8,
+# 37440..149504 for bf16), plus one that can never fit, on purpose, so that the autotuner's
+# OutOfResources path (config timed as inf) runs on real hardware:
+#   BLOCK_T=512, 8 warps, 3 stages: lower bound 16*576*2 + 512*576*1 = 18432 + 294912 = 313344 bytes
+#   for fp8 (608256 for bf16) > 232448; compiled: 378880 (fp8) and 1214464 (bf16), OutOfResources.
+#   (BLOCK_T=256 x 3 stages is NOT enough: 215040 bytes with an fp8 cache, which fits and runs.)
 CONFIGS: list[triton.Config] = [
-    triton.Config({"BLOCK_T": bt}, num_warps=w, num_stages=s)
-    for bt in (16, 32, 64)
-    for w in (4, 8)
-    for s in (1, 2)
-] + [triton.Config({"BLOCK_T": 256}, num_warps=8, num_stages=3)]
+    triton.Config({"BLOCK_T": bt}, num_warps=w, num_stages=s) for bt in (16, 32, 64) for w in (4, 8) for s in (1, 2)
+] + [triton.Config({"BLOCK_T": 512}, num_warps=8, num_stages=3)]
 
 
 def _interpreting(device: torch.device) -> bool:
@@ -99,7 +128,12 @@ def _interpreting(device: torch.device) -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1" or device.type == "cpu"
 
 
-@triton.jit
+# Arguments that vary with the batch (B, and the lse strides, which hold the split count) are not
+# specialised: Triton otherwise compiles a variant per "== 1" / "divisible by 16" pattern, and on an
+# H200 a cold warm-up of SGLang's 36 buckets recompiled all 13 configs 7 times (~20 s each; 203 s in
+# all, 101 s without). TOPK, H, SLOTS, CHUNK and the other strides are fixed per deployment and stay
+# specialised: unspecialising them too cost ~12% at B=256 (vectorised index loads and masks).
+@triton.jit(do_not_specialize=["B", "stride_lb", "stride_lh", "stride_ls"])
 def _split_stage(
     Q,
     KV,
@@ -127,9 +161,15 @@ def _split_stage(
     BLOCK_T: tl.constexpr,
     D_V: tl.constexpr,
     D_ROPE: tl.constexpr,
+    KV_FP8: tl.constexpr,
     DOT_FP32: tl.constexpr,
 ):
-    """One (query, 16 heads, chunk of indices): gathered K/V, fp32 online softmax, partial o + lse."""
+    """One (query, 16 heads, chunk of indices): gathered K/V, fp32 online softmax, partial o + lse.
+
+    Dot operands: fp32 under the interpreter (DOT_FP32; its bf16 dot is wrong), fp16 for an fp8
+    cache (KV_FP8; e4m3 -> fp16 is exact and much cheaper than -> bf16 on sm90), else bf16.
+    Accumulation is always fp32. Only constexprs differ between the interpreter and the GPU.
+    """
     LOG2E: tl.constexpr = 1.4426950408889634
     LN2: tl.constexpr = 0.6931471805599453
 
@@ -149,9 +189,9 @@ def _split_stage(
     if DOT_FP32:
         q_nope = q_nope.to(tl.float32)
         q_rope = q_rope.to(tl.float32)
-    else:
-        q_nope = q_nope.to(tl.bfloat16)
-        q_rope = q_rope.to(tl.bfloat16)
+    elif KV_FP8:
+        q_nope = q_nope.to(tl.float16)
+        q_rope = q_rope.to(tl.float16)
 
     # exp2 with log2(e) folded into the scale; k_scale dequantises fp8 K inside the scores.
     qk_scale = sm_scale * k_scale * LOG2E
@@ -177,9 +217,9 @@ def _split_stage(
         if DOT_FP32:
             k_nope = k_nope.to(tl.float32)
             k_rope = k_rope.to(tl.float32)
-        else:
-            k_nope = k_nope.to(tl.bfloat16)
-            k_rope = k_rope.to(tl.bfloat16)
+        elif KV_FP8:
+            k_nope = k_nope.to(tl.float16)
+            k_rope = k_rope.to(tl.float16)
 
         s = tl.dot(q_rope, tl.trans(k_rope))
         s = tl.dot(q_nope, tl.trans(k_nope), s)
@@ -258,8 +298,11 @@ def _merge_stage(
 # fixed config can launch the raw jit function without going through the tuner.
 _split_kernel = autotune(configs=CONFIGS, key=["B", "TOPK", "H"], bucket={"B": buckets.sglang})(_split_stage)
 
+# triton.jit decided at import time, from TRITON_INTERPRET, whether kernels run in the interpreter.
+_INTERPRETED = type(_split_stage).__name__ == "InterpretedFunction"
 
-@functools.lru_cache(maxsize=None)
+
+@functools.cache
 def _num_sms(device: torch.device) -> int:
     if device.type == "cuda" and torch.cuda.is_available():
         return int(torch.cuda.get_device_properties(device).multi_processor_count)
@@ -272,6 +315,9 @@ def choose_num_splits(batch: int, heads: int, topk: int, num_sms: int = DEFAULT_
 
     Why: small decode batches give too few (query, head-block) programs to occupy 132 SMs, so
     topk is split; below 128 indices per split the merge and per-program q load stop paying off.
+    On an H200 (topk=2048, fp8 and bf16) the S chosen here was the fastest of {1, 2, 4, 8, 16} at
+    B = 1, 8, 64 and 256. S follows the real batch, not its bucket; servers pad to the bucket, so
+    within a tuning key it is in practice constant.
     """
     programs = max(1, batch) * triton.cdiv(max(1, heads), BLOCK_H)
     splits = SPLIT_CHOICES[-1]
@@ -329,6 +375,8 @@ def _validate(
     for name, t in (("kv_cache", kv_cache), ("indices", indices)):
         if t.device != q.device:
             raise ValueError(f"{name}: on {t.device}, but q is on {q.device}; all tensors must share a device")
+    if q.device.type == "cpu" and not _INTERPRETED:
+        raise ValueError("q: CPU tensors need Triton's interpreter: set TRITON_INTERPRET=1 before importing triton")
     for name, t in (("q", q), ("kv_cache", kv_cache), ("indices", indices)):
         if not t.is_contiguous():
             raise ValueError(f"{name}: must be contiguous (call .contiguous() first)")
@@ -338,7 +386,7 @@ def _validate(
         raise ValueError(f"num_splits: must be an int in [1, topk={indices.shape[1]}], got {num_splits!r}")
     if check_values and indices.numel() > 0:
         # One small reduction and one sync; a server passes validate=False after its first call.
-        lo, hi = (int(v) for v in torch.aminmax(indices))
+        lo, hi = torch.stack(torch.aminmax(indices)).tolist()
         slots = kv_cache.shape[0]
         if lo < -1 or hi >= slots:
             bad = lo if lo < -1 else hi
@@ -387,12 +435,29 @@ def _launch_split(
         o_part.stride(0), o_part.stride(1), s_o, lse_part.stride(0), lse_part.stride(1), s_l,
         B, topk, H, kv_cache.shape[0], chunk,
     )  # fmt: skip
-    meta = {"BLOCK_H": BLOCK_H, "D_V": D_V, "D_ROPE": D_ROPE, "DOT_FP32": _interpreting(q.device)}
+    meta = {
+        "BLOCK_H": BLOCK_H,
+        "D_V": D_V,
+        "D_ROPE": D_ROPE,
+        "KV_FP8": kv_cache.dtype == torch.float8_e4m3fn,
+        "DOT_FP32": _interpreting(q.device),
+    }
     if config is None:
         _split_kernel[grid](*args, **meta)
     else:
-        cfg = _check_config(config)
-        _split_stage[grid](*args, **meta, **cfg)
+        _split_stage[grid](*args, **meta, **_check_config(config))
+
+
+def _launch_merge(o_part: torch.Tensor, lse_part: torch.Tensor, out: torch.Tensor, lse: torch.Tensor) -> None:
+    """Launch stage 2: (o_part [B, H, S, 512] fp32, lse_part [B, H, S]) -> (out [B, H, 512], lse [B, H])."""
+    B, H, S, _ = o_part.shape
+    _merge_stage[(B, H)](
+        o_part, lse_part, out, lse,
+        o_part.stride(0), o_part.stride(1), o_part.stride(2), lse_part.stride(0), lse_part.stride(1),
+        out.stride(0), out.stride(1), lse.stride(0),
+        S,
+        BLOCK_S=triton.next_power_of_2(S), D_V=D_V, num_warps=4,
+    )  # fmt: skip
 
 
 def sparse_mla_decode(
@@ -418,8 +483,10 @@ def sparse_mla_decode(
     "num_stages"}``) bypasses autotuning and launches that one config: for tests, the interpreter
     and benchmarking a fixed config.
     """
-    capturing = q.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    capturing = isinstance(q, torch.Tensor) and q.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
     sm, ks = _validate(q, kv_cache, indices, sm_scale, k_scale, num_splits, validate and not capturing)
+    if config is not None:
+        _check_config(config)
     B, H, _ = q.shape
     topk = indices.shape[1]
     out = torch.empty((B, H, D_V), dtype=torch.bfloat16, device=q.device)
@@ -435,13 +502,7 @@ def sparse_mla_decode(
     o_part = torch.empty((B, H, num_splits, D_V), dtype=torch.float32, device=q.device)
     lse_part = torch.empty((B, H, num_splits), dtype=torch.float32, device=q.device)
     _launch_split(q, kv_cache, indices, o_part, lse_part, sm, ks, num_splits, config)
-    _merge_stage[(B, H)](
-        o_part, lse_part, out, lse,
-        o_part.stride(0), o_part.stride(1), o_part.stride(2), lse_part.stride(0), lse_part.stride(1),
-        out.stride(0), out.stride(1), lse.stride(0),
-        num_splits,
-        BLOCK_S=triton.next_power_of_2(num_splits), D_V=D_V, num_warps=4,
-    )  # fmt: skip
+    _launch_merge(o_part, lse_part, out, lse)
     return out, lse
 
 
@@ -490,6 +551,7 @@ def warmup(
     ``[1, 2, 4]`` with ``topk=64``, which finishes in seconds. Every query gets its own region of
     ``2 * topk`` slots (distinct indices, like separate requests), so the gather does not sit in L2
     the way one small shared cache would. ``progress(bucket, seconds)`` is called after each bucket.
+    On CUDA the device is synchronised after each bucket so that ``seconds`` is the real cost.
     """
     dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
     on_cuda = dev.type == "cuda"
@@ -507,21 +569,23 @@ def warmup(
         slots = sizes[0] * region
     if slots < topk:
         raise ValueError(f"slots: must be >= topk={topk}, got {slots}")
+    if heads < 1:
+        raise ValueError(f"heads: must be >= 1, got {heads}")
 
-    gen = torch.Generator().manual_seed(seed)
-    kv_dtype_t = _KV_DTYPES[kv_dtype]
-    kv = (torch.randn(slots, D_QK, generator=gen) * 0.5).to(dev).to(kv_dtype_t)
+    # Generated on the device: the default cache for 256 x 2048 is 1M rows, slow to make on a CPU.
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    kv = (torch.randn(slots, D_QK, generator=gen, device=dev) * 0.5).to(_KV_DTYPES[kv_dtype])
     k_scale = 1.0 / 16 if kv_dtype == "fp8" else 1.0
     sm_scale = 1.0 / math.sqrt(D_QK)
     regions = max(1, slots // region)
 
     winners: dict[int, dict] = {}
     for b in sizes:
-        q = torch.randn(b, heads, D_QK, generator=gen).to(torch.bfloat16).to(dev)
+        q = torch.randn(b, heads, D_QK, generator=gen, device=dev).to(torch.bfloat16)
         # topk distinct slots inside one region per query (queries wrap around if slots is small).
-        pick = torch.rand(b, min(region, slots), generator=gen).argsort(dim=1)[:, :topk]
-        base = (torch.arange(b) % regions)[:, None] * region
-        idx = (pick + base).clamp(max=slots - 1).to(torch.int32).to(dev)
+        pick = torch.rand(b, min(region, slots), generator=gen, device=dev).argsort(dim=1)[:, :topk]
+        base = (torch.arange(b, device=dev) % regions)[:, None] * region
+        idx = (pick + base).clamp(max=slots - 1).to(torch.int32)
         t0 = time.perf_counter()
         sparse_mla_decode(q, kv, idx, sm_scale, k_scale=k_scale)
         if on_cuda:

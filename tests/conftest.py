@@ -15,6 +15,9 @@ from pathlib import Path
 # Kernels run under the Triton interpreter on a CPU machine; this must precede any triton import.
 if os.environ.get("TUNECACHE_TEST_GPU") != "1":
     os.environ["TRITON_INTERPRET"] = "1"
+# Kernels defined at import (collection) time open their store in the background: keep that away
+# from the user's real default store. Each test then gets its own (see _isolated).
+os.environ["TUNECACHE_URL"] = f"sqlite:///{__import__('tempfile').mkdtemp(prefix='tc-collect-')}/s.sqlite3"
 
 import pytest  # noqa: E402
 import sqlalchemy as sa  # noqa: E402

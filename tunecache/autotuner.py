@@ -249,6 +249,20 @@ class TunecacheAutotuner(Autotuner):
             self._tc_mem.update((p.digest, p) for p in found)
             self._tc_prefetched = True
 
+    def reset(self, store: str | Store | None = None) -> None:
+        """Forget every in-memory resolution and bind to ``store`` (default: the environment's) anew.
+
+        For tests and for a process that changes ``TUNECACHE_URL`` after its kernels were defined.
+        """
+        self.cache.clear()
+        self._tc_mem.clear()
+        self._tc_prefetched = False
+        self._tc_from_store.clear()
+        self._tc_store_arg = store
+        self._tc_store = None
+        self._tc_opening = None
+        self._tc_store_retry_at = 0.0
+
     # ---- identity ---------------------------------------------------------------------------
 
     @property
@@ -326,9 +340,13 @@ class TunecacheAutotuner(Autotuner):
 
     def _store_trouble(self, what: str, e: Exception) -> None:
         _stats.count(None, None, store_errors=1)
+        # One warning per store and process: an outage fails reads, leases and writes alike, and
+        # every kernel on that store falls back the same way (each failure is counted in stats()).
+        arg = self._tc_store_arg
+        where = arg.masked_url if isinstance(arg, Store) else str(arg or os.environ.get("TUNECACHE_URL") or "")
         _warn_once(
-            self.kernel_name,
-            f"store-{what}",
+            "",
+            f"store-unavailable:{where}",
             "tunecache: %s: store unavailable (%s); tuning in this process instead",
             self.kernel_name,
             e,

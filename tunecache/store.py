@@ -326,6 +326,30 @@ def _sqlite_writable(path: Path) -> bool:
     return os.access(probe, os.W_OK)
 
 
+def _sqlite_os_cause(u: URL, reason: str) -> str:
+    """The cause SQLite does not name: "unable to open database file" and "disk I/O error" say
+    nothing of a missing permission or a full disk. Returns " (...)" or ""."""
+    path = _sqlite_path(u)
+    if path is None or not any(s in reason for s in ("unable to open", "disk I/O error", "disk is full")):
+        return ""
+    causes = []
+    try:
+        path.stat()
+        if not os.access(path, os.R_OK):
+            causes.append(f"permission denied: uid {os.geteuid()} cannot read {path}")
+    except PermissionError:
+        causes.append(f"permission denied: uid {os.geteuid()} cannot enter {path.parent}")
+    except OSError:
+        pass
+    try:
+        st = os.statvfs(path.parent)
+        if st.f_bavail * st.f_frsize < 64 * 1024:
+            causes.append(f"no space left on the device of {path.parent}: {st.f_bavail * st.f_frsize} bytes free")
+    except OSError:
+        pass
+    return f" ({'; '.join(causes)})" if causes else ""
+
+
 def _make_engine(u: URL, readonly: bool) -> Engine:
     if u.get_backend_name() == "sqlite":
         path = _sqlite_path(u)
@@ -466,6 +490,8 @@ class Store:
             raise
         except (SQLAlchemyError, sqlite3.Error, OSError) as e:
             reason = _scrub(_reason(e), self.url)
+            if self.dialect == "sqlite":
+                reason += _sqlite_os_cause(self.url, reason)
             if "readonly database" in reason or "read-only" in reason:
                 raise StoreReadOnlyError(f"{what} failed: store {self.masked_url} is read-only ({reason})") from None
             if isinstance(e, DBAPIError) and e.connection_invalidated or "connect" in reason.lower():
@@ -523,7 +549,10 @@ class Store:
         """Apply migrations; concurrent callers serialise on a lock and only the first migrates."""
         from alembic import command
 
-        with self._migration_lock(), self._write("migrating the schema") as conn:
+        if revision != "head" and revision not in _known_revisions():
+            raise SchemaError(f"unknown schema revision {revision!r}; this tunecache has {', '.join(SCHEMA_REVISIONS)}")
+
+        with self._guard("migrating the schema"), self._migration_lock(), self._write("migrating the schema") as conn:
             if self.dialect == "postgresql":
                 conn.exec_driver_sql("SELECT pg_advisory_xact_lock(7283105331)")
             before = _current_revision(conn)
@@ -800,6 +829,8 @@ class Store:
                 sa.update(problems)
                 .where(problems.c.digest == sa.bindparam("d"))
                 .values(hit_count=problems.c.hit_count + sa.bindparam("n"), last_hit_at=now),
+                # In digest order: processes flushing hits for the same rows take their row locks in
+                # the same order, or PostgreSQL and MySQL abort them as deadlocked.
                 [{"d": d, "n": n} for d, n in hits.items()],
             )
 
@@ -810,21 +841,18 @@ class Store:
         now = utcnow()
         cols = ("hits", "misses", "benchmarks", "bench_seconds", "saved_seconds")
         with self._write("record stats") as conn:
-            for kernel, d in deltas.items():
+            for kernel, d in sorted(deltas.items()):  # one lock order for every process (no deadlock)
                 vals = {
                     c: kernel_stats.c[c] + float(d.get(c, 0))
                     if "seconds" in c
                     else kernel_stats.c[c] + int(d.get(c, 0))
                     for c in cols
                 }
-                res = conn.execute(
-                    sa.update(kernel_stats).where(kernel_stats.c.kernel == kernel).values(**vals, updated_at=now)
-                )
-                if res.rowcount == 0:
-                    conn.execute(
-                        self._insert_ignore(kernel_stats),
-                        [{"kernel": kernel, **{c: d.get(c, 0) for c in cols}, "updated_at": now}],
-                    )
+                update = sa.update(kernel_stats).where(kernel_stats.c.kernel == kernel).values(**vals, updated_at=now)
+                if conn.execute(update).rowcount == 0:
+                    row = {"kernel": kernel, **{c: d.get(c, 0) for c in cols}, "updated_at": now}
+                    if not self._inserted(conn, kernel_stats, row):
+                        conn.execute(update)  # another process inserted it first: add to its row
 
     def kernel_stats(self) -> list[dict[str, Any]]:
         with self._read("stats") as conn:
@@ -1043,14 +1071,17 @@ def connect(url: str | URL | None = None, *, readonly: bool | None = None) -> St
     ``readonly=None`` detects a read-only SQLite file or directory.
     """
     u = resolve_url(url)
-    if readonly is None:
-        readonly = False
-        if u.get_backend_name() == "sqlite":
-            path = _sqlite_path(u)
-            readonly = path is not None and not _sqlite_writable(path)
-            if readonly and path is not None and not path.exists():
-                raise StoreError(f"store {mask_url(u)} does not exist and its directory is not writable")
-    return Store(u, _make_engine(u, readonly), readonly)
+    try:
+        if readonly is None:
+            readonly = False
+            if u.get_backend_name() == "sqlite":
+                path = _sqlite_path(u)
+                readonly = path is not None and not _sqlite_writable(path)
+                if readonly and path is not None and not path.exists():
+                    raise StoreError(f"store {mask_url(u)} does not exist and its directory is not writable")
+        return Store(u, _make_engine(u, readonly), readonly)
+    except OSError as e:  # e.g. a directory on the way that this user cannot enter
+        raise StoreError(f"cannot open store {mask_url(u)}: {e.strerror or e}") from None
 
 
 def open_store(url: str | URL | None = None, *, readonly: bool | None = None, migrate: bool | None = None) -> Store:
