@@ -472,6 +472,97 @@ def _progress_for(fn: Callable[..., Any], quiet: bool) -> Callable[..., None] | 
     return progress
 
 
+@main.command("export")
+@click.argument("path")
+@filter_options
+@click.option("--since", help="Only problems updated since an ISO date/time (UTC) or for a duration (30d, 12h).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable summary.")
+@click.pass_context
+def export_cmd(
+    ctx: click.Context,
+    path: str,
+    kernel: str | None,
+    arch: str | None,
+    device: str | None,
+    driver: str | None,
+    since: str | None,
+    as_json: bool,
+) -> None:
+    """Write stored problems with every config row to PATH (JSON Lines; .gz compresses; - is stdout)."""
+    from tunecache.exchange import export
+
+    store = _open(ctx)
+    with _ExchangeProgress() as progress:
+        s = export(
+            store,
+            path,
+            **_filters(kernel, arch, device, driver),
+            since=parse_since(since) if since else None,
+            progress=progress,
+        )
+    s["path"] = path
+    to_stderr = path == "-"  # stdout carries the file itself
+    if as_json:
+        click.echo(orjson.dumps(s, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode(), err=to_stderr)
+    else:
+        click.echo(
+            f"exported {s['problems']} problems ({s['configs']} config rows, {s['bytes']} bytes) to {path} "
+            f"in {s['seconds']:.1f}s",
+            err=to_stderr,
+        )
+
+
+@main.command("import")
+@click.argument("path")
+@click.option("--dry-run", is_flag=True, help="Validate the file and count what would change; write nothing.")
+@click.option(
+    "--on-conflict",
+    type=click.Choice(["keep", "replace", "faster"]),
+    default="keep",
+    show_default=True,
+    help="For a problem already stored: keep it, replace it, or replace it if the incoming winner is faster.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable summary.")
+@click.pass_context
+def import_cmd(ctx: click.Context, path: str, dry_run: bool, on_conflict: str, as_json: bool) -> None:
+    """Import an export file (PATH, or - for stdin): all of it in one transaction, or nothing.
+
+    Every line is validated first (types, timings, statuses, config shape, recomputed digests); a
+    bad file exits 1 naming the line and the reason, and the store is left unchanged.
+    """
+    from tunecache.exchange import import_
+
+    store = _open(ctx)
+    with _ExchangeProgress() as progress:
+        s = import_(store, path, dry_run=dry_run, on_conflict=on_conflict, progress=progress)
+    if as_json:
+        _json_out(s.as_dict())
+        return
+    click.echo(
+        f"{'dry run, nothing written: ' if dry_run else ''}{s.problems} problems ({s.configs} config rows): "
+        f"{s.new} new, {s.updated} updated, {s.skipped} skipped, {s.conflicts} conflicts"
+    )
+
+
+class _ExchangeProgress:
+    """A one-line counter on stderr for export/import, only when stderr is a terminal."""
+
+    def __init__(self) -> None:
+        self.used = False
+
+    def __enter__(self) -> Callable[[str, int, int], None] | None:
+        return self.show if sys.stderr.isatty() else None
+
+    def show(self, phase: str, done: int, total: int) -> None:
+        self.used = True
+        pct = f" {100 * done // total:3d}%" if total else ""
+        click.echo(f"\r  {phase}: {done}/{total} problems{pct}   ", nl=False, err=True)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.used:
+            click.echo("", err=True)
+
+
 @main.command()
 @click.option(
     "--url", "demo_url", default=None, help="Store for the demo (default: a fresh SQLite file in a temp dir)."
