@@ -77,8 +77,14 @@ def test_config_identity_is_canonical_and_includes_options():
     assert config_identity(a) == config_identity(b)
     assert config_identity(a)[1] != config_identity(c)[1]
     data = json.loads(config_identity(a)[0])
-    assert data == {"kwargs": {"A": 1, "B": 16}, "num_warps": 4, "num_stages": 2, "num_ctas": 1, "maxnreg": None,
-                    "pre_hook": None}
+    assert data == {
+        "kwargs": {"A": 1, "B": 16},
+        "num_warps": 4,
+        "num_stages": 2,
+        "num_ctas": 1,
+        "maxnreg": None,
+        "pre_hook": None,
+    }
     assert identity.make_config(data).all_kwargs() == a.all_kwargs()
 
 

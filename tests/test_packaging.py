@@ -21,14 +21,26 @@ def test_wheel_install_then_db_upgrade(tmp_path, pg_url):
     py = venv / "bin" / "python"
     # Lend this venv's dependencies (torch, triton, sqlalchemy...) through a .pth line; .pth files
     # inside that directory are not run, so this venv's editable tunecache stays invisible.
-    new_site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                              check=True, capture_output=True, text=True).stdout.strip()
+    new_site = subprocess.run(
+        [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     Path(new_site, "lend-deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", str(ROOT)],
-                   check=True, capture_output=True)
-    where = subprocess.run([str(py), "-c", "import tunecache, tunecache.migrations, tunecache.kernels; "
-                            "print(tunecache.__file__); print(tunecache.migrations.__file__)"],
-                           check=True, capture_output=True, text=True, cwd=tmp_path).stdout.split()
+    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", str(ROOT)], check=True, capture_output=True)
+    where = subprocess.run(
+        [
+            str(py),
+            "-c",
+            "import tunecache, tunecache.migrations, tunecache.kernels; "
+            "print(tunecache.__file__); print(tunecache.migrations.__file__)",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    ).stdout.split()
     assert all(str(venv) in w for w in where), where  # not the checkout
     tc = venv / "bin" / "tunecache"
     for url in (f"sqlite:///{tmp_path / 'new' / 'store.sqlite3'}", pg_url):
