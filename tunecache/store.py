@@ -449,6 +449,9 @@ def _current_revision(conn: Connection) -> str | None:
 # --------------------------------------------------------------------------------------------
 
 
+_alembic_lock = threading.Lock()
+
+
 class Store:
     """A connection to one tuning-results database. Thread-safe; cheap to keep for a process."""
 
@@ -552,7 +555,14 @@ class Store:
         if revision != "head" and revision not in _known_revisions():
             raise SchemaError(f"unknown schema revision {revision!r}; this tunecache has {', '.join(SCHEMA_REVISIONS)}")
 
-        with self._guard("migrating the schema"), self._migration_lock(), self._write("migrating the schema") as conn:
+        # _alembic_lock: Alembic's `context` and `op` are process globals, so two threads migrating
+        # (even different stores) run each other's DDL on each other's connections.
+        with (
+            _alembic_lock,
+            self._guard("migrating the schema"),
+            self._migration_lock(),
+            self._write("migrating the schema") as conn,
+        ):
             if self.dialect == "postgresql":
                 conn.exec_driver_sql("SELECT pg_advisory_xact_lock(7283105331)")
             before = _current_revision(conn)
@@ -831,7 +841,7 @@ class Store:
                 .values(hit_count=problems.c.hit_count + sa.bindparam("n"), last_hit_at=now),
                 # In digest order: processes flushing hits for the same rows take their row locks in
                 # the same order, or PostgreSQL and MySQL abort them as deadlocked.
-                [{"d": d, "n": n} for d, n in hits.items()],
+                [{"d": d, "n": n} for d, n in sorted(hits.items())],
             )
 
     def bump_stats(self, deltas: Mapping[str, Mapping[str, float]]) -> None:
