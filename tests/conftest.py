@@ -63,24 +63,23 @@ def sqlite_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'store.sqlite3'}"
 
 
-@pytest.fixture
-def pg_url():
-    url, drop = make_database("postgresql")
+def _fresh_database(kind: str):
+    url, drop = make_database(kind)
     yield url
     from tunecache.store import _reset_shared_stores
 
     _reset_shared_stores()
     drop()
+
+
+@pytest.fixture
+def pg_url():
+    yield from _fresh_database("postgresql")
 
 
 @pytest.fixture
 def mysql_url():
-    url, drop = make_database("mysql")
-    yield url
-    from tunecache.store import _reset_shared_stores
-
-    _reset_shared_stores()
-    drop()
+    yield from _fresh_database("mysql")
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -276,3 +276,22 @@ def test_schema_constants_match_alembic_scripts():
     sd = ScriptDirectory.from_config(_alembic_config())
     assert sd.get_current_head() == SCHEMA_HEAD
     assert [s.revision for s in reversed(list(sd.walk_revisions()))] == list(SCHEMA_REVISIONS)
+
+
+def test_counters_from_racing_processes_are_all_kept(store_url):
+    """misses and kernel_stats add up increments, also when the row is created concurrently."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    s = open_store(store_url)
+    p = problem(7)
+
+    def one(_):
+        s.record_miss(p, "capture")
+        s.bump_stats({"mod.kern": {"hits": 1, "saved_seconds": 0.5}})
+
+    with ThreadPoolExecutor(8) as ex:
+        list(ex.map(one, range(40)))
+    assert s.list_misses()[0]["count"] == 40
+    (row,) = s.kernel_stats()
+    assert row["hits"] == 40 and row["saved_seconds"] == pytest.approx(20.0)
+    s.close()

@@ -859,10 +859,14 @@ class Store:
                     for c in cols
                 }
                 update = sa.update(kernel_stats).where(kernel_stats.c.kernel == kernel).values(**vals, updated_at=now)
-                if conn.execute(update).rowcount == 0:
-                    row = {"kernel": kernel, **{c: d.get(c, 0) for c in cols}, "updated_at": now}
-                    if not self._inserted(conn, kernel_stats, row):
-                        conn.execute(update)  # another process inserted it first: add to its row
+                row = {"kernel": kernel, **{c: d.get(c, 0) for c in cols}, "updated_at": now}
+                self._add_or_insert(conn, update, kernel_stats, row)
+
+    def _add_or_insert(self, conn: Connection, update: Any, table: sa.Table, row: dict[str, Any]) -> None:
+        """A counter upsert that loses no increment: add to the row; if there is none, insert it; if
+        another process inserted it in between, add to that row."""
+        if conn.execute(update).rowcount == 0 and not self._inserted(conn, table, row):
+            conn.execute(update)
 
     def kernel_stats(self) -> list[dict[str, Any]]:
         with self._read("stats") as conn:
@@ -872,29 +876,24 @@ class Store:
     def record_miss(self, problem: Problem, reason: str) -> None:
         now = utcnow()
         with self._write("record miss") as conn:
-            res = conn.execute(
+            update = (
                 sa.update(misses)
                 .where(misses.c.digest == problem.digest, misses.c.reason == reason)
                 .values(count=misses.c.count + 1, last_seen=now)
             )
-            if res.rowcount == 0:
-                conn.execute(
-                    self._insert_ignore(misses),
-                    [
-                        {
-                            "digest": problem.digest,
-                            "reason": reason,
-                            "kernel": problem.kernel,
-                            "source_hash": problem.source_hash,
-                            "target_digest": problem.target.digest,
-                            "key_json": problem.key_json,
-                            "count": 1,
-                            "host": hostname(),
-                            "first_seen": now,
-                            "last_seen": now,
-                        }
-                    ],
-                )
+            row = {
+                "digest": problem.digest,
+                "reason": reason,
+                "kernel": problem.kernel,
+                "source_hash": problem.source_hash,
+                "target_digest": problem.target.digest,
+                "key_json": problem.key_json,
+                "count": 1,
+                "host": hostname(),
+                "first_seen": now,
+                "last_seen": now,
+            }
+            self._add_or_insert(conn, update, misses, row)
 
     def list_misses(self) -> list[dict[str, Any]]:
         with self._read("misses") as conn:
