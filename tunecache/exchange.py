@@ -190,38 +190,10 @@ _STATUS_SET = frozenset(STATUSES)
 _INT_MAX = 2**31 - 1  # the Integer columns are 32-bit on PostgreSQL and MySQL
 _HEX = re.compile(r"[0-9a-f]*")
 
-# Columns in the order import writes them and export reads them.
-_P_COLS = (
-    "digest",
-    "kernel",
-    "source_hash",
-    "target_digest",
-    *TARGET_FIELDS,
-    "key_json",
-    "batch_bucket",
-    "winner_config_hash",
-    "winner_ms",
-    "search_space_hash",
-    "tuning_seconds",
-    "host",
-    "created_at",
-    "updated_at",
-    "hit_count",
-    "last_hit_at",
-)
-_C_COLS = (
-    "digest",
-    "config_hash",
-    "config_json",
-    "status",
-    "median_ms",
-    "p20_ms",
-    "p80_ms",
-    "samples",
-    "failure",
-    "host",
-    "measured_at",
-)
+# Columns in the order import writes them and export reads them: the tables' own order, so the
+# schema in tunecache.store stays the one place that lists them.
+_P_COLS = tuple(c.name for c in problems.c)
+_C_COLS = tuple(c.name for c in configs.c)
 
 
 @dataclass
