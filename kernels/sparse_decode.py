@@ -112,15 +112,25 @@ def estimate_shared_memory(block_t: int, kv_bytes: int = 1) -> int:
     return BLOCK_H * D_QK * 2 + block_t * D_QK * kv_bytes
 
 
-# 12 configs that fit sm90 (compiled on an H200 with Triton 3.6: 34816..88320 bytes for fp8,
-# 37440..149504 for bf16), plus one that can never fit, on purpose, so that the autotuner's
+# 12 configs that fit sm90 (compiled for sm90 with Triton 3.6: 53376..125440+ bytes for fp8,
+# 56448..170496+ for bf16), plus one that can never fit, on purpose, so that the autotuner's
 # OutOfResources path (config timed as inf) runs on real hardware:
 #   BLOCK_T=512, 8 warps, 3 stages: lower bound 16*576*2 + 512*576*1 = 18432 + 294912 = 313344 bytes
 #   for fp8 (608256 for bf16) > 232448; compiled: 378880 (fp8) and 1214464 (bf16), OutOfResources.
 #   (BLOCK_T=256 x 3 stages is NOT enough: 215040 bytes with an fp8 cache, which fits and runs.)
-CONFIGS: list[triton.Config] = [
-    triton.Config({"BLOCK_T": bt}, num_warps=w, num_stages=s) for bt in (16, 32, 64) for w in (4, 8) for s in (1, 2)
-] + [triton.Config({"BLOCK_T": 512}, num_warps=8, num_stages=3)]
+# The 12 are the shapes that won or came within a few percent in a sweep on an H200 (Triton 3.6,
+# fp8 B = 8, 64, 256 and bf16 B = 64; docs/benchmarks.md): small batches favour 8 warps and
+# BLOCK_T=128, large ones 4 warps with 2-4 stages (the gathered loads are pipelined through cp.async
+# from 3 stages on). BLOCK_T=16 never won, 1 stage lost nearly everywhere, and BLOCK_T=128 with 4
+# warps spills (its fp8 build compiles to 32 registers plus local memory), so they are not listed.
+_FITTING = [
+    (32, 4, 2), (32, 4, 3), (32, 8, 2),
+    (64, 4, 2), (64, 4, 3), (64, 4, 4), (64, 8, 1), (64, 8, 2), (64, 8, 3),
+    (32, 8, 3), (128, 8, 2), (128, 8, 3),
+]  # fmt: skip
+CONFIGS: list[triton.Config] = [triton.Config({"BLOCK_T": bt}, num_warps=w, num_stages=s) for bt, w, s in _FITTING] + [
+    triton.Config({"BLOCK_T": 512}, num_warps=8, num_stages=3)
+]
 
 
 def _interpreting(device: torch.device) -> bool:
