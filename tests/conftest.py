@@ -100,6 +100,8 @@ def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
         "TUNECACHE_LEASE_SECONDS",
         "TUNECACHE_WAIT_SECONDS",
         "TUNECACHE_HOST_ID",
+        "TUNECACHE_WINNER_TOLERANCE",
+        "TUNECACHE_PREFETCH",
     ):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("TUNECACHE_CPU_BENCH_REPS", "1")

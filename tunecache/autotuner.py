@@ -237,6 +237,7 @@ class TunecacheAutotuner(Autotuner):
             # launch pays one query, not imports and connection set-up. No CUDA calls here: a
             # server may still fork.
             self._tc_opening = (os.getpid(), _background(self._open_early))
+            _warm_triton_key()
 
     def _open_early(self) -> None:
         """Background: hash the source, open the store, prefetch every problem of this kernel (all
@@ -787,6 +788,48 @@ def _background(fn: Callable[[], None]) -> Future:
         if _pool is None:
             _pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tunecache")
         return _pool.submit(fn)
+
+
+_key_thread: threading.Thread | None = None
+
+
+def _warm_triton_key() -> None:
+    """Once per process, in a daemon thread: compute Triton's compiler fingerprint (``triton_key``).
+
+    Triton computes it at the first compile of every process, cache hits included, by hashing its
+    own sources and libtriton (0.33 s on the H200 test host, most of a warm restart's first launch).
+    Done while the server is still loading weights, it is off the first launch. Pure file hashing:
+    no CUDA. A fork waits (at most 2 s) for it, so that no import lock is held across the fork.
+    """
+    global _key_thread
+    with _pool_lock:
+        if _key_thread is not None and _key_thread.ident is not None and _key_thread.is_alive():
+            return
+        if _key_thread is not None and getattr(_key_thread, "_tc_pid", None) == os.getpid():
+            return
+        try:
+            from triton.runtime.cache import triton_key
+        except ImportError:  # moved in a future Triton: nothing to warm
+            return
+
+        def work() -> None:
+            with contextlib.suppress(Exception):
+                triton_key()
+
+        t = threading.Thread(target=work, name="tunecache-triton-key", daemon=True)
+        t._tc_pid = os.getpid()  # type: ignore[attr-defined]
+        _key_thread = t
+        t.start()
+
+
+def _join_key_thread_before_fork() -> None:
+    t = _key_thread
+    if t is not None and t.is_alive():
+        t.join(timeout=2.0)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_join_key_thread_before_fork)
 
 
 def _heartbeat(store: Store, digest: str, holder: str, ttl: float, stop: threading.Event) -> None:
