@@ -424,6 +424,69 @@ def test_driver_change_topk_benchmarks_only_previous_best(sqlite_url, monkeypatc
         at.driver_change_policy()
 
 
+KEY_WARM = """
+    import json, os, tinykernels
+    from triton.runtime.cache import triton_key
+    from tunecache import autotuner as at
+    k = tinykernels.make_add()
+    t = at._key_thread
+    if t is not None:
+        t.join(60)
+    before_fork = triton_key.cache_info().currsize
+    pid = os.fork()
+    if pid == 0:  # a forked child still launches (no lock held across the fork)
+        tinykernels.launch(k, 64)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    print(json.dumps({"cached": before_fork, "thread": t and t.name, "child_rc": os.waitstatus_to_exitcode(status)}))
+"""
+
+
+def test_triton_key_is_computed_in_the_background_when_a_kernel_is_defined(sqlite_url):
+    # Triton hashes its sources and libtriton at the first compile of every process (0.33 s on the
+    # H200 host): the prefetch does it while the server loads weights, off the first launch.
+    got = fresh_process(KEY_WARM, {"TUNECACHE_URL": sqlite_url})
+    assert got == {"cached": 1, "thread": "tunecache-triton-key", "child_rc": 0}
+    off = fresh_process(KEY_WARM, {"TUNECACHE_URL": sqlite_url, "TUNECACHE_PREFETCH": "0"})
+    assert off == {"cached": 0, "thread": None, "child_rc": 0}
+
+
+def test_winner_within_tolerance_of_the_fastest_reuses_another_keys_winner(sqlite_url, monkeypatch):
+    # Timings by BLOCK per key N (ms): for N=200, BLOCK=16 is 1.5% slower than BLOCK=32, within the
+    # default 2%, and it already wins N=100: it is chosen. For N=300 it is 10% slower: not chosen.
+    table = {100: {16: 1.00, 32: 1.01, 64: 2.0}, 200: {16: 1.015, 32: 1.00, 64: 2.0}, 300: {16: 1.10, 32: 1.0, 64: 2.0}}
+    current = {}
+
+    def fake_bench(self, *args, config, **meta):
+        ms = table[current["n"]][config.kwargs["BLOCK"]]
+        return [ms, ms * 0.99, ms * 1.01]
+
+    monkeypatch.setattr(triton.runtime.autotuner.Autotuner, "_bench", fake_bench)
+    configs = [triton.Config({"BLOCK": b}, num_warps=1) for b in (16, 32, 64)]
+
+    def tune(kernel):
+        out = {}
+        for n in (100, 200, 300):
+            current["n"] = n
+            out[n] = tinykernels.launch(kernel, n).kwargs["BLOCK"]
+        return out
+
+    assert tune(tinykernels.make_add(configs=configs, store=sqlite_url)) == {100: 16, 200: 16, 300: 32}
+    stored = {p.batch_bucket or json.loads(p.key_json)[0][1]: p for p in open_store(sqlite_url).list(with_configs=True)}
+    assert stored[200].winner.config["kwargs"] == {"BLOCK": 16} and stored[200].winner_ms == 1.015
+    # A restart reads the same winners without benchmarking.
+    tunecache.reset_stats()
+    assert tune(tinykernels.make_add(configs=configs, store=sqlite_url)) == {100: 16, 200: 16, 300: 32}
+    assert tunecache.stats()["benchmarks"] == 0
+    # Tolerance 0: plain fastest (a fresh store, so nothing is stored yet).
+    monkeypatch.setenv("TUNECACHE_WINNER_TOLERANCE", "0")
+    fresh = f"sqlite:///{open_store(sqlite_url).url.database}.zero"
+    assert tune(tinykernels.make_add(configs=configs, store=fresh)) == {100: 16, 200: 32, 300: 32}
+    monkeypatch.setenv("TUNECACHE_WINNER_TOLERANCE", "5")
+    with pytest.raises(ValueError, match="TUNECACHE_WINNER_TOLERANCE"):
+        at.winner_tolerance()
+
+
 @pytest.mark.slow
 def test_sixteen_processes_warm_36_buckets_once(store_url):
     sizes = list(tunecache.buckets.SGLANG_CAPTURE_SIZES)

@@ -14,7 +14,7 @@ from conftest import run_procs
 from tunecache.cli import main
 from tunecache.errors import SchemaError, StoreError, StoreReadOnlyError
 from tunecache.identity import Target, problem_digest
-from tunecache.store import ConfigResult, Problem, head_revision, open_store
+from tunecache.store import ConfigResult, Problem, head_revision, open_store, pick_winner
 
 H200 = Target("cuda", "sm90", "NVIDIA H200", 132, 232448, 32, "13000", "580.159.04", "13.0", "3.6")
 
@@ -74,6 +74,35 @@ def test_first_complete_winner_stays_unless_replaced(store_url):
     assert again.config_map()["c2"].median_ms == 3.0 - 1.0  # existing row kept, not overwritten
     replaced = s.put(p, [ConfigResult("c2", {"kwargs": {}}, median_ms=0.1)], replace=True)
     assert replaced.winner_config_hash == "c2" and replaced.config_map()["c2"].median_ms == 0.1
+    s.close()
+
+
+def test_pick_winner_prefers_a_listed_config_only_within_tolerance():
+    rows = [
+        ConfigResult("a", {}, median_ms=1.00),
+        ConfigResult("b", {}, median_ms=1.015),
+        ConfigResult("c", {}, median_ms=1.10),
+        ConfigResult("x", {}, status="out_of_resources", failure={}),
+    ]
+    assert pick_winner(rows).config_hash == "a"
+    assert pick_winner(rows, prefer=["b"], tolerance=0.02).config_hash == "b"  # 1.5% off: noise
+    assert pick_winner(rows, prefer=["c", "b"], tolerance=0.02).config_hash == "b"  # c is 10% off
+    assert pick_winner(rows, prefer=["c"], tolerance=0.02).config_hash == "a"
+    assert pick_winner(rows, prefer=["b"], tolerance=0.0).config_hash == "a"
+    assert pick_winner(rows, prefer=["x"], tolerance=0.5).config_hash == "a"  # a failed config never wins
+    assert pick_winner(rows[3:]) is None
+
+
+def test_put_takes_the_proposed_winner_when_it_is_a_stored_ok_config(store_url):
+    s = open_store(store_url)
+    p = problem(2)
+    p.winner_config_hash = "c2"  # slower than c1, but the tuner chose it (within its tolerance)
+    assert s.put(p, results(fast=1)).winner_config_hash == "c2"
+    for bad in ("oor", "nope"):  # a failed or unknown proposal falls back to the fastest
+        q = problem(3 if bad == "oor" else 4)
+        q.winner_config_hash = bad
+        stored = s.put(q, results(fast=1))
+        assert stored.winner_config_hash == "c1" and stored.winner_ms == 1.0
     s.close()
 
 

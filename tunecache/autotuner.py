@@ -88,6 +88,20 @@ def wait_seconds() -> float:
     return _env_float("TUNECACHE_WAIT_SECONDS", 300.0)
 
 
+def winner_tolerance() -> float:
+    """``TUNECACHE_WINNER_TOLERANCE`` (default 0.02): a config within this fraction of the fastest
+    that already wins another key of the same kernel and target is chosen instead (0 disables).
+
+    Why: configs that close are within benchmark noise; reusing a winner means fewer distinct
+    kernels to compile on a fresh host and to load at a restart, and fewer winners that flip
+    between two tuning runs of one GPU.
+    """
+    v = _env_float("TUNECACHE_WINNER_TOLERANCE", 0.02)
+    if v >= 1:
+        raise ValueError(f"TUNECACHE_WINNER_TOLERANCE={v!r} must be a fraction below 1 (0.02 means 2%)")
+    return v
+
+
 def driver_change_policy() -> int | None:
     """``TUNECACHE_ON_DRIVER_CHANGE``: ``retune`` (None) or ``topk:N`` (N)."""
     raw = os.environ.get("TUNECACHE_ON_DRIVER_CHANGE", "retune").strip().lower()
@@ -684,11 +698,30 @@ class TunecacheAutotuner(Autotuner):
                 )
                 return self._bench_and_store(ctx, store, bench_fn, None, ttl)
 
+    def _choose(self, ctx: _Ctx, known: dict[str, ConfigResult], results: list[ConfigResult]) -> str | None:
+        """The winner among this key's configs: the fastest, or a config within
+        ``winner_tolerance()`` of it that already wins more keys of this kernel on this target."""
+        rows = {**known, **{r.config_hash: r for r in results}}
+        counts: dict[str, int] = {}
+        for q in list(self._tc_mem.values()):
+            if q.digest != ctx.digest and q.winner_config_hash and q.target.digest == ctx.target.digest:
+                counts[q.winner_config_hash] = counts.get(q.winner_config_hash, 0) + 1
+        prefer = sorted(counts, key=lambda h: (-counts[h], h))
+        best = pick_winner((rows[h] for h in ctx.hashes if h in rows), prefer, winner_tolerance())
+        if best is None:
+            return None
+        self.cache[ctx.key] = dict(zip(ctx.hashes, ctx.configs))[best.config_hash]
+        return best.config_hash
+
     def _bench_unstored(self, ctx: _Ctx, p: Problem | None, bench_fn: Callable[[], None], keep: bool = True) -> bool:
         """Tune in this process; with ``keep``, write the result once the store is back."""
-        results, seconds = self._run_bench(ctx, self._prepare_known(ctx, p), bench_fn)
+        known = self._prepare_known(ctx, p)
+        results, seconds = self._run_bench(ctx, known, bench_fn)
+        winner = self._choose(ctx, known, results)
         if keep:
-            item = (self._problem(ctx, seconds), results, p is not None)
+            problem = self._problem(ctx, seconds)
+            problem.winner_config_hash = winner
+            item = (problem, results, p is not None)
             if self._tc_store is not None:
                 _stats.defer_put(self._tc_store, *item)
             else:
@@ -710,11 +743,13 @@ class TunecacheAutotuner(Autotuner):
         stop = threading.Event()
         if holder is not None:
             threading.Thread(target=_heartbeat, args=(store, ctx.digest, holder, ttl, stop), daemon=True).start()
+        known = self._prepare_known(ctx, p)
         try:
-            results, seconds = self._run_bench(ctx, self._prepare_known(ctx, p), bench_fn)
+            results, seconds = self._run_bench(ctx, known, bench_fn)
         finally:
             stop.set()
         problem = self._problem(ctx, seconds + (p.tuning_seconds if p else 0.0))
+        problem.winner_config_hash = self._choose(ctx, known, results)
         try:
             stored = store.put(problem, results, replace=p is not None)
         except StoreError as e:

@@ -234,10 +234,26 @@ class Problem:
         return self.config_map().get(self.winner_config_hash) if self.winner_config_hash else None
 
 
-def pick_winner(rows: Iterable[ConfigResult]) -> ConfigResult | None:
-    """Fastest ok config; ties broken by config hash so every host picks the same one."""
+def pick_winner(
+    rows: Iterable[ConfigResult], prefer: Sequence[str] = (), tolerance: float = 0.0
+) -> ConfigResult | None:
+    """Fastest ok config; ties broken by config hash so every host picks the same one.
+
+    With ``prefer`` (config hashes, most preferred first) and ``tolerance`` > 0, the first preferred
+    config whose median is within ``tolerance`` (a fraction) of the fastest wins instead: configs that
+    close are within benchmark noise of each other, and reusing one that already wins elsewhere means
+    fewer kernels to compile and load, and fewer winners that flip between tuning runs.
+    """
     ok = [r for r in rows if r.ok]
-    return min(ok, key=lambda r: (r.median_ms, r.config_hash)) if ok else None
+    if not ok:
+        return None
+    best = min(ok, key=lambda r: (r.median_ms, r.config_hash))
+    if tolerance > 0 and prefer:
+        near = {r.config_hash: r for r in ok if r.median_ms <= best.median_ms * (1.0 + tolerance)}
+        for h in prefer:
+            if h in near:
+                return near[h]
+    return best
 
 
 # --------------------------------------------------------------------------------------------
@@ -742,7 +758,8 @@ class Store:
 
         An upsert: concurrent puts of one digest never fail or duplicate. New config rows are added;
         rows already stored are kept unless ``replace``. The first complete winner stays unless
-        ``replace`` (used when a search space grew or a winner turned out broken).
+        ``replace`` (used when a search space grew or a winner turned out broken). The winner is
+        ``problem.winner_config_hash`` when that names a stored ok config, else the fastest.
         """
         now = utcnow()
         host = problem.host or hostname()
@@ -764,6 +781,9 @@ class Store:
                 conn.execute(self._select_full().where(problems.c.digest == problem.digest))
             )[0]
             best = pick_winner(stored.configs)
+            proposed = stored.config_map().get(problem.winner_config_hash or "")
+            if proposed is not None and proposed.ok:  # the tuner's choice (see pick_winner's prefer)
+                best = proposed
             values: dict[str, Any] = {
                 "search_space_hash": search_space_hash([c.config_hash for c in stored.configs]),
                 "updated_at": now,
