@@ -5,7 +5,8 @@
     python scripts/bench_gpu.py all --out DIR --quick   # a few buckets (also runs on a CPU, interpreted)
 
 Every "start" is a fresh child process, like a server restart, and reports the time from its first
-kernel launch until every batch bucket is ready (inputs are built before the clock starts):
+kernel launch until every batch bucket is ready (inputs are built before the clock starts, then a
+pause of TC_BENCH_PAUSE_S, default 1 s, stands for the server loading its weights):
 
   stock-cold       stock triton.autotune (TUNECACHE_MODE=off), empty Triton cache
   stock-restart    stock triton.autotune, cubins cached: re-benchmarks everything
@@ -13,6 +14,13 @@ kernel launch until every batch bucket is ready (inputs are built before the clo
   tunecache-restart tunecache, cubins cached, store filled: zero benchmarks
   fixed            one fixed config, cubins cached: the floor
   fresh-host       a new store imported from an export, EMPTY Triton cache: compiles winners only
+  winners-direct   the restart's winners launched with config= (no tuner): same kernels to load
+  restart-profile  a tunecache restart under cProfile: where its time goes
+  restart-series   TC_BENCH_ROUNDS (5) interleaved rounds of fixed / tunecache restart / winners
+                   direct / tunecache restart with TUNECACHE_PREFETCH=0 (TC_BENCH_SERIES picks):
+                   medians and ratios to fixed (single starts differ by tens of ms)
+
+TC_BENCH_PHASES=a,b,... runs only those phases; TC_BENCH_BUDGET_S stops starting new ones.
 
 Then, in separate children: correctness of every bucket against the fp32 reference, capture
 behaviour (a miss inside torch.cuda.graph falls back and replays correctly; every bucket captured
@@ -41,15 +49,16 @@ def _inputs(buckets, heads, topk, kv_dtype, device, seed=0):
     import torch
     from tunecache.kernels import sparse_decode as sd
 
-    gen = torch.Generator().manual_seed(seed)
+    # Generated on the device: a CPU randn of the 1M x 576 cache took seconds per child process.
+    gen = torch.Generator(device=device).manual_seed(seed)
     region = 2 * topk
     slots = max(buckets) * region
-    kv = (torch.randn(slots, sd.D_QK, generator=gen) * 0.5).to(device).to(sd._KV_DTYPES[kv_dtype])
+    kv = (torch.randn(slots, sd.D_QK, generator=gen, device=device) * 0.5).to(sd._KV_DTYPES[kv_dtype])
     out = {}
     for b in buckets:
-        q = torch.randn(b, heads, sd.D_QK, generator=gen).to(torch.bfloat16).to(device)
-        pick = torch.rand(b, region, generator=gen).argsort(dim=1)[:, :topk]
-        idx = (pick + (torch.arange(b) * region)[:, None]).to(torch.int32).to(device)
+        q = torch.randn(b, heads, sd.D_QK, generator=gen, device=device).to(torch.bfloat16)
+        pick = torch.rand(b, region, generator=gen, device=device).argsort(dim=1)[:, :topk]
+        idx = (pick + (torch.arange(b, device=device) * region)[:, None]).to(torch.int32)
         out[b] = (q, idx)
     k_scale = 1.0 / 16 if kv_dtype == "fp8" else 1.0
     return kv, out, k_scale, 1.0 / (sd.D_QK**0.5)
@@ -80,20 +89,48 @@ def child_start(args: dict) -> dict:
     cfg = args.get("config")
     if s["device"] == "cuda":
         torch.cuda.synchronize()
+    # A server loads its weights between importing its kernels and their first launch (seconds to
+    # minutes); tunecache's background prefetch runs in that window. The same pause for every start.
+    time.sleep(float(args.get("pause_s", os.environ.get("TC_BENCH_PAUSE_S", "1.0"))))
+    per_bucket = args.get("per_bucket_config")  # {bucket: config}: the winners, launched without the tuner
+    prof = None
+    if args.get("profile"):
+        import cProfile
+
+        prof = cProfile.Profile()
     winners = {}
     t0 = time.perf_counter()
+    if prof is not None:
+        prof.enable()
     for b in s["buckets"]:
         q, idx = data[b]
-        sd.sparse_mla_decode(q, kv, idx, sm_scale, k_scale=k_scale, config=cfg, validate=False)
-        if cfg is None:
+        c = per_bucket[str(b)] if per_bucket else cfg
+        sd.sparse_mla_decode(q, kv, idx, sm_scale, k_scale=k_scale, config=c, validate=False)
+        if c is None:
             best = sd._split_kernel.best_config
             winners[b] = sd._config_dict(best)
     if s["device"] == "cuda":
         torch.cuda.synchronize()
     ready = time.perf_counter() - t0
+    extra = {}
+    if prof is not None:
+        import pstats
+
+        prof.disable()
+        st = pstats.Stats(prof)
+        rows = sorted(st.stats.items(), key=lambda kv: -kv[1][3])[:40]
+        extra["profile_top_cumulative"] = [
+            {
+                "fn": f"{k[0].rsplit('/', 2)[-1]}:{k[1]}:{k[2]}",
+                "calls": v[1],
+                "cum_s": round(v[3], 4),
+                "own_s": round(v[2], 4),
+            }
+            for k, v in rows
+        ]
     tunecache.flush()
     st = tunecache.stats()
-    return {"seconds_to_ready": ready, "stats": st, "winners": {str(k): v for k, v in winners.items()}}
+    return {"seconds_to_ready": ready, "stats": st, "winners": {str(k): v for k, v in winners.items()}, **extra}
 
 
 def child_overhead(args: dict) -> dict:
@@ -357,7 +394,11 @@ def run_all(out_dir: Path, quick: bool) -> dict:
         r["total_wall_s"] = time.perf_counter() - t_all
         (out_dir / "bench_gpu.json").write_text(json.dumps(r, indent=2, default=str))
 
+    only = set(filter(None, os.environ.get("TC_BENCH_PHASES", "").split(",")))
+
     def phase(name: str, fn) -> None:
+        if only and name not in only:
+            return
         if time.perf_counter() - t_all > budget:
             r["skipped"].append(name)
             return
@@ -400,11 +441,49 @@ def run_all(out_dir: Path, quick: bool) -> dict:
         r["distinct_winners"] = len({json.dumps(w, sort_keys=True) for w in first.values()})
         r["winners_differ_first_vs_restart"] = sum(1 for k in first if first[k] != again.get(k))
 
+    def winners_direct() -> None:
+        # The restart's own winners launched with config= (no tuner): the same kernels to load, so
+        # the difference to the restart is what the tuner itself costs.
+        winners = r.get("tunecache-restart", {}).get("winners") or r.get("tunecache-first", {}).get("winners", {})
+        start("winners-direct", env1, per_bucket_config=winners)
+
     if cuda or quick:
         phase("stock-cold", lambda: start("stock-cold", {**env1, "TUNECACHE_MODE": "off"}))
     phase("tunecache-first", lambda: start("tunecache-first", env1))
     phase("tunecache-restart", lambda: start("tunecache-restart", env1))
     phase("fixed", fixed)
+    phase("winners-direct", winners_direct)
+
+    def restart_series() -> None:
+        # Single starts differ by tens of ms (Triton hashes its sources and libtriton at the first
+        # compile of each process); so: N rounds of interleaved starts, medians and their ratios.
+        n = int(os.environ.get("TC_BENCH_ROUNDS", "5"))
+        winners = r.get("tunecache-restart", {}).get("winners") or r.get("tunecache-first", {}).get("winners", {})
+        every = {
+            "fixed": (env1, {"config": r.get("fixed_config") or {"BLOCK_T": 64, "num_warps": 4, "num_stages": 2}}),
+            "tunecache-restart": (env1, {}),
+            "winners-direct": (env1, {"per_bucket_config": winners}),
+            "tunecache-restart-no-prefetch": ({**env1, "TUNECACHE_PREFETCH": "0"}, {}),
+        }
+        wanted = os.environ.get("TC_BENCH_SERIES", ",".join(every)).split(",")
+        kinds = {k: v for k, v in every.items() if k in wanted and (k != "winners-direct" or winners)}
+        series: dict = {k: [] for k in kinds}
+        for _ in range(n):
+            for k, (env, extra) in kinds.items():
+                res = spawn("start", {**a, "label": k, **extra}, env, log)
+                series[k].append(res.get("seconds_to_ready"))
+                if k != "fixed" and res.get("stats", {}).get("benchmarks"):
+                    series.setdefault("benchmarks_seen", []).append(res["stats"]["benchmarks"])
+        med = {k: statistics.median(v) for k, v in series.items() if k in kinds and None not in v}
+        r["restart-series"] = {
+            "rounds": n,
+            "seconds": series,
+            "median_s": med,
+            **{f"ratio_{k}_vs_fixed": med[k] / med["fixed"] for k in med if k != "fixed" and "fixed" in med},
+        }
+
+    phase("restart-series", restart_series)
+    phase("restart-profile", lambda: start("restart-profile", env1, profile=True))
     phase("fresh-host", fresh_host)
     phase("oor", lambda: r.__setitem__("oor", spawn("oor", {"url": url1}, base_env, log)))
     phase(
@@ -447,7 +526,16 @@ def summary(r: dict) -> str:
         "| start | configs benchmarked | time to all buckets ready (s) | process wall (s) |",
         "|---|---|---|---|",
     ]
-    for k in ("stock-cold", "stock-restart", "tunecache-first", "tunecache-restart", "fixed", "fresh-host"):
+    for k in (
+        "stock-cold",
+        "stock-restart",
+        "tunecache-first",
+        "tunecache-restart",
+        "fixed",
+        "winners-direct",
+        "restart-profile",
+        "fresh-host",
+    ):
         if k in r:
             s, n = t(k)
             if k.startswith("stock"):
@@ -458,6 +546,8 @@ def summary(r: dict) -> str:
     lines += [
         "",
         f"tunecache restart / fixed config: {tr / f if f else float('nan'):.3f}",
+        f"restart series: {json.dumps(r.get('restart-series', {}).get('median_s'))} "
+        f"ratios {json.dumps({k: v for k, v in r.get('restart-series', {}).items() if k.startswith('ratio')})}",
         f"winners differing first vs restart: {r.get('winners_differ_first_vs_restart')}",
         f"fresh host compiled split kernels: {fh.get('split_kernels_compiled')} "
         f"(distinct winners {r.get('distinct_winners')}; stock cold compiled "
