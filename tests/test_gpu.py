@@ -1,0 +1,164 @@
+"""GPU checks of the autotuner on real hardware (marked ``gpu``: not in CI, run on the H200 machine).
+
+    TUNECACHE_TEST_GPU=1 python -m pytest -m gpu tests/test_gpu.py
+
+Small kernels, so the module runs in about a minute; the bundled kernel's figures come from
+scripts/bench_sparse_decode.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from conftest import HERE
+
+torch = pytest.importorskip("torch")
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        os.environ.get("TUNECACHE_TEST_GPU") != "1" or not torch.cuda.is_available(),
+        reason="needs a CUDA GPU and TUNECACHE_TEST_GPU=1 (conftest otherwise forces the interpreter)",
+    ),
+]
+
+KERNELS = """
+import torch, triton, triton.language as tl
+import tunecache
+
+CONFIGS = [triton.Config({"BLOCK": b}, num_warps=w) for b in (128, 256, 512) for w in (2, 4)]
+
+@tunecache.autotune(configs=CONFIGS, key=["N"])
+@triton.jit
+def add(x, y, out, N, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < N
+    tl.store(out + offs, tl.load(x + offs, mask=m) + tl.load(y + offs, mask=m), mask=m)
+
+def run_add(n):
+    x = torch.arange(n, dtype=torch.float32, device="cuda")
+    y = torch.full((n,), 2.0, device="cuda")
+    out = torch.empty(n, device="cuda")
+    add[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, y, out, n)
+    torch.cuda.synchronize()
+    assert torch.equal(out, x + y)
+    return add.best_config.kwargs["BLOCK"], add.best_config.num_warps
+"""
+
+
+def child(code: str, env: dict, tmp_path) -> dict:
+    script = tmp_path / f"child_{len(list(tmp_path.glob('child_*.py')))}.py"
+    script.write_text(KERNELS + textwrap.dedent(code))  # @triton.jit needs its source in a file
+    r = subprocess.run(
+        [sys.executable, str(script)],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        cwd=str(HERE),
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+RESTART = """
+import json
+winners = [run_add(n) for n in (1000, 100000, 1000000)]
+print(json.dumps({"stats": tunecache.stats(), "winners": winners}))
+"""
+
+
+def test_restart_on_gpu_does_no_benchmarks_and_keeps_the_winners(sqlite_url, tmp_path):
+    a = child(RESTART, {"TUNECACHE_URL": sqlite_url}, tmp_path)
+    b = child(RESTART, {"TUNECACHE_URL": sqlite_url}, tmp_path)
+    assert a["stats"]["benchmarks"] == 3 * 6 and a["stats"]["hits"] == 0
+    assert b["stats"]["benchmarks"] == 0 and b["stats"]["hits"] == 3
+    assert b["winners"] == a["winners"]
+
+
+OOR = """
+import json
+from tunecache.store import open_store
+
+# BLOCK_K=256 x 4 stages of two 128x256 fp16 tiles: 4 * 2 * 64 KiB = 512 KiB of shared memory.
+@tunecache.autotune(
+    configs=[triton.Config({"BLOCK_K": 32}, num_stages=2), triton.Config({"BLOCK_K": 256}, num_stages=4)],
+    key=["K"],
+)
+@triton.jit
+def mm(a, b, c, K, BLOCK_K: tl.constexpr):
+    rm = tl.arange(0, 128)
+    rk = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([128, 128], tl.float32)
+    for k in range(0, K, BLOCK_K):
+        x = tl.load(a + rm[:, None] * K + (k + rk)[None, :])
+        y = tl.load(b + (k + rk)[:, None] * 128 + rm[None, :])
+        acc = tl.dot(x, y, acc)
+    tl.store(c + rm[:, None] * 128 + rm[None, :], acc)
+
+K = 1024
+a = torch.randn(128, K, device="cuda", dtype=torch.float16)
+b = torch.randn(K, 128, device="cuda", dtype=torch.float16)
+c = torch.empty(128, 128, device="cuda")
+mm[(1,)](a, b, c, K)
+torch.cuda.synchronize()
+ok = torch.allclose(c, a.float() @ b.float(), rtol=1e-2, atol=1e-1)
+rows = [r for p in open_store().list(with_configs=True) for r in p.configs if r.status == "out_of_resources"]
+print(json.dumps({"ok": ok, "winner": mm.best_config.kwargs, "failures": [r.failure for r in rows]}))
+"""
+
+
+def test_out_of_resources_is_recorded_with_bytes_and_limit_and_never_compiled_again(sqlite_url, tmp_path):
+    got = child(OOR, {"TUNECACHE_URL": sqlite_url}, tmp_path)
+    assert got["ok"] and got["winner"] == {"BLOCK_K": 32}
+    [failure] = got["failures"]
+    assert failure["resource"] == "shared memory"
+    assert failure["required"] > failure["limit"] > 0
+    again = child(OOR + "\nassert tunecache.stats()['benchmarks'] == 0\n", {"TUNECACHE_URL": sqlite_url}, tmp_path)
+    assert again["failures"] == got["failures"]
+
+
+CAPTURE = """
+import json
+n = 4096
+x = torch.arange(n, dtype=torch.float32, device="cuda")
+y = torch.full((n,), 2.0, device="cuda")
+out = torch.zeros(n, device="cuda")
+import os
+if os.environ.get("PRECOMPILE") == "1":  # a server's warm-up: every config's binary loaded, not tuned
+    for c in CONFIGS:
+        add.fn[(triton.cdiv(n, c.kwargs["BLOCK"]),)](x, y, out, n, num_warps=c.num_warps, **c.kwargs)
+    torch.cuda.synchronize()
+before = tunecache.stats()["benchmarks"]
+g = torch.cuda.CUDAGraph()
+err = None
+try:
+    with torch.cuda.graph(g):
+        add[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, y, out, n)
+except tunecache.CaptureMissError as e:
+    err = str(e)
+if err is None:
+    g.replay()
+    torch.cuda.synchronize()
+st = tunecache.stats()
+print(json.dumps({"benchmarks": st["benchmarks"] - before, "fallbacks": st["capture_fallbacks"],
+                  "correct": err is None and bool(torch.equal(out, x + y)), "error": err}))
+"""
+
+
+@pytest.mark.parametrize("precompiled", [True, False], ids=["warm-binaries", "cold-process"])
+def test_miss_inside_cuda_graph_capture_falls_back_and_replays(sqlite_url, precompiled, tmp_path):
+    env = {"TUNECACHE_URL": sqlite_url, "PRECOMPILE": "1" if precompiled else "0"}
+    got = child(CAPTURE, env, tmp_path)
+    assert got == {"benchmarks": 0, "fallbacks": 1, "correct": True, "error": None}
+    strict = child(CAPTURE, {**env, "TUNECACHE_MODE": "strict"}, tmp_path)
+    assert strict["benchmarks"] == 0 and strict["error"] and "add" in strict["error"]
+    # Tuned first by another process (an image build, a warm-up), the key is a store hit inside
+    # the capture of a new process and launches normally.
+    child("run_add(4096)\nprint('{}')", {"TUNECACHE_URL": sqlite_url}, tmp_path)
+    hit = child(CAPTURE, {**env, "TUNECACHE_MODE": "strict"}, tmp_path)
+    assert hit == {"benchmarks": 0, "fallbacks": 0, "correct": True, "error": None}
