@@ -53,10 +53,13 @@ precision (negligible in a 576-term dot) and |q| > 65504 would overflow, far out
 produces. Under the interpreter all operands are fp32 (its bf16 ``tl.dot`` is wrong in Triton 3.9);
 accumulation is always fp32.
 
-Measured on an H200 (Triton 3.6, CUDA-graph timing of split + merge, H=16, topk=2048, random slots
-of a 4M-slot cache, the autotuner's winner): fp8 B=1 0.015 ms, B=8 0.016 ms, B=64 0.063 ms (1.2 TB/s
-of gathered rows), B=256 0.204 ms (1.5 TB/s); bf16 B=64 0.055 ms (2.7 TB/s), B=256 0.168 ms
-(3.6 TB/s). Winners: BLOCK_T=64 throughout, 8 warps at B <= 8, 4 warps and 2 stages above.
+Measured on an H200 (Triton 3.6, CUDA-graph timing of split + merge, H=16, topk=2048, distinct
+random slots per query, the autotuner's winner; docs/benchmarks.md): fp8 B=1 0.013 ms, B=8 0.015 ms,
+B=64 0.060 ms (1.27 TB/s of gathered rows), B=256 0.203 ms (1.49 TB/s); bf16 B=64 0.055 ms
+(2.75 TB/s). Time follows the indices per program (each split's chunk), not the bytes: a bf16 cache
+takes as long as fp8, so the kernel is bound by the latency of its per-block chain at 2 resident
+programs per SM, not by HBM. Winners: BLOCK_T=128 with 8 warps at B <= 8, BLOCK_T=64 with 4 warps
+and 2-4 stages above.
 
 The split stage is autotuned with :func:`tunecache.autotune` keyed on ``(B bucket, TOPK, H)``;
 Triton appends every tensor argument's dtype, so fp8 and bf16 caches tune apart.
