@@ -117,6 +117,24 @@ def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     autotuner.uninstall()
 
 
+def run_json(argv: list[str], env: dict | None = None, timeout: float = 300) -> dict:
+    """Run ``python ARGV`` in a fresh process (a "restart"), from tests/; it must exit 0 and print
+    one JSON object as its last line, which is returned."""
+    import json
+    import subprocess
+
+    r = subprocess.run(
+        [sys.executable, *argv],
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        cwd=str(HERE),
+        timeout=timeout,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
 def run_procs(cmd: str, nprocs: int, env: dict | None = None, timeout: float = 300, **args) -> list[dict]:
     """Start nprocs copies of ``tests/procs.py CMD`` at once; return each one's RESULT (asserting exit 0)."""
     import json

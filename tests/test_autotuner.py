@@ -17,7 +17,7 @@ import pytest
 import tinykernels
 import triton
 import triton.language as tl
-from conftest import HERE, run_procs
+from conftest import HERE, run_json, run_procs
 
 import tunecache
 from tunecache import autotuner as at
@@ -26,17 +26,7 @@ from tunecache.store import open_store
 
 def fresh_process(code: str, env: dict | None = None) -> dict:
     """Run code in a fresh interpreter (a 'restart'); it must print one JSON line last."""
-    full = {**os.environ, **(env or {})}
-    r = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        env=full,
-        capture_output=True,
-        text=True,
-        cwd=str(HERE),
-        timeout=300,
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return run_json(["-c", textwrap.dedent(code)], env)
 
 
 RESTART = """

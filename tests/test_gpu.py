@@ -8,14 +8,11 @@ scripts/bench_sparse_decode.py.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
-from conftest import HERE
+from conftest import run_json
 
 torch = pytest.importorskip("torch")
 pytestmark = [
@@ -53,16 +50,7 @@ def run_add(n):
 def child(code: str, env: dict, tmp_path) -> dict:
     script = tmp_path / f"child_{len(list(tmp_path.glob('child_*.py')))}.py"
     script.write_text(KERNELS + textwrap.dedent(code))  # @triton.jit needs its source in a file
-    r = subprocess.run(
-        [sys.executable, str(script)],
-        env={**os.environ, **env},
-        capture_output=True,
-        text=True,
-        cwd=str(HERE),
-        timeout=300,
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return run_json([str(script)], env)
 
 
 RESTART = """
