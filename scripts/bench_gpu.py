@@ -42,6 +42,8 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+# The fixed config when no tuned winners are known: the most common winner on the H200.
+DEFAULT_FIXED = {"BLOCK_T": 64, "num_warps": 4, "num_stages": 2}
 ROOT = HERE.parent
 
 
@@ -435,17 +437,20 @@ def run_all(out_dir: Path, quick: bool) -> dict:
     def fixed() -> None:
         winners = r.get("tunecache-first", {}).get("winners", {})
         common = statistics.mode([json.dumps(w, sort_keys=True) for w in winners.values()]) if winners else None
-        r["fixed_config"] = json.loads(common) if common else {"BLOCK_T": 64, "num_warps": 4, "num_stages": 2}
+        r["fixed_config"] = json.loads(common) if common else DEFAULT_FIXED
         start("fixed", env1, config=r["fixed_config"])
         first, again = winners, r.get("tunecache-restart", {}).get("winners", {})
         r["distinct_winners"] = len({json.dumps(w, sort_keys=True) for w in first.values()})
         r["winners_differ_first_vs_restart"] = sum(1 for k in first if first[k] != again.get(k))
 
+    def tuned_winners() -> dict:
+        """{bucket: config} the tunecache starts picked (the restart's, else the first start's)."""
+        return r.get("tunecache-restart", {}).get("winners") or r.get("tunecache-first", {}).get("winners", {})
+
     def winners_direct() -> None:
         # The restart's own winners launched with config= (no tuner): the same kernels to load, so
         # the difference to the restart is what the tuner itself costs.
-        winners = r.get("tunecache-restart", {}).get("winners") or r.get("tunecache-first", {}).get("winners", {})
-        start("winners-direct", env1, per_bucket_config=winners)
+        start("winners-direct", env1, per_bucket_config=tuned_winners())
 
     if cuda or quick:
         phase("stock-cold", lambda: start("stock-cold", {**env1, "TUNECACHE_MODE": "off"}))
@@ -458,9 +463,9 @@ def run_all(out_dir: Path, quick: bool) -> dict:
         # Single starts differ by tens of ms (Triton hashes its sources and libtriton at the first
         # compile of each process); so: N rounds of interleaved starts, medians and their ratios.
         n = int(os.environ.get("TC_BENCH_ROUNDS", "5"))
-        winners = r.get("tunecache-restart", {}).get("winners") or r.get("tunecache-first", {}).get("winners", {})
+        winners = tuned_winners()
         every = {
-            "fixed": (env1, {"config": r.get("fixed_config") or {"BLOCK_T": 64, "num_warps": 4, "num_stages": 2}}),
+            "fixed": (env1, {"config": r.get("fixed_config") or DEFAULT_FIXED}),
             "tunecache-restart": (env1, {}),
             "winners-direct": (env1, {"per_bucket_config": winners}),
             "tunecache-restart-no-prefetch": ({**env1, "TUNECACHE_PREFETCH": "0"}, {}),

@@ -35,6 +35,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import orjson
 from triton.runtime.autotuner import Autotuner
 
 from tunecache import metrics as _stats
@@ -220,7 +221,9 @@ class TunecacheAutotuner(Autotuner):
             do_bench=do_bench,
             cache_results=cache_results,
         )
-        # Route every miss through check_disk_cache (3.6+ turns it off under the interpreter).
+        # Route every miss through check_disk_cache (3.6+ turns it off under the interpreter); the
+        # user's own choice still applies in mode "off".
+        self._tc_user_cache_results = cache_results
         self.cache_results = True
         bucket = dict(bucket or {})
         unknown = [n for n in bucket if n not in self.keys]
@@ -438,8 +441,6 @@ class TunecacheAutotuner(Autotuner):
         if not isinstance(timings, (list, tuple)):
             timings = [float(timings)] * 3
         timings = [float(t) for t in timings] + [float(timings[0])] * (3 - len(timings))
-        import orjson
-
         cfg = orjson.loads(config_json)
         if self._tc_failure is not None or timings[0] == float("inf"):
             status, failure = self._tc_failure or ("compile_error", {"error": "unknown", "message": "timing inf"})
@@ -455,7 +456,7 @@ class TunecacheAutotuner(Autotuner):
     def check_disk_cache(self, tuning_key: Any, configs: list, bench_fn: Callable[[], None]) -> bool:
         mode = current_mode()
         if mode == "off":
-            if self.cache_results is True and getattr(self, "_tc_user_cache_results", False):
+            if self._tc_user_cache_results:
                 return super().check_disk_cache(tuning_key, configs, bench_fn)
             bench_fn()
             return False
@@ -552,8 +553,6 @@ class TunecacheAutotuner(Autotuner):
             if p.target.digest != ctx.target.digest or p.winner_config_hash not in by_hash:
                 continue
             try:
-                import orjson
-
                 other = [v for _, v in orjson.loads(p.key_json)]
             except ValueError:
                 continue
@@ -805,8 +804,6 @@ class TunecacheAutotuner(Autotuner):
 
 
 def _config_json(tuner: TunecacheAutotuner, ctx: _Ctx, h: str) -> dict[str, Any]:
-    import orjson
-
     for c, ch in zip(ctx.configs, ctx.hashes):
         if ch == h:
             return orjson.loads(tuner._config_id(c)[0])
@@ -826,6 +823,7 @@ def _background(fn: Callable[[], None]) -> Future:
 
 
 _key_thread: threading.Thread | None = None
+_key_pid: int | None = None  # the process that started it: a forked child starts its own
 
 
 def _warm_triton_key() -> None:
@@ -836,11 +834,9 @@ def _warm_triton_key() -> None:
     Done while the server is still loading weights, it is off the first launch. Pure file hashing:
     no CUDA. A fork waits (at most 2 s) for it, so that no import lock is held across the fork.
     """
-    global _key_thread
+    global _key_thread, _key_pid
     with _pool_lock:
-        if _key_thread is not None and _key_thread.ident is not None and _key_thread.is_alive():
-            return
-        if _key_thread is not None and getattr(_key_thread, "_tc_pid", None) == os.getpid():
+        if _key_pid == os.getpid():
             return
         try:
             from triton.runtime.cache import triton_key
@@ -851,10 +847,9 @@ def _warm_triton_key() -> None:
             with contextlib.suppress(Exception):
                 triton_key()
 
-        t = threading.Thread(target=work, name="tunecache-triton-key", daemon=True)
-        t._tc_pid = os.getpid()  # type: ignore[attr-defined]
-        _key_thread = t
-        t.start()
+        _key_pid = os.getpid()
+        _key_thread = threading.Thread(target=work, name="tunecache-triton-key", daemon=True)
+        _key_thread.start()
 
 
 def _join_key_thread_before_fork() -> None:
@@ -953,11 +948,9 @@ def autotune(
         )
         if current_mode() == "off":
             return Autotuner(fn, fn.arg_names, configs, key, reset_to_zero, restore_value, **kw)
-        tuner = TunecacheAutotuner(
+        return TunecacheAutotuner(
             fn, fn.arg_names, configs, key, reset_to_zero, restore_value, **kw, store=store, bucket=bucket
         )
-        tuner._tc_user_cache_results = cache_results
-        return tuner
 
     return decorator
 

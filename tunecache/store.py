@@ -780,10 +780,9 @@ class Store:
             stored = self._rows_to_problems(
                 conn.execute(self._select_full().where(problems.c.digest == problem.digest))
             )[0]
-            best = pick_winner(stored.configs)
             proposed = stored.config_map().get(problem.winner_config_hash or "")
-            if proposed is not None and proposed.ok:  # the tuner's choice (see pick_winner's prefer)
-                best = proposed
+            # The tuner's choice (see pick_winner's prefer) when it is a stored ok config.
+            best = proposed if proposed is not None and proposed.ok else pick_winner(stored.configs)
             values: dict[str, Any] = {
                 "search_space_hash": search_space_hash([c.config_hash for c in stored.configs]),
                 "updated_at": now,

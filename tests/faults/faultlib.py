@@ -54,6 +54,14 @@ def collect(p: subprocess.Popen, timeout: float) -> dict:
     return {**res, "rc": p.returncode, "stderr": err, "stdout": out, "pid": p.pid}
 
 
+def reap(procs) -> None:
+    """Kill and wait for the workers still running (a test's ``finally``: none may outlive it)."""
+    for p in procs:
+        if p is not None and p.poll() is None:
+            p.kill()
+            p.wait(timeout=30)
+
+
 def check_ok(r: dict) -> None:
     """A worker that must have exited cleanly: rc 0, a RESULT, no traceback, no caught exception."""
     assert r["rc"] == 0, f"worker {r['pid']} exited {r['rc']}:\n{r['stderr'][-3000:]}"

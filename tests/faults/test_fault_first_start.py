@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from faultlib import check_ok, collect, fault_report_fixture, log_lines, spawn, wait_until  # noqa: F401
+from faultlib import check_ok, collect, fault_report_fixture, log_lines, reap, spawn, wait_until  # noqa: F401
 
 from tunecache.store import connect, head_revision
 
@@ -26,10 +26,7 @@ def _open_at_once(url: str, status: Path) -> list[dict]:
         go.touch()
         return [collect(p, 120) for p in procs]
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait(timeout=30)
+        reap(procs)
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ import time
 
 import pytest
 import sqlalchemy as sa
-from faultlib import check_ok, collect, fault_report_fixture, log_lines, spawn, wait_until  # noqa: F401
+from faultlib import check_ok, collect, fault_report_fixture, log_lines, reap, spawn, wait_until  # noqa: F401
 
 import tunecache
 from tunecache.store import configs, leases, open_store, problems
@@ -173,10 +173,7 @@ def test_kill_9_of_benchmarking_workers_16x36_on_postgresql(pg_url, tmp_path, fa
             run_s=round(max(r["finished"] for r in finished) - t_go, 1),
         )
     finally:
-        for p in [*workers.values(), *restarted]:
-            if p.poll() is None:
-                p.kill()
-                p.wait(timeout=30)
+        reap([*workers.values(), *restarted])
         engine.dispose()
 
 
@@ -200,10 +197,7 @@ def test_sixteen_processes_flush_counters_at_once_without_deadlock_or_loss(store
         go.touch()
         out = [collect(p, 180) for p in procs]
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait(timeout=30)
+        reap(procs)
     for r in out:
         check_ok(r)  # includes: no StoreError (a deadlock) in any flush
     s = open_store(store_url)

@@ -11,7 +11,7 @@ import time
 
 import pytest
 import sqlalchemy as sa
-from faultlib import check_ok, collect, fault_report_fixture, log_lines, spawn, wait_until  # noqa: F401
+from faultlib import check_ok, collect, fault_report_fixture, log_lines, reap, spawn, wait_until  # noqa: F401
 from pgcluster import pg_cluster_fixture  # noqa: F401
 
 import tunecache
@@ -76,10 +76,7 @@ def test_postgresql_restart_under_load(pg_cluster, tmp_path, fault_report):
         t_up = time.time()
         results = [collect(p, DURATION_S + 90) for p in workers]
     finally:
-        for p in workers:
-            if p.poll() is None:
-                p.kill()
-                p.wait(timeout=30)
+        reap(workers)
     for r in results:
         check_ok(r)  # no exception reached the caller; every launch's output was checked
         assert r["flushed"] and r["pending_puts"] == 0, "deferred writes were not all written after the restart"

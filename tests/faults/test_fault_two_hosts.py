@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from faultlib import check_ok, collect, fault_report_fixture, log_lines, spawn, wait_until  # noqa: F401
+from faultlib import check_ok, collect, fault_report_fixture, log_lines, reap, spawn, wait_until  # noqa: F401
 from pgcluster import pg_cluster_fixture  # noqa: F401
 
 import tunecache
@@ -151,10 +151,7 @@ def test_two_hosts_benchmark_each_key_once_and_read_each_others_winners(pg_clust
         go.touch()
         results = [(i, collect(p, 180)) for i, p in procs]
     finally:
-        for _, p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait(timeout=30)
+        reap([p for _, p in procs])
     for i, r in results:
         check_ok(r)
         assert r["host"] == HOSTS[i], r["host"]
@@ -219,10 +216,7 @@ def test_two_hosts_killed_holder_is_taken_over_after_lease_expiry(pg_cluster, tw
         t_kill = time.time()
         r = collect(b, 60)
     finally:
-        for p in (a, b):
-            if p is not None and p.poll() is None:
-                p.kill()
-                p.wait(timeout=30)
+        reap((a, b))
     check_ok(r)
     assert r["host"] == HOSTS[1]
     took = r["finished"] - t_kill
