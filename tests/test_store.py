@@ -200,6 +200,29 @@ def test_two_processes_open_a_fresh_sqlite_at_once(tmp_path):
     assert [r["revision"] for r in out] == [head_revision()] * 2
 
 
+def test_fresh_sqlite_opens_while_another_connection_holds_the_write_lock(tmp_path):
+    # Switching a new file to WAL while another connection writes: SQLite says "database is locked"
+    # at once, skipping its busy handler. The store retries up to the busy timeout instead of failing
+    # (this made concurrent first starts fail now and then).
+    import sqlite3
+    import threading
+    import time
+
+    path = tmp_path / "new.sqlite3"
+    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")
+    other.execute("CREATE TABLE someone_else(x)")
+    release = threading.Timer(0.5, lambda: other.execute("COMMIT"))
+    release.start()
+    t0 = time.monotonic()
+    s = open_store(f"sqlite:///{path}")
+    assert time.monotonic() - t0 >= 0.4  # it waited for the other writer
+    assert s.revision() == head_revision()
+    s.close()
+    release.join()
+    other.close()
+
+
 def test_read_only_copy_serves_get_and_ls(tmp_path, make_readonly):
     src = tmp_path / "rw" / "s.sqlite3"
     s = open_store(f"sqlite:///{src}")

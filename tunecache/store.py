@@ -388,7 +388,7 @@ def _make_engine(u: URL, readonly: bool) -> Engine:
             cur = dbapi_conn.cursor()
             cur.execute(f"PRAGMA busy_timeout={busy_ms}")
             if not readonly:
-                cur.execute("PRAGMA journal_mode=WAL")
+                _set_wal(cur, busy_ms)
                 cur.execute("PRAGMA synchronous=NORMAL")
             cur.execute("PRAGMA foreign_keys=ON")
             cur.close()
@@ -415,6 +415,27 @@ def _make_engine(u: URL, readonly: bool) -> Engine:
         raise StoreError(
             f"no database driver for {mask_url(u)} ({_reason(e)}): pip install 'tunecache[{extra}]'"
         ) from None
+
+
+def _set_wal(cur: sqlite3.Cursor, busy_ms: int) -> None:
+    """``PRAGMA journal_mode=WAL``, retried up to the busy timeout.
+
+    Switching a new file to WAL needs its exclusive lock, and while another connection holds the
+    write lock (or is switching too) SQLite answers "database is locked" at once, without calling
+    its busy handler, because waiting could deadlock. Processes opening a fresh store together hit
+    exactly that; once the file is in WAL mode the statement takes no lock.
+    """
+    deadline = time.monotonic() + busy_ms / 1000
+    delay = 0.005
+    while True:
+        try:
+            cur.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or time.monotonic() >= deadline:
+                raise
+        time.sleep(delay)
+        delay = min(delay * 2, 0.1)
 
 
 # --------------------------------------------------------------------------------------------
