@@ -27,39 +27,36 @@ Two stages:
 
 Shared memory of the split stage (why the config list looks as it does). At least the q tile
 ``BLOCK_H * 576 * 2 = 18432`` bytes plus one gathered ``[BLOCK_T, 576]`` tile in the cache's dtype
-(:func:`estimate_shared_memory`, a lower bound); Triton adds layout-conversion buffers for the dot
-operands on top. Compiled on an H200 (Triton 3.6, sm90), bytes:
+(:func:`estimate_shared_memory`, a lower bound); an fp8 cache adds the tile converted to fp16, from
+which both dot operands are read, and each pipelining stage adds an fp8 staging tile. Compiled for
+sm90 (Triton 3.6), bytes:
 
-=========  ======================  =======================
-BLOCK_T    fp8 cache               bf16 cache
-=========  ======================  =======================
-16         34816 .. 35904          37440 .. 51200
-32         51200 .. 53376          56448 .. 83968
-64         67584 .. 88320          94464 .. 149504
-128 (8w2)  125440                  170496
-256 (8w3)  215040 (fits!)          616448 (OutOfResources)
-512 (8w3)  378880 (OutOfResources) 1214464 (OutOfResources)
-=========  ======================  =======================
+=========  ===========================  ===========================
+BLOCK_T    fp8 cache (stages 1 .. 3)    bf16 cache (stages 1 .. 3)
+=========  ===========================  ===========================
+32         55296 .. 74112               56448 .. 83968
+64         92160 .. 129792              94464 .. 149504
+128        165888 (1); 240128 (2, OOR)  170496 .. 215040
+512 (8w3)  1198080 (OutOfResources)     1214464 (OutOfResources)
+=========  ===========================  ===========================
 
-Limits: 232448 on sm90 (H100/H200, opt-in), 101376 on SM120. Registers bind before shared memory:
-the fp32 accumulator is 16 x 512 x 4 = 32 KiB per program and 4-warp fp8 configs at BLOCK_T >= 32
-reach 255 registers (BLOCK_T=64, 1 stage spills).
+Limits: 232448 on sm90 (H100/H200, opt-in), 101376 on SM120. Two programs of BLOCK_T=64 with one
+stage fit an SM (92160 bytes, 208 registers at 4 warps); the fp32 accumulator alone is
+16 x 512 x 4 = 32 KiB per program.
 
 Dot operands are bf16 for a bf16 cache and fp16 for an fp8 cache: e4m3 -> fp16 is exact and cheap
 on sm90, while with bf16 operands the fp8 kernel was slower than the bf16-cache kernel that reads
-twice the bytes (an H200, B=64, topk=2048: fp16 operands roughly halved the fp8 time). q is then
-cast to fp16 once per program: exact for 6.1e-5 <= |q| <= 65504, smaller elements lose relative
-precision (negligible in a 576-term dot) and |q| > 65504 would overflow, far outside what MLA
-produces. Under the interpreter all operands are fp32 (its bf16 ``tl.dot`` is wrong in Triton 3.9);
-accumulation is always fp32.
+twice the bytes. On sm_89+ the conversion is one PTX instruction per pair, kept in registers right
+after the gather (:func:`_e4m3_to_fp16` says why). q is cast to fp16 once per program: exact for
+6.1e-5 <= |q| <= 65504, smaller elements lose relative precision (negligible in a 576-term dot) and
+|q| > 65504 would overflow, far outside what MLA produces. Under the interpreter all operands are
+fp32 (its bf16 ``tl.dot`` is wrong in Triton 3.9); accumulation is always fp32. The split partials
+are fp16 for an fp8 cache whose rows stay below fp16's range (``k_scale <= 146``), else fp32.
 
-Measured on an H200 (Triton 3.6, CUDA-graph timing of split + merge, H=16, topk=2048, distinct
-random slots per query, the autotuner's winner; docs/benchmarks.md): fp8 B=1 0.013 ms, B=8 0.015 ms,
-B=64 0.060 ms (1.27 TB/s of gathered rows), B=256 0.203 ms (1.49 TB/s); bf16 B=64 0.055 ms
-(2.75 TB/s). Time follows the indices per program (each split's chunk), not the bytes: a bf16 cache
-takes as long as fp8, so the kernel is bound by the latency of its per-block chain at 2 resident
-programs per SM, not by HBM. Winners: BLOCK_T=128 with 8 warps at B <= 8, BLOCK_T=64 with 4 warps
-and 2-4 stages above.
+Measured on an H200 (Triton 3.6; docs/benchmarks.md has the per-bucket table, the sweeps and an
+Nsight Compute profile): the gather alone, in the same grid, reaches 3.2 TB/s at B=64; this kernel
+is bound by the latency of its per-block chain (gather, convert, two dots, online softmax) at two
+warps per scheduler, not by HBM.
 
 The split stage is autotuned with :func:`tunecache.autotune` keyed on ``(B bucket, TOPK, H)``;
 Triton appends every tensor argument's dtype, so fp8 and bf16 caches tune apart.
@@ -115,21 +112,20 @@ def estimate_shared_memory(block_t: int, kv_bytes: int = 1) -> int:
     return BLOCK_H * D_QK * 2 + block_t * D_QK * kv_bytes
 
 
-# 12 configs that fit sm90 (compiled for sm90 with Triton 3.6: 53376..125440+ bytes for fp8,
-# 56448..170496+ for bf16), plus one that can never fit, on purpose, so that the autotuner's
+# 12 configs that fit sm90 (compiled for sm90 with Triton 3.6: 55296..165888 bytes for fp8,
+# 56448..215040 for bf16), plus one that can never fit, on purpose, so that the autotuner's
 # OutOfResources path (config timed as inf) runs on real hardware:
 #   BLOCK_T=512, 8 warps, 3 stages: lower bound 16*576*2 + 512*576*1 = 18432 + 294912 = 313344 bytes
-#   for fp8 (608256 for bf16) > 232448; compiled: 378880 (fp8) and 1214464 (bf16), OutOfResources.
-#   (BLOCK_T=256 x 3 stages is NOT enough: 215040 bytes with an fp8 cache, which fits and runs.)
-# The 12 are the shapes that won or came within a few percent in a sweep on an H200 (Triton 3.6,
-# fp8 B = 8, 64, 256 and bf16 B = 64; docs/benchmarks.md): small batches favour 8 warps and
-# BLOCK_T=128, large ones 4 warps with 2-4 stages (the gathered loads are pipelined through cp.async
-# from 3 stages on). BLOCK_T=16 never won, 1 stage lost nearly everywhere, and BLOCK_T=128 with 4
-# warps spills (its fp8 build compiles to 32 registers plus local memory), so they are not listed.
+#   for fp8 (608256 for bf16) > 232448; compiled: 1198080 (fp8) and 1214464 (bf16), OutOfResources.
+# The 12 come from sweeps on an H200 (Triton 3.6, fp8 B = 1, 8, 64, 128, 256; docs/benchmarks.md):
+# with the fp8 tile converted in registers, 1 stage (no cp.async staging, so 2 programs fit per SM)
+# wins for fp8: BLOCK_T=128 with 8 warps at B <= 8, BLOCK_T=64 with 4 warps above. 2-3 stages stay
+# for bf16 caches, which need no conversion buffer. BLOCK_T=16 never came within 30%, and
+# BLOCK_T=128 with 2 stages needs 240128 bytes for fp8 (a second OutOfResources, not listed).
 _FITTING = [
-    (32, 4, 2), (32, 4, 3), (32, 8, 2),
-    (64, 4, 2), (64, 4, 3), (64, 4, 4), (64, 8, 1), (64, 8, 2), (64, 8, 3),
-    (32, 8, 3), (128, 8, 2), (128, 8, 3),
+    (32, 4, 1), (32, 4, 2), (32, 4, 3), (32, 8, 1),
+    (64, 4, 1), (64, 4, 2), (64, 4, 3), (64, 8, 1), (64, 8, 2), (64, 8, 3),
+    (128, 4, 1), (128, 8, 1),
 ]  # fmt: skip
 CONFIGS: list[triton.Config] = [triton.Config({"BLOCK_T": bt}, num_warps=w, num_stages=s) for bt, w, s in _FITTING] + [
     triton.Config({"BLOCK_T": 512}, num_warps=8, num_stages=3)
@@ -139,6 +135,26 @@ CONFIGS: list[triton.Config] = [triton.Config({"BLOCK_T": bt}, num_warps=w, num_
 def _interpreting(device: torch.device) -> bool:
     """True when kernels run in Triton's CPU interpreter, where bf16 tl.dot is wrong (3.9)."""
     return os.environ.get("TRITON_INTERPRET") == "1" or device.type == "cpu"
+
+
+@triton.jit
+def _e4m3_to_fp16(x):
+    """e4m3 -> fp16 in registers, right after the gather (sm_89+ ``cvt.rn.f16x2.e4m3x2``).
+
+    Why inline asm, and impure: with ``x.to(tl.float16)`` Triton's dot-operand pass pushes the
+    conversion behind the shared-memory round trip and then reads the transposed fp8 operand of
+    ``q @ k^T`` one byte at a time (256 ``LDS.U8`` per thread per 64-row block on sm90). An impure
+    asm op is not hoisted, so the tile is converted once, stored once as fp16 and both dot operands
+    are read with ``ldmatrix``: the loop went from 1906 to 965 SASS instructions per warp.
+    """
+    return tl.inline_asm_elementwise(
+        "{.reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.rn.f16x2.e4m3x2 $0, lo; cvt.rn.f16x2.e4m3x2 $1, hi;}",
+        "=r,=r,r",
+        [x],
+        dtype=tl.float16,
+        is_pure=False,
+        pack=4,
+    )
 
 
 # Arguments that vary with the batch (B, and the lse strides, which hold the split count) are not
@@ -176,12 +192,14 @@ def _split_stage(
     D_ROPE: tl.constexpr,
     KV_FP8: tl.constexpr,
     DOT_FP32: tl.constexpr,
+    FP8_ASM: tl.constexpr,
 ):
     """One (query, 16 heads, chunk of indices): gathered K/V, fp32 online softmax, partial o + lse.
 
     Dot operands: fp32 under the interpreter (DOT_FP32; its bf16 dot is wrong), fp16 for an fp8
-    cache (KV_FP8; e4m3 -> fp16 is exact and much cheaper than -> bf16 on sm90), else bf16.
-    Accumulation is always fp32. Only constexprs differ between the interpreter and the GPU.
+    cache (KV_FP8; e4m3 -> fp16 is exact and much cheaper than -> bf16 on sm90; FP8_ASM converts
+    with :func:`_e4m3_to_fp16` on sm_89+), else bf16. Accumulation is always fp32. Only constexprs
+    differ between the interpreter and the GPU.
     """
     LOG2E: tl.constexpr = 1.4426950408889634
     LN2: tl.constexpr = 0.6931471805599453
@@ -209,7 +227,9 @@ def _split_stage(
     # exp2 with log2(e) folded into the scale; k_scale dequantises fp8 K inside the scores.
     qk_scale = sm_scale * k_scale * LOG2E
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    # The softmax denominator is kept per (head, lane) and summed once after the loop: a row sum per
+    # block would cost a cross-warp reduction (shared memory and a barrier) every iteration.
+    l_t = tl.zeros([BLOCK_H, BLOCK_T], dtype=tl.float32)
     acc = tl.zeros([BLOCK_H, D_V], dtype=tl.float32)
 
     idx_base = IDX + pid_b * stride_ib
@@ -230,6 +250,9 @@ def _split_stage(
         if DOT_FP32:
             k_nope = k_nope.to(tl.float32)
             k_rope = k_rope.to(tl.float32)
+        elif FP8_ASM:
+            k_nope = _e4m3_to_fp16(k_nope)
+            k_rope = _e4m3_to_fp16(k_rope)
         elif KV_FP8:
             k_nope = k_nope.to(tl.float16)
             k_rope = k_rope.to(tl.float16)
@@ -244,11 +267,12 @@ def _split_stage(
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp2(m_i - m_safe)
         p = tl.exp2(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
+        l_t = l_t * alpha[:, None] + p
         # V is the first 512 dims of the same gathered rows: no second gather.
         acc = tl.dot(p.to(k_nope.dtype), k_nope, acc * alpha[:, None])
         m_i = m_new
 
+    l_i = tl.sum(l_t, 1)
     empty = l_i == 0.0  # l_i >= 1 as soon as one index was valid
     l_safe = tl.where(empty, 1.0, l_i)
     o = acc * (k_scale / l_safe)[:, None]
@@ -296,7 +320,7 @@ def _merge_stage(
         # An empty split has weight 0; its partial is not even read (the mask is written as an
         # int compare because scalar-bool & vector-bool breaks the 3.9 interpreter).
         n_read = tl.where(lse_s > float("-inf"), D_V, 0)
-        o_s = tl.load(o_base + s * stride_os, mask=offs_d < n_read, other=0.0)
+        o_s = tl.load(o_base + s * stride_os, mask=offs_d < n_read, other=0.0).to(tl.float32)
         acc += tl.exp(lse_s - m_safe) * o_s
 
     empty = denom == 0.0
@@ -313,6 +337,26 @@ _split_kernel = autotune(configs=CONFIGS, key=["B", "TOPK", "H"], bucket={"B": b
 
 # triton.jit decided at import time, from TRITON_INTERPRET, whether kernels run in the interpreter.
 _INTERPRETED = type(_split_stage).__name__ == "InterpretedFunction"
+
+
+@functools.cache
+def _has_e4m3_cvt(device: torch.device) -> bool:
+    """True on NVIDIA GPUs of sm_89 and later, where PTX converts e4m3 pairs to fp16 in one op."""
+    if device.type != "cuda" or torch.version.hip is not None or not torch.cuda.is_available():
+        return False
+    return torch.cuda.get_device_capability(device) >= (8, 9)
+
+
+# An fp8 row holds at most 448 * k_scale; below fp16's 65504 the split partials (normalised
+# weighted means of rows) are stored in fp16, which halves the partials' write and the merge's read
+# (an H200, B=64 with 4 splits: 8.4 MB written and read again per call in fp32; fp16 saved ~1.5 us).
+_FP16_PARTIAL_MAX_K_SCALE = 65504.0 / 448.0
+
+
+def _partial_dtype(kv_cache: torch.Tensor, k_scale: float) -> torch.dtype:
+    if kv_cache.dtype == torch.float8_e4m3fn and k_scale <= _FP16_PARTIAL_MAX_K_SCALE:
+        return torch.float16
+    return torch.float32
 
 
 @functools.cache
@@ -454,6 +498,7 @@ def _launch_split(
         "D_ROPE": D_ROPE,
         "KV_FP8": kv_cache.dtype == torch.float8_e4m3fn,
         "DOT_FP32": _interpreting(q.device),
+        "FP8_ASM": kv_cache.dtype == torch.float8_e4m3fn and not _INTERPRETED and _has_e4m3_cvt(q.device),
     }
     if config is None:
         _split_kernel[grid](*args, **meta)
@@ -462,7 +507,7 @@ def _launch_split(
 
 
 def _launch_merge(o_part: torch.Tensor, lse_part: torch.Tensor, out: torch.Tensor, lse: torch.Tensor) -> None:
-    """Launch stage 2: (o_part [B, H, S, 512] fp32, lse_part [B, H, S]) -> (out [B, H, 512], lse [B, H])."""
+    """Launch stage 2: (o_part [B, H, S, 512] fp16 or fp32, lse_part [B, H, S]) -> (out [B, H, 512], lse [B, H])."""
     B, H, S, _ = o_part.shape
     _merge_stage[(B, H)](
         o_part, lse_part, out, lse,
@@ -512,7 +557,7 @@ def sparse_mla_decode(
     if num_splits == 1:
         _launch_split(q, kv_cache, indices, out, lse, sm, ks, 1, config)
         return out, lse
-    o_part = torch.empty((B, H, num_splits, D_V), dtype=torch.float32, device=q.device)
+    o_part = torch.empty((B, H, num_splits, D_V), dtype=_partial_dtype(kv_cache, ks), device=q.device)
     lse_part = torch.empty((B, H, num_splits), dtype=torch.float32, device=q.device)
     _launch_split(q, kv_cache, indices, o_part, lse_part, sm, ks, num_splits, config)
     _launch_merge(o_part, lse_part, out, lse)
