@@ -53,8 +53,10 @@ after the gather (:func:`_e4m3_to_fp16` says why). q is cast to fp16 once per pr
 fp32 (its bf16 ``tl.dot`` is wrong in Triton 3.9); accumulation is always fp32. The split partials
 are fp16 for an fp8 cache whose rows stay below fp16's range (``k_scale <= 146``), else fp32.
 
-Measured on an H200 (Triton 3.6; docs/benchmarks.md has the per-bucket table, the sweeps and an
-Nsight Compute profile): the gather alone, in the same grid, reaches 3.2 TB/s at B=64; this kernel
+Measured on an H200 (Triton 3.6, CUDA-graph timing of split + merge, H=16, topk=2048; the table,
+the sweeps and an Nsight Compute profile are in docs/benchmarks.md): fp8 B=1 0.011 ms, B=8 0.013 ms,
+B=64 0.056 ms (1.35 TB/s of gathered rows), B=256 0.189 ms (1.60 TB/s). The gather alone, in the
+same grid, reaches 2.9 TB/s at B=64 and 3.2 at B=256 (scripts/bench_gather_ceiling.py): the kernel
 is bound by the latency of its per-block chain (gather, convert, two dots, online softmax) at two
 warps per scheduler, not by HBM.
 
