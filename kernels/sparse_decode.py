@@ -21,8 +21,8 @@ Two stages:
 1. Split stage, grid ``(B, cdiv(H, 16), S)``: each program takes 16 heads of one query and one
    contiguous chunk of ``cdiv(topk, S)`` indices, gathers K rows in ``BLOCK_T`` steps (masked
    loads with a safe index, so ``-1`` never touches memory), runs an fp32 online softmax and writes
-   a normalised partial ``o`` ``[B, H, S, 512]`` fp32 and its ``lse`` ``[B, H, S]``. With ``S == 1``
-   it writes ``out``/``lse`` directly and the merge is skipped.
+   a normalised partial ``o`` ``[B, H, S, 512]`` (fp16 or fp32, below) and its ``lse``
+   ``[B, H, S]``. With ``S == 1`` it writes ``out``/``lse`` directly and the merge is skipped.
 2. Merge stage, grid ``(B, H)``: combines the S partials by LSE, skipping empty splits.
 
 Shared memory of the split stage (why the config list looks as it does). At least the q tile
@@ -147,7 +147,8 @@ def _e4m3_to_fp16(x):
     conversion behind the shared-memory round trip and then reads the transposed fp8 operand of
     ``q @ k^T`` one byte at a time (256 ``LDS.U8`` per thread per 64-row block on sm90). An impure
     asm op is not hoisted, so the tile is converted once, stored once as fp16 and both dot operands
-    are read with ``ldmatrix``: the loop went from 1906 to 965 SASS instructions per warp.
+    are read with ``ldmatrix``: at BLOCK_T=64, 4 warps, 1 stage the loop went from 2191 to 962 SASS
+    instructions per warp per block, and from 856 bytes of register spills to none.
     """
     return tl.inline_asm_elementwise(
         "{.reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.rn.f16x2.e4m3x2 $0, lo; cvt.rn.f16x2.e4m3x2 $1, hi;}",
