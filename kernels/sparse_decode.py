@@ -501,7 +501,8 @@ def _launch_split(
         "D_ROPE": D_ROPE,
         "KV_FP8": kv_cache.dtype == torch.float8_e4m3fn,
         "DOT_FP32": _interpreting(q.device),
-        "FP8_ASM": kv_cache.dtype == torch.float8_e4m3fn and not _INTERPRETED and _has_e4m3_cvt(q.device),
+        # The kernel tests DOT_FP32 first, so the interpreter never reaches the inline asm.
+        "FP8_ASM": kv_cache.dtype == torch.float8_e4m3fn and _has_e4m3_cvt(q.device),
     }
     if config is None:
         _split_kernel[grid](*args, **meta)

@@ -492,7 +492,7 @@ class TunecacheAutotuner(Autotuner):
             _stats.count(self.kernel_name, self._tc_store, hits=1, saved_seconds=p.tuning_seconds or 0.0)
             _stats.hit(self._tc_store, p.digest)
 
-    def _problem(self, ctx: _Ctx, seconds: float = 0.0) -> Problem:
+    def _problem(self, ctx: _Ctx, seconds: float = 0.0, winner: str | None = None) -> Problem:
         ident = self.identity
         return Problem(
             digest=ctx.digest,
@@ -504,6 +504,7 @@ class TunecacheAutotuner(Autotuner):
             tuning_seconds=seconds,
             host=hostname(),
             search_space_hash=search_space_hash(ctx.hashes),
+            winner_config_hash=winner,
         )
 
     def _resolve(self, ctx: _Ctx, mode: str, bench_fn: Callable[[], None]) -> bool:
@@ -718,9 +719,7 @@ class TunecacheAutotuner(Autotuner):
         results, seconds = self._run_bench(ctx, known, bench_fn)
         winner = self._choose(ctx, known, results)
         if keep:
-            problem = self._problem(ctx, seconds)
-            problem.winner_config_hash = winner
-            item = (problem, results, p is not None)
+            item = (self._problem(ctx, seconds, winner), results, p is not None)
             if self._tc_store is not None:
                 _stats.defer_put(self._tc_store, *item)
             else:
@@ -747,14 +746,14 @@ class TunecacheAutotuner(Autotuner):
             results, seconds = self._run_bench(ctx, known, bench_fn)
         finally:
             stop.set()
-        problem = self._problem(ctx, seconds + (p.tuning_seconds if p else 0.0))
-        problem.winner_config_hash = self._choose(ctx, known, results)
+        winner = self._choose(ctx, known, results)
+        problem = self._problem(ctx, seconds + (p.tuning_seconds if p else 0.0), winner)
         try:
             stored = store.put(problem, results, replace=p is not None)
         except StoreError as e:
             self._store_trouble("write", e)
             _stats.defer_put(store, problem, results, p is not None)
-            return False  # bench_fn already set self.cache[key] to the local winner
+            return False  # _choose already set self.cache[key] to the local winner
         self._tc_mem[stored.digest] = stored
         self._use(ctx, stored, hit=False)
         return False
