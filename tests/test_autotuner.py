@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -439,6 +440,29 @@ def test_triton_key_is_computed_in_the_background_when_a_kernel_is_defined(sqlit
     assert got == {"cached": 1, "thread": "tunecache-triton-key", "child_rc": 0}
     off = fresh_process(KEY_WARM, {"TUNECACHE_URL": sqlite_url, "TUNECACHE_PREFETCH": "0"})
     assert off == {"cached": 0, "thread": None, "child_rc": 0}
+
+
+@pytest.mark.parametrize("ast_unsafe", [True, False])
+def test_source_is_hashed_once_and_on_the_defining_thread_where_ast_is_not_thread_safe(
+    sqlite_url, monkeypatch, ast_unsafe
+):
+    # CPython 3.11: ast.parse in two threads at once can raise SystemError in either. There the
+    # kernel is hashed where it is defined; elsewhere in the prefetch thread. Either way once: the
+    # first launch waits for the background hash instead of parsing the source a second time.
+    monkeypatch.setattr(at, "_AST_NOT_THREAD_SAFE", ast_unsafe)
+    threads = []
+    real = at.kernel_identity
+
+    def recording(fn):
+        threads.append(threading.current_thread().name)
+        return real(fn)
+
+    monkeypatch.setattr(at, "kernel_identity", recording)
+    k = tinykernels.make_add(store=sqlite_url)
+    k._tc_opening[1].result(timeout=60)
+    tinykernels.launch(k, 100)
+    assert len(threads) == 1
+    assert (threads[0] == threading.main_thread().name) == ast_unsafe
 
 
 def test_winner_within_tolerance_of_the_fastest_reuses_another_keys_winner(sqlite_url, monkeypatch):

@@ -27,6 +27,7 @@ import hashlib
 import logging
 import os
 import statistics
+import sys
 import threading
 import time
 import uuid
@@ -238,6 +239,7 @@ class TunecacheAutotuner(Autotuner):
         self._tc_store_retry_at = 0.0
         self._tc_unsaved: list[tuple[Problem, list[ConfigResult], bool]] = []
         self._tc_identity: KernelIdentity | None = None
+        self._tc_identity_lock = threading.Lock()
         self._tc_mem: dict[str, Problem] = {}
         self._tc_prefetched = False  # the kernel's problems (every target) are in _tc_mem
         self._tc_kwargs: dict[str, Any] = {}
@@ -253,6 +255,8 @@ class TunecacheAutotuner(Autotuner):
             # Open the store and hash the source while the server loads its weights, so the first
             # launch pays one query, not imports and connection set-up. No CUDA calls here: a
             # server may still fork.
+            if _AST_NOT_THREAD_SAFE:
+                self.identity  # noqa: B018 - hashed here, so that no other thread parses source
             self._tc_opening = (os.getpid(), _background(self._open_early))
             _warm_triton_key()
 
@@ -289,9 +293,15 @@ class TunecacheAutotuner(Autotuner):
 
     @property
     def identity(self) -> KernelIdentity:
-        if self._tc_identity is None:
-            self._tc_identity = kernel_identity(self.fn)
-        return self._tc_identity
+        """Computed once: a first launch that races the background prefetch waits for its hash
+        instead of parsing the same source again in a second thread."""
+        ident = self._tc_identity
+        if ident is None:
+            with self._tc_identity_lock:
+                if self._tc_identity is None:
+                    self._tc_identity = kernel_identity(self.fn)
+                ident = self._tc_identity
+        return ident
 
     def _config_id(self, config: Any) -> tuple[str, str]:
         ident = self._tc_hash_of.get(id(config))
@@ -820,6 +830,13 @@ def _background(fn: Callable[[], None]) -> Future:
             _pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tunecache")
         return _pool.submit(fn)
 
+
+# CPython 3.11 keeps the AST constructor's recursion depth per interpreter, not per thread:
+# ast.parse in two threads at once can raise "SystemError: AST constructor recursion depth mismatch"
+# in either of them (reproduced here on 3.11.7, not on 3.10, 3.12 or 3.13; CPython gh-106905).
+# There the source is hashed on the thread that defines the kernel (a few ms per kernel at import)
+# and the background work is store I/O only, so it never races Triton's own parse of a kernel.
+_AST_NOT_THREAD_SAFE = sys.version_info[:2] == (3, 11)
 
 _key_thread: threading.Thread | None = None
 _key_pid: int | None = None  # the process that started it: a forked child starts its own
