@@ -37,9 +37,10 @@ __all__ = [
     "StoreReadOnlyError",
     "TunecacheError",
     "TunecacheAutotuner",
+    "load_winners",
 ]
 
-_LAZY = {"autotune", "install", "uninstall", "TunecacheAutotuner", "current_mode"}
+_LAZY = {"autotune", "install", "uninstall", "TunecacheAutotuner", "current_mode", "load_winners"}
 
 
 def __getattr__(name: str):

@@ -31,6 +31,7 @@ import sys
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -40,6 +41,7 @@ import orjson
 from triton.runtime.autotuner import Autotuner
 
 from tunecache import metrics as _stats
+from tunecache import preload as _preload
 from tunecache.errors import CaptureMissError, StoreError
 from tunecache.identity import (
     KernelIdentity,
@@ -53,7 +55,7 @@ from tunecache.identity import (
     problem_digest,
     search_space_hash,
 )
-from tunecache.store import ConfigResult, Problem, Store, pick_winner, shared_store
+from tunecache.store import ConfigResult, LaunchSpec, Problem, Store, pick_winner, shared_store
 
 log = logging.getLogger("tunecache")
 
@@ -102,6 +104,11 @@ def winner_tolerance() -> float:
     if v >= 1:
         raise ValueError(f"TUNECACHE_WINNER_TOLERANCE={v!r} must be a fraction below 1 (0.02 means 2%)")
     return v
+
+
+def preload_enabled() -> bool:
+    """``TUNECACHE_PRELOAD`` (default on): load stored winners' binaries once CUDA is up."""
+    return os.environ.get("TUNECACHE_PRELOAD", "1").strip().lower() not in ("0", "false", "off", "no")
 
 
 def driver_change_policy() -> int | None:
@@ -251,6 +258,9 @@ class TunecacheAutotuner(Autotuner):
         self._tc_from_store: dict[Any, tuple[str, str]] = {}  # tuning key -> (digest, config hash)
         self._tc_lock = threading.RLock()
         self._tc_opening: tuple[int, Future] | None = None
+        self._tc_specs: dict[str, list[LaunchSpec]] | None = None  # prefetched, by target digest
+        self._tc_specs_saved: set[str] = set()
+        _tuners.add(self)
         if current_mode() != "off" and os.environ.get("TUNECACHE_PREFETCH", "1") not in ("0", "false", "off"):
             # Open the store and hash the source while the server loads its weights, so the first
             # launch pays one query, not imports and connection set-up. No CUDA calls here: a
@@ -259,6 +269,9 @@ class TunecacheAutotuner(Autotuner):
                 self.identity  # noqa: B018 - hashed here, so that no other thread parses source
             self._tc_opening = (os.getpid(), _background(self._open_early))
             _warm_triton_key()
+            if preload_enabled() and not interpreting() and not _AST_NOT_THREAD_SAFE:
+                # (On 3.11 a background preload could parse source, racing the launching thread.)
+                _preload.on_cuda_init(self._schedule_preload)
 
     def _open_early(self) -> None:
         """Background: hash the source, open the store, prefetch every problem of this kernel (all
@@ -270,6 +283,71 @@ class TunecacheAutotuner(Autotuner):
             found = store.get_many(source)
             self._tc_mem.update((p.digest, p) for p in found)
             self._tc_prefetched = True
+            self._tc_specs = store.get_specs(source)
+
+    # ---- preloading the winners' binaries ---------------------------------------------------------
+
+    def _schedule_preload(self) -> None:
+        """Runs when CUDA comes up (see tunecache.preload.on_cuda_init): queue the preload behind
+        the prefetch. Only where the device is unambiguous: with several visible GPUs the device
+        a worker will use is not known yet, and it calls ``tunecache.load_winners()`` itself."""
+        import torch
+
+        if torch.cuda.device_count() == 1:  # the worker thread's current device is that one
+            _background(self.load_winners)
+
+    def load_winners(self, device: int | None = None) -> int:
+        """Load this kernel's stored winners for ``device`` (default: the current one) into
+        Triton's kernel cache; returns how many binaries were loaded. Never raises."""
+        try:
+            import torch
+
+            dev = int(device) if device is not None else torch.cuda.current_device() if torch.cuda.is_available() else 0
+            target = detect_target(device)  # device None: also warms the launch's own lookup
+            specs = self._tc_specs
+            if specs is None:
+                store = self._store()
+                if store is None:
+                    return 0
+                specs = self._tc_specs = store.get_specs(self.identity.source_hash)
+            mine = specs.get(target.digest, [])
+            if not mine:
+                return 0
+            self._lookup_all()
+            winners = {p.winner_config_hash for p in list(self._tc_mem.values()) if p.target.digest == target.digest}
+            loaded, skipped = _preload.load(self.fn, [s for s in mine if s.config_hash in winners], dev)
+        except Exception as e:  # noqa: BLE001 - best effort: launches load their kernels as before
+            log.debug("tunecache: %s: preload failed: %r", self.kernel_name, e)
+            return 0
+        _stats.count(None, None, preloaded=loaded, preload_skipped=skipped)
+        if loaded or skipped:
+            log.debug("tunecache: %s: preloaded %d binaries (%d skipped)", self.kernel_name, loaded, skipped)
+        return loaded
+
+    def _lookup_all(self) -> None:
+        """The kernel's problems in memory (the prefetch's, else one query)."""
+        if self._tc_prefetched:
+            return
+        store = self._store()
+        if store is not None:
+            for q in store.get_many(self.identity.source_hash):
+                self._tc_mem.setdefault(q.digest, q)
+            self._tc_prefetched = True
+
+    def _record_specs(self, ctx: _Ctx, store: Store, winner: str | None) -> None:
+        """After a benchmark: store what Triton compiled the winner with, for later preloads."""
+        config = dict(zip(ctx.hashes, ctx.configs)).get(winner or "")
+        if config is None or store.readonly:
+            return
+        specs = [s for s in _preload.capture(self.fn, config, winner or "") if s.spec_hash not in self._tc_specs_saved]
+        if not specs:
+            return
+        try:
+            store.put_specs(self.kernel_name, self.identity.source_hash, ctx.target.digest, specs)
+        except StoreError as e:
+            self._store_trouble("write", e)
+            return
+        self._tc_specs_saved.update(s.spec_hash for s in specs)
 
     def reset(self, store: str | Store | None = None) -> None:
         """Forget every in-memory resolution and bind to ``store`` (default: the environment's) anew.
@@ -279,6 +357,7 @@ class TunecacheAutotuner(Autotuner):
         self.cache.clear()
         self._tc_mem.clear()
         self._tc_prefetched = False
+        self._tc_specs = None
         self._tc_from_store.clear()
         self._tc_store_arg = store
         self._tc_store = None
@@ -766,6 +845,7 @@ class TunecacheAutotuner(Autotuner):
             return False  # _choose already set self.cache[key] to the local winner
         self._tc_mem[stored.digest] = stored
         self._use(ctx, stored, hit=False)
+        self._record_specs(ctx, store, stored.winner_config_hash)
         return False
 
     # ---- a stored winner that no longer works ---------------------------------------------------
@@ -820,15 +900,31 @@ def _config_json(tuner: TunecacheAutotuner, ctx: _Ctx, h: str) -> dict[str, Any]
 
 
 _pool: ThreadPoolExecutor | None = None
+_pool_pid: int | None = None
 _pool_lock = threading.Lock()
+_tuners: weakref.WeakSet[TunecacheAutotuner] = weakref.WeakSet()
 
 
-def _background(fn: Callable[[], None]) -> Future:
-    global _pool
+def _background(fn: Callable[[], Any]) -> Future:
+    """One worker thread per process, jobs in order (a preload runs after its kernel's prefetch).
+    A forked child gets its own: the parent's thread does not exist there."""
+    global _pool, _pool_pid
     with _pool_lock:
-        if _pool is None:
+        if _pool is None or _pool_pid != os.getpid():
             _pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tunecache")
+            _pool_pid = os.getpid()
         return _pool.submit(fn)
+
+
+def load_winners(device: int | None = None) -> int:
+    """Load the stored winners' binaries of every tunecache kernel defined so far onto ``device``
+    (default: the current one); returns how many were loaded.
+
+    With one visible GPU this happens by itself in the background once CUDA is initialised. A
+    process that sees several GPUs calls it after ``torch.cuda.set_device`` (it may run in a
+    thread while weights load). Never raises: whatever is not loaded here loads at its launch.
+    """
+    return sum(t.load_winners(device) for t in list(_tuners))
 
 
 # CPython 3.11 keeps the AST constructor's recursion depth per interpreter, not per thread:
@@ -1007,4 +1103,13 @@ def installed() -> bool:
     return bool(_originals)
 
 
-__all__ = ["TunecacheAutotuner", "autotune", "install", "uninstall", "installed", "current_mode", "Target"]
+__all__ = [
+    "TunecacheAutotuner",
+    "autotune",
+    "install",
+    "uninstall",
+    "installed",
+    "current_mode",
+    "load_winners",
+    "Target",
+]

@@ -28,6 +28,8 @@ COUNTERS = (
     "saved_seconds",
     "lease_takeovers",
     "poisoned",
+    "preloaded",
+    "preload_skipped",
 )
 
 _lock = threading.Lock()

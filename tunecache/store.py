@@ -52,6 +52,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, SQLAlch
 from tunecache import metrics as _stats
 from tunecache.errors import SchemaError, StoreError, StoreReadOnlyError
 from tunecache.identity import TARGET_FIELDS, Target, hostname, search_space_hash
+from tunecache.preload import LaunchSpec
 
 log = logging.getLogger("tunecache")
 
@@ -165,6 +166,24 @@ kernel_stats = sa.Table(
     sa.Column("bench_seconds", sa.Double, nullable=False, default=0.0),
     sa.Column("saved_seconds", sa.Double, nullable=False, default=0.0),
     sa.Column("updated_at", Timestamp, nullable=False),
+)
+
+# What Triton compiled each winner with (see tunecache.preload): a restart hands these to
+# JITFunction.preload while the server loads its weights. Per kernel source and target, not per
+# problem: one binary serves many batch buckets.
+launch_specs = sa.Table(
+    "launch_specs",
+    metadata,
+    sa.Column("source_hash", Digest, primary_key=True),
+    sa.Column("target_digest", Digest, primary_key=True),
+    sa.Column("spec_hash", Digest, primary_key=True),
+    sa.Column("kernel", sa.String(255), nullable=False),
+    sa.Column("config_hash", sa.String(32), nullable=False),
+    sa.Column("kernel_hash", Digest, nullable=False),
+    sa.Column("triton_version", sa.String(32), nullable=False),
+    sa.Column("spec_json", sa.Text, nullable=False),
+    sa.Column("host", sa.String(255), nullable=False),
+    sa.Column("created_at", Timestamp, nullable=False),
 )
 
 _P_NAMES = [c.name for c in problems.c]
@@ -458,7 +477,7 @@ def _alembic_config(conn: Connection | None = None) -> Any:
 #: The migrations this code knows, oldest first (tests check it against Alembic's script directory).
 #: Kept as constants so that opening an up-to-date store, on every server start, needs no Alembic
 #: import (about 0.3 s): Alembic is loaded only when there is something to migrate.
-SCHEMA_REVISIONS = ("0001", "0002")
+SCHEMA_REVISIONS = ("0001", "0002", "0003")
 SCHEMA_HEAD = SCHEMA_REVISIONS[-1]
 
 
@@ -868,6 +887,11 @@ class Store:
                 chunk = digests[i : i + 500]
                 conn.execute(sa.delete(configs).where(configs.c.digest.in_(chunk)))
                 conn.execute(sa.delete(problems).where(problems.c.digest.in_(chunk)))
+            orphan = ~sa.exists().where(
+                problems.c.source_hash == launch_specs.c.source_hash,
+                problems.c.target_digest == launch_specs.c.target_digest,
+            )
+            conn.execute(sa.delete(launch_specs).where(orphan))
         return found
 
     def record_hits(self, hits: Mapping[str, int]) -> None:
@@ -939,6 +963,42 @@ class Store:
         with self._read("misses") as conn:
             rows = conn.execute(sa.select(misses).order_by(misses.c.kernel, misses.c.last_seen.desc())).mappings()
             return [{str(k): v for k, v in r.items()} for r in rows]
+
+    # ---- launch specialisations (preload) ------------------------------------------------------
+
+    def put_specs(self, kernel: str, source_hash: str, target_digest: str, specs: Sequence[LaunchSpec]) -> int:
+        """Record winners' specialisations (idempotent: a spec already stored is kept); returns
+        how many were new."""
+        if not specs:
+            return 0
+        now, host = utcnow(), hostname()
+        rows = [
+            {
+                "source_hash": source_hash,
+                "target_digest": target_digest,
+                "spec_hash": sp.spec_hash,
+                "kernel": kernel[:255],
+                "config_hash": sp.config_hash,
+                "kernel_hash": sp.kernel_hash,
+                "triton_version": sp.triton_version,
+                "spec_json": sp.spec_json,
+                "host": host,
+                "created_at": now,
+            }
+            for sp in specs
+        ]
+        with self._write("record launch specs") as conn:
+            return sum(self._inserted(conn, launch_specs, r) for r in rows)
+
+    def get_specs(self, source_hash: str) -> dict[str, list[LaunchSpec]]:
+        """Every recorded specialisation of one kernel, by target digest, in one query."""
+        c = launch_specs.c
+        q = sa.select(c.target_digest, c.spec_hash, c.config_hash, c.kernel_hash, c.spec_json, c.triton_version)
+        out: dict[str, list[LaunchSpec]] = {}
+        with self._read("launch specs") as conn:
+            for t, *rest in conn.execute(q.where(c.source_hash == source_hash).order_by(c.spec_hash)):
+                out.setdefault(t, []).append(LaunchSpec(*rest))
+        return out
 
     # ---- leases (one benchmark per key across hosts) --------------------------------------
 

@@ -1,0 +1,99 @@
+"""Record a compiled kernel's specialisation and preload it through Triton's own ``preload``, on any
+machine: kernels are compiled for sm90 offline (ptxas ships with Triton); only the CUDA device
+query is answered here, since there is no GPU. Prints one JSON line for tests/test_preload.py.
+
+Run in a fresh process because the tests run under the interpreter, where nothing is compiled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+os.environ.pop("TRITON_INTERPRET", None)
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+import triton.runtime.jit as jit_module  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource, CompiledKernel, make_backend  # noqa: E402
+
+from tunecache import preload  # noqa: E402
+
+
+@triton.jit
+def add_one(X, Y, N, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = i < N
+    tl.store(Y + i, tl.load(X + i, mask=m) + 1, mask=m)
+
+
+class _Device:  # what Triton asks the CUDA driver in JITFunction.preload: the current device
+    def get_current_device(self) -> int:
+        return 0
+
+
+class _Driver:
+    active = _Device()
+
+
+def main() -> None:
+    target = GPUTarget("cuda", 90, 32)
+    backend = make_backend(target)
+    sig = {"X": "*fp32", "Y": "*fp32", "N": "i32", "BLOCK": "constexpr"}
+    aligned = {(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]]}
+
+    def build(block: int, warps: int, attrs: dict) -> CompiledKernel:
+        src = ASTSource(add_one, sig, {"BLOCK": block}, attrs)
+        return triton.compile(src, target=target, options={"num_warps": warps, "num_stages": 1})
+
+    # What a benchmark leaves in Triton's kernel cache: two configs, one of them in two specialisations.
+    kernels = {"k64": build(64, 4, aligned), "k128": build(128, 2, aligned), "k128-unaligned": build(128, 2, {})}
+    cache = dict(kernels)
+    add_one.device_caches[0] = (cache, {}, target, backend, None)
+    add_one.compile, add_one.ASTSource = triton.compile, ASTSource  # set by create_binder on a GPU
+    jit_module.driver = _Driver()
+
+    win = triton.Config({"BLOCK": 128}, num_warps=2, num_stages=1)
+    specs = preload.capture(add_one, win, "h128")
+    other_warps = preload.capture(add_one, triton.Config({"BLOCK": 128}, num_warps=4), "x")
+    captured = {json.loads(s.spec_json)["key"]: s for s in specs}
+
+    # Triton's preload of each recorded spec, into an empty cache: the same binary under the same key.
+    cache.clear()
+    roundtrip = {}
+    for key, s in captured.items():
+        k = add_one.preload(s.spec_json)
+        roundtrip[key] = {"same_hash": k.hash == kernels[key].hash == s.kernel_hash, "cached": cache.get(key) is k}
+
+    # load(): initialises handles of what it loaded, skips what is cached, another Triton's or a
+    # spec whose binary does not match the record (dropped from the cache, never launched).
+    inits = []
+    CompiledKernel._init_handles = lambda self: inits.append(self.hash)
+    cache.clear()
+    s0 = captured["k128"]
+    bad_hash = preload.LaunchSpec(s0.spec_hash, s0.config_hash, "0" * 64, s0.spec_json, s0.triton_version)
+    other_triton = preload.LaunchSpec(s0.spec_hash, s0.config_hash, s0.kernel_hash, s0.spec_json, "2.0.0")
+    r_bad = preload.load(add_one, [bad_hash, other_triton], 0)
+    after_bad = sorted(cache)
+    r_good = preload.load(add_one, specs, 0)
+    r_again = preload.load(add_one, specs, 0)
+    print(
+        json.dumps(
+            {
+                "captured": sorted(captured),
+                "other_warps": len(other_warps),
+                "roundtrip": roundtrip,
+                "bad": list(r_bad),
+                "cache_after_bad": after_bad,
+                "good": list(r_good),
+                "again": list(r_again),
+                "inits": sorted(inits) == sorted(kernels[k].hash for k in captured),
+                "cache_after_good": sorted(cache),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,133 @@
+"""Preloading the stored winners' binaries: the record, the round trip through Triton's own
+``JITFunction.preload``, the store's table, and which specs a restart loads.
+
+Compiling needs no GPU (tests/preload_roundtrip.py builds for sm90 offline); loading into a CUDA
+context does, and is checked on the H200 in tests/test_gpu.py.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import sys
+
+import pytest
+import tinykernels
+import torch
+from conftest import run_json
+
+import tunecache
+from tunecache import autotuner as at
+from tunecache import preload
+from tunecache.identity import detect_target
+from tunecache.store import ConfigResult, Problem, open_store
+
+
+def spec(i: int, config_hash: str = "c1", version: str | None = None) -> preload.LaunchSpec:
+    return preload.LaunchSpec(f"{i:064x}", config_hash, f"{i:064x}"[::-1], f'{{"key": "k{i}"}}', version or "3.9.0")
+
+
+def test_recorded_specialisation_preloads_the_same_binary_under_the_same_key():
+    r = run_json(["preload_roundtrip.py"], timeout=600)
+    # Only the winner config's kernels (both of its specialisations), not 64/4w, not 128/4w.
+    assert r["captured"] == ["k128", "k128-unaligned"] and r["other_warps"] == 0
+    assert r["roundtrip"] == {k: {"same_hash": True, "cached": True} for k in r["captured"]}
+    # A spec whose binary differs from the record, or from another Triton: skipped, nothing cached.
+    assert r["bad"] == [0, 2] and r["cache_after_bad"] == []
+    assert r["good"] == [2, 0] and r["inits"] and r["cache_after_good"] == r["captured"]
+    assert r["again"] == [0, 0]  # already in Triton's cache: nothing done twice
+
+
+def test_store_keeps_specs_per_kernel_and_target_and_drops_them_with_the_last_problem(store_url):
+    s = open_store(store_url)
+    a, b = spec(1), spec(2, "c2")
+    assert s.put_specs("k", "src1", "t1", [a, b]) == 2
+    assert s.put_specs("k", "src1", "t1", [a]) == 0  # idempotent: another worker recorded it too
+    assert s.put_specs("k", "src1", "t2", [a]) == 1
+    assert s.put_specs("k", "src2", "t1", [spec(3)]) == 1
+    got = s.get_specs("src1")
+    assert sorted(got) == ["t1", "t2"] and got["t1"] == [a, b] and got["t2"] == [a]
+
+    def prob(src: str, target_name: str) -> Problem:
+        t = detect_target()
+        return Problem(
+            digest=f"{src}-{target_name}".ljust(64, "0"),
+            kernel="k",
+            source_hash=src,
+            target=t,
+            key_json='{"N":1}',
+            batch_bucket=None,
+            tuning_seconds=0.0,
+            host="h",
+            search_space_hash="x",
+            winner_config_hash="c1",
+        )
+
+    cpu = detect_target().digest
+    s.put_specs("k", "src3", cpu, [spec(4)])
+    s.put(prob("src3", "a"), [ConfigResult("c1", {"BLOCK": 1}, median_ms=1.0)])
+    s.put(prob("src3", "b"), [ConfigResult("c1", {"BLOCK": 1}, median_ms=1.0)])
+    s.delete(digests=[prob("src3", "a").digest])
+    assert s.get_specs("src3") == {cpu: [spec(4)]}  # another problem of that kernel and target is left
+    s.delete(source_hash="src3")
+    assert s.get_specs("src3") == {}
+    s.close()
+
+
+def test_restart_loads_only_this_targets_winners(sqlite_url, monkeypatch):
+    k = tinykernels.make_add(store=sqlite_url)
+    tinykernels.launch(k, 64)  # tunes: a winner stored for this target
+    win = k.cache[next(iter(k.cache))]
+    win_hash = k._config_id(win)[1]
+    here = detect_target().digest
+    other = [h for h in (k._config_id(c)[1] for c in k.configs) if h != win_hash][0]
+    version = preload.triton_version()
+    s = open_store(sqlite_url)
+    s.put_specs("k", k.identity.source_hash, here, [spec(1, win_hash, version), spec(2, other, version)])
+    s.put_specs("k", k.identity.source_hash, "f" * 64, [spec(3, win_hash, version)])  # another target
+    s.close()
+
+    seen = []
+    monkeypatch.setattr(preload, "load", lambda fn, specs, dev: (seen.extend(specs), (len(specs), 0))[1])
+    tunecache.reset_stats()
+    restart = tinykernels.make_add(store=sqlite_url)
+    assert restart.load_winners() == 1
+    assert seen == [spec(1, win_hash, version)]
+    assert tunecache.stats()["preloaded"] == 1
+    assert tunecache.load_winners() >= 1  # every kernel defined so far, through the package
+
+
+def test_interpreted_kernels_record_nothing(sqlite_url):
+    k = tinykernels.make_add(store=sqlite_url)
+    tinykernels.launch(k, 64)
+    assert preload.capture(k, k.configs[0], "x") == []
+    s = open_store(sqlite_url)
+    assert s.get_specs(k.identity.source_hash) == {}
+
+
+def test_cuda_init_callback_is_queued_without_touching_cuda_and_never_raises(monkeypatch):
+    queued = []
+    monkeypatch.setattr(torch.cuda, "_lazy_call", lambda fn, **kw: queued.append(fn))
+    ran = []
+    assert preload.on_cuda_init(lambda: ran.append(1))
+    assert preload.on_cuda_init(lambda: 1 / 0)
+    assert ran == [] and len(queued) == 2
+    for fn in queued:  # what torch does once CUDA is initialised
+        fn()
+    assert ran == [1]  # the failing one was swallowed: torch's CUDA init must not fail for it
+    monkeypatch.delattr(torch.cuda, "_lazy_call")
+    assert not preload.on_cuda_init(lambda: None)
+
+
+def _child_background(q) -> None:
+    q.put(at._background(lambda: 42).result(timeout=10))
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="fork")
+def test_background_worker_runs_in_a_forked_child():
+    at._background(lambda: None).result(timeout=10)  # the parent's worker thread exists
+    ctx = multiprocessing.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=_child_background, args=(q,))
+    p.start()
+    p.join(30)
+    assert p.exitcode == 0 and q.get(timeout=1) == 42

@@ -1,0 +1,190 @@
+"""Preload: load the stored winners' binaries while the server loads its weights.
+
+A warm restart resolves every tuning key from the store without a benchmark, but Triton still
+prepares each distinct binary at its first launch: it looks the kernel up in its cache, reads the
+cubin and its metadata, loads it into the CUDA context and sets up its launcher. On the H200 that
+is most of what a restart of 36 buckets spends before it is ready, and a tuned kernel has more
+distinct binaries than one fixed config.
+
+So the tuning process records, for every winner, the specialisation Triton compiled it with (the
+exact data ``JITFunction.preload`` takes, written by Triton's own serialiser), and a restart hands
+those to ``JITFunction.preload`` on a background thread as soon as CUDA is initialised, before the
+first launch. A preloaded kernel sits in Triton's own per-device kernel cache under the same key a
+launch computes, so the launch path does not change at all: it finds the kernel instead of
+loading it.
+
+Everything here is best effort: a specialisation that no longer applies (another Triton build, a
+changed kernel) is skipped, never launched; the launch then loads the kernel as it always did.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import inspect
+import json
+import logging
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger("tunecache")
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """One compiled specialisation of a kernel: enough for Triton to load it again."""
+
+    spec_hash: str  # sha256 of spec_json
+    config_hash: str  # the config it was compiled with
+    kernel_hash: str  # Triton's compile-cache hash of the binary: a preload must reproduce it
+    spec_json: str  # Triton's serialize_specialization_data output
+    triton_version: str
+
+
+def triton_version() -> str:
+    import triton
+
+    return str(triton.__version__)
+
+
+def jit_function(fn: Any) -> Any | None:
+    """The JITFunction under Autotuner/Heuristics wrappers; None under the interpreter."""
+    seen = 0
+    while fn is not None and not hasattr(fn, "device_caches") and seen < 8:
+        fn = getattr(fn, "fn", None)
+        seen += 1
+    return fn if fn is not None and hasattr(fn, "device_caches") and hasattr(fn, "preload") else None
+
+
+def _compiled(jf: Any) -> Iterator[tuple[str, Any, Any]]:
+    """(cache key, CompiledKernel, backend) for every kernel Triton holds for ``jf``, all devices."""
+    for entry in list(jf.device_caches.values()):
+        kernel_cache, backend = entry[0], entry[-2]
+        for key, kernel in list(kernel_cache.items()):
+            if isinstance(key, str) and hasattr(kernel, "src") and hasattr(kernel, "metadata"):
+                yield key, kernel, backend
+
+
+def _matches(jf: Any, kernel: Any, config: Any) -> bool:
+    """Was ``kernel`` compiled with ``config``: its meta-parameters and its launch options."""
+    names = jf.arg_names
+    consts = {}
+    for path, v in kernel.src.constants.items():
+        if isinstance(path, tuple) and len(path) == 1 and path[0] < len(names):
+            consts[names[path[0]]] = getattr(v, "value", v)
+    for k, v in config.kwargs.items():
+        if k not in consts or consts[k] != v:
+            return False
+    md = kernel.metadata
+    for opt in ("num_warps", "num_stages", "num_ctas", "maxnreg"):
+        want = getattr(config, opt, None)
+        if want is not None and getattr(md, opt, want) != want:
+            return False
+    return True
+
+
+def _serialize(jf: Any, key: str, kernel: Any, backend: Any) -> str:
+    """Triton's own serialisation of a specialisation, as its ``jit_post_compile_hook`` gives it."""
+    from triton.runtime.jit import serialize_specialization_data
+
+    md = kernel.metadata
+    options = backend.parse_options({k: getattr(md, k) for k in md._fields if k != "target"})
+    src = kernel.src
+    name = getattr(jf, "_fn_name", None) or jf.fn.__name__
+    args: list[Any] = [name, src.signature, src.constants, src.attrs, options, key]
+    if "target" in inspect.signature(serialize_specialization_data).parameters:  # Triton 3.7+
+        args.append(md.target)
+    return serialize_specialization_data(*args)
+
+
+def capture(fn: Any, config: Any, config_hash: str) -> list[LaunchSpec]:
+    """The specialisations Triton compiled for ``config`` in this process (none interpreted).
+
+    Called after a benchmark, where every config was compiled with the real arguments. A
+    specialisation Triton cannot serialise (e.g. a JITFunction constexpr on Triton 3.6) is skipped.
+    """
+    jf = jit_function(fn)
+    if jf is None:
+        return []
+    version = triton_version()
+    out = []
+    for key, kernel, backend in _compiled(jf):
+        try:
+            if not _matches(jf, kernel, config):
+                continue
+            spec = _serialize(jf, key, kernel, backend)
+        except Exception as e:  # noqa: BLE001 - best effort: the launch loads it as before
+            log.debug("tunecache: cannot record a specialisation of %s: %r", getattr(jf, "__name__", jf), e)
+            continue
+        digest = hashlib.sha256(spec.encode()).hexdigest()
+        out.append(LaunchSpec(digest, config_hash, str(kernel.hash), spec, version))
+    return out
+
+
+def load(fn: Any, specs: Iterable[LaunchSpec], device: int) -> tuple[int, int]:
+    """Preload ``specs`` onto ``device``; returns (loaded, skipped).
+
+    A spec from another Triton build is skipped. A preload that yields another binary than the
+    recorded one (the specialisation no longer round-trips) is dropped from Triton's cache, so a
+    launch never runs a kernel other than the one it would have compiled.
+    """
+    jf = jit_function(fn)
+    if jf is None:
+        return 0, 0
+    import torch
+
+    version = triton_version()
+    loaded = skipped = 0
+    on_device = torch.cuda.device(device) if torch.cuda.is_available() else contextlib.nullcontext()
+    with on_device:  # Triton compiles and loads for the current device
+        cache = jf.device_caches[device][0]
+        for s in specs:
+            try:
+                if s.triton_version != version:
+                    skipped += 1
+                    continue
+                key = json.loads(s.spec_json)["key"]
+                if cache.get(key) is not None:  # launched or preloaded already
+                    continue
+                kernel = jf.preload(s.spec_json)
+                if kernel is None or str(getattr(kernel, "hash", "")) != s.kernel_hash:
+                    if cache.get(key) is kernel:
+                        cache.pop(key, None)
+                    skipped += 1
+                    continue
+                init = getattr(kernel, "_init_handles", None)
+                if init is not None:
+                    init()  # cuModuleLoad and the launcher: the part worth doing early
+                loaded += 1
+            except Exception as e:  # noqa: BLE001 - best effort: the launch loads it as before
+                skipped += 1
+                log.debug("tunecache: preload of %s failed: %r", s.spec_hash[:12], e)
+    return loaded, skipped
+
+
+def on_cuda_init(callback: Callable[[], None]) -> bool:
+    """Run ``callback`` once CUDA is initialised in this process (now, if it already is).
+
+    Uses torch's queue of calls deferred to its lazy CUDA initialisation, so nothing touches CUDA
+    before the process does (a server may still fork). The callback runs on the thread that
+    initialises CUDA and must be quick and never raise; it only schedules work. False if torch
+    offers no such queue.
+    """
+    torch = sys.modules.get("torch")
+    lazy = getattr(getattr(torch, "cuda", None), "_lazy_call", None)
+    if lazy is None:
+        return False
+
+    def safe() -> None:
+        try:
+            callback()
+        except Exception as e:  # noqa: BLE001 - must never fail torch's CUDA initialisation
+            log.debug("tunecache: preload scheduling failed: %r", e)
+
+    try:
+        lazy(safe)
+    except Exception:  # noqa: BLE001 - CUDA unusable here (e.g. a forked child)
+        return False
+    return True
