@@ -12,12 +12,14 @@ pause of TC_BENCH_PAUSE_S, default 1 s, stands for the server loading its weight
   stock-restart    stock triton.autotune, cubins cached: re-benchmarks everything
   tunecache-first  tunecache, cubins cached, empty store: benchmarks, writes the store
   tunecache-restart tunecache, cubins cached, store filled: zero benchmarks
-  fixed            one fixed config, cubins cached: the floor
+  fixed            one fixed config, cubins cached: the floor (TUNECACHE_PRELOAD=0: a server
+                   without tunecache has nothing that knows which binaries it will need)
   fresh-host       a new store imported from an export, EMPTY Triton cache: compiles winners only
   winners-direct   the restart's winners launched with config= (no tuner): same kernels to load
   restart-profile  a tunecache restart under cProfile: where its time goes
   restart-series   TC_BENCH_ROUNDS (5) interleaved rounds of fixed / tunecache restart / winners
-                   direct / tunecache restart with TUNECACHE_PREFETCH=0 (TC_BENCH_SERIES picks):
+                   direct / tunecache restart with TUNECACHE_PRELOAD=0 / with TUNECACHE_PREFETCH=0
+                   (TC_BENCH_SERIES picks):
                    medians and ratios to fixed (single starts differ by tens of ms)
 
 TC_BENCH_PHASES=a,b,... runs only those phases; TC_BENCH_BUDGET_S stops starting new ones.
@@ -102,6 +104,7 @@ def child_start(args: dict) -> dict:
 
         prof = cProfile.Profile()
     winners = {}
+    preloaded_before = tunecache.stats()["preloaded"]  # binaries loaded before the clock starts
     t0 = time.perf_counter()
     if prof is not None:
         prof.enable()
@@ -133,7 +136,13 @@ def child_start(args: dict) -> dict:
         ]
     tunecache.flush()
     st = tunecache.stats()
-    return {"seconds_to_ready": ready, "stats": st, "winners": {str(k): v for k, v in winners.items()}, **extra}
+    return {
+        "seconds_to_ready": ready,
+        "stats": st,
+        "preloaded_before_first_launch": preloaded_before,
+        "winners": {str(k): v for k, v in winners.items()},
+        **extra,
+    }
 
 
 def child_overhead(args: dict) -> dict:
@@ -439,7 +448,7 @@ def run_all(out_dir: Path, quick: bool) -> dict:
         winners = r.get("tunecache-first", {}).get("winners", {})
         common = statistics.mode([json.dumps(w, sort_keys=True) for w in winners.values()]) if winners else None
         r["fixed_config"] = json.loads(common) if common else DEFAULT_FIXED
-        start("fixed", env1, config=r["fixed_config"])
+        start("fixed", {**env1, "TUNECACHE_PRELOAD": "0"}, config=r["fixed_config"])
         first, again = winners, r.get("tunecache-restart", {}).get("winners", {})
         r["distinct_winners"] = len({json.dumps(w, sort_keys=True) for w in first.values()})
         r["winners_differ_first_vs_restart"] = sum(1 for k in first if first[k] != again.get(k))
@@ -466,18 +475,22 @@ def run_all(out_dir: Path, quick: bool) -> dict:
         n = int(os.environ.get("TC_BENCH_ROUNDS", "5"))
         winners = tuned_winners()
         every = {
-            "fixed": (env1, {"config": r.get("fixed_config") or DEFAULT_FIXED}),
+            "fixed": ({**env1, "TUNECACHE_PRELOAD": "0"}, {"config": r.get("fixed_config") or DEFAULT_FIXED}),
             "tunecache-restart": (env1, {}),
             "winners-direct": (env1, {"per_bucket_config": winners}),
+            "tunecache-restart-no-preload": ({**env1, "TUNECACHE_PRELOAD": "0"}, {}),
+            "winners-direct-no-preload": ({**env1, "TUNECACHE_PRELOAD": "0"}, {"per_bucket_config": winners}),
             "tunecache-restart-no-prefetch": ({**env1, "TUNECACHE_PREFETCH": "0"}, {}),
         }
         wanted = os.environ.get("TC_BENCH_SERIES", ",".join(every)).split(",")
-        kinds = {k: v for k, v in every.items() if k in wanted and (k != "winners-direct" or winners)}
+        kinds = {k: v for k, v in every.items() if k in wanted and (not k.startswith("winners-direct") or winners)}
         series: dict = {k: [] for k in kinds}
         for _ in range(n):
             for k, (env, extra) in kinds.items():
                 res = spawn("start", {**a, "label": k, **extra}, env, log)
                 series[k].append(res.get("seconds_to_ready"))
+                early = res.get("preloaded_before_first_launch")
+                series.setdefault(f"{k}-preloaded_before_first_launch", []).append(early)
                 if k != "fixed" and res.get("stats", {}).get("benchmarks"):
                     series.setdefault("benchmarks_seen", []).append(res["stats"]["benchmarks"])
         med = {k: statistics.median(v) for k, v in series.items() if k in kinds and None not in v}

@@ -68,6 +68,33 @@ def test_restart_on_gpu_does_no_benchmarks_and_keeps_the_winners(sqlite_url, tmp
     assert b["winners"] == a["winners"]
 
 
+PRELOAD = """
+import json
+import triton
+from tunecache import autotuner, preload
+torch.zeros(1, device="cuda")  # CUDA comes up, as when a server loads its weights: the preload starts
+autotuner._background(lambda: None).result(timeout=120)  # queued behind it
+cache = preload.jit_function(add).device_caches[torch.cuda.current_device()][0]
+before = len(cache)
+compiled = []
+triton.knobs.runtime.jit_post_compile_hook = lambda **kw: compiled.append(kw["repr"])
+winners = [run_add(n) for n in (1000, 100000, 1000000)]
+print(json.dumps({"stats": tunecache.stats(), "winners": winners, "cached_before": before, "compiled": compiled}))
+"""
+
+
+def test_restart_preloads_the_winners_binaries_before_the_first_launch(sqlite_url, tmp_path):
+    a = child(RESTART, {"TUNECACHE_URL": sqlite_url}, tmp_path)
+    b = child(PRELOAD, {"TUNECACHE_URL": sqlite_url}, tmp_path)
+    # Three keys; N=1000 is not a multiple of 16, so its winner is a specialisation of its own.
+    assert b["stats"]["benchmarks"] == 0 and b["winners"] == a["winners"]
+    assert b["stats"]["preloaded"] >= 2 and b["stats"]["preload_skipped"] == 0
+    assert b["cached_before"] == b["stats"]["preloaded"]
+    assert b["compiled"] == []  # every launch found its binary loaded
+    off = child(PRELOAD, {"TUNECACHE_URL": sqlite_url, "TUNECACHE_PRELOAD": "0"}, tmp_path)
+    assert off["stats"]["preloaded"] == 0 and off["cached_before"] == 0 and len(off["compiled"]) >= 2
+
+
 OOR = """
 import json
 from tunecache.store import open_store
