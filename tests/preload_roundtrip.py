@@ -54,6 +54,10 @@ def main() -> None:
     add_one.compile, add_one.ASTSource = triton.compile, ASTSource  # set by create_binder on a GPU
     jit_module.driver = _Driver()
 
+    # The autotuner hands over its own fn; a user may hand the decorated kernel: both unwrap to the JITFunction.
+    decorated = triton.autotune([triton.Config({})], key=["N"])(triton.heuristics({"BLOCK": lambda a: 128})(add_one))
+    unwraps = preload.jit_function(decorated) is add_one and preload.jit_function(decorated.fn) is add_one
+
     win = triton.Config({"BLOCK": 128}, num_warps=2, num_stages=1)
     specs = preload.capture(add_one, win, "h128")
     other_warps = preload.capture(add_one, triton.Config({"BLOCK": 128}, num_warps=4), "x")
@@ -81,6 +85,7 @@ def main() -> None:
     print(
         json.dumps(
             {
+                "unwraps": unwraps,
                 "captured": sorted(captured),
                 "other_warps": len(other_warps),
                 "roundtrip": roundtrip,

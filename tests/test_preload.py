@@ -28,6 +28,7 @@ def spec(i: int, config_hash: str = "c1", version: str | None = None) -> preload
 
 def test_recorded_specialisation_preloads_the_same_binary_under_the_same_key():
     r = run_json(["preload_roundtrip.py"], timeout=600)
+    assert r["unwraps"]  # from the @autotune/@heuristics-decorated kernel to its JITFunction
     # Only the winner config's kernels (both of its specialisations), not 64/4w, not 128/4w.
     assert r["captured"] == ["k128", "k128-unaligned"] and r["other_warps"] == 0
     assert r["roundtrip"] == {k: {"same_hash": True, "cached": True} for k in r["captured"]}
@@ -131,3 +132,32 @@ def test_background_worker_runs_in_a_forked_child():
     p.start()
     p.join(30)
     assert p.exitcode == 0 and q.get(timeout=1) == 42
+
+
+def test_one_cuda_init_callback_per_process_loads_every_kernel_once(monkeypatch):
+    """Kernels defined before CUDA is up share one callback on torch's queue (not one each: torch
+    formats a stack per entry); one defined after CUDA is up is loaded at once."""
+    state = {"up": False}
+    queue = []
+
+    def lazy_call(fn, **kw):  # torch.cuda._lazy_call: run now if initialised, else queue
+        fn() if state["up"] else queue.append(fn)
+
+    monkeypatch.setattr(torch.cuda, "_lazy_call", lazy_call)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: state["up"])
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(at, "_autoload_pid", None)
+    loads = []
+    monkeypatch.setattr(at.TunecacheAutotuner, "load_winners", lambda self, device=None: loads.append(self) or 1)
+    before = [tinykernels.make_add() for _ in range(3)]
+    for k in before:
+        at._preload_when_cuda_is_up(k)
+    assert len(queue) == 1 and loads == []
+    state["up"] = True
+    queue.pop()()
+    at._background(lambda: None).result(timeout=10)
+    assert sorted(map(id, loads)) == sorted(map(id, before))
+    late = tinykernels.make_add()
+    at._preload_when_cuda_is_up(late)
+    at._background(lambda: None).result(timeout=10)
+    assert loads[-1] is late and len(loads) == 4 and queue == []

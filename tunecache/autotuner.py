@@ -106,9 +106,14 @@ def winner_tolerance() -> float:
     return v
 
 
+def _env_on(name: str) -> bool:
+    """A switch that is on unless set to 0, false, off or no."""
+    return os.environ.get(name, "1").strip().lower() not in ("0", "false", "off", "no")
+
+
 def preload_enabled() -> bool:
     """``TUNECACHE_PRELOAD`` (default on): load stored winners' binaries once CUDA is up."""
-    return os.environ.get("TUNECACHE_PRELOAD", "1").strip().lower() not in ("0", "false", "off", "no")
+    return _env_on("TUNECACHE_PRELOAD")
 
 
 def driver_change_policy() -> int | None:
@@ -258,10 +263,10 @@ class TunecacheAutotuner(Autotuner):
         self._tc_from_store: dict[Any, tuple[str, str]] = {}  # tuning key -> (digest, config hash)
         self._tc_lock = threading.RLock()
         self._tc_opening: tuple[int, Future] | None = None
-        self._tc_specs: dict[str, list[LaunchSpec]] | None = None  # prefetched, by target digest
-        self._tc_specs_saved: set[str] = set()
+        self._tc_specs: dict[str, list[LaunchSpec]] | None = None  # fetched, by target digest
+        self._tc_autoload = False  # load_winners() once CUDA is up (see _preload_when_cuda_is_up)
         _tuners.add(self)
-        if current_mode() != "off" and os.environ.get("TUNECACHE_PREFETCH", "1") not in ("0", "false", "off"):
+        if current_mode() != "off" and _env_on("TUNECACHE_PREFETCH"):
             # Open the store and hash the source while the server loads its weights, so the first
             # launch pays one query, not imports and connection set-up. No CUDA calls here: a
             # server may still fork.
@@ -271,30 +276,27 @@ class TunecacheAutotuner(Autotuner):
             _warm_triton_key()
             if preload_enabled() and not interpreting() and not _AST_NOT_THREAD_SAFE:
                 # (On 3.11 a background preload could parse source, racing the launching thread.)
-                _preload.on_cuda_init(self._schedule_preload)
+                _preload_when_cuda_is_up(self)
 
     def _open_early(self) -> None:
         """Background: hash the source, open the store, prefetch every problem of this kernel (all
         targets: the target needs CUDA, which must not be touched before a server forks)."""
         with contextlib.suppress(Exception):
-            source = self.identity.source_hash
             arg = self._tc_store_arg
             store = arg if isinstance(arg, Store) else shared_store(arg)
-            found = store.get_many(source)
-            self._tc_mem.update((p.digest, p) for p in found)
-            self._tc_prefetched = True
-            self._tc_specs = store.get_specs(source)
+            self._fetch_problems(store)
+            self._tc_specs = store.get_specs(self.identity.source_hash)
+
+    def _fetch_problems(self, store: Store) -> None:
+        """Every problem of this kernel (all targets) into memory, in one query, once. Raises
+        StoreError. Rows this process already holds are kept: they are at least as fresh."""
+        if self._tc_prefetched:
+            return
+        for q in store.get_many(self.identity.source_hash):
+            self._tc_mem.setdefault(q.digest, q)
+        self._tc_prefetched = True
 
     # ---- preloading the winners' binaries ---------------------------------------------------------
-
-    def _schedule_preload(self) -> None:
-        """Runs when CUDA comes up (see tunecache.preload.on_cuda_init): queue the preload behind
-        the prefetch. Only where the device is unambiguous: with several visible GPUs the device
-        a worker will use is not known yet, and it calls ``tunecache.load_winners()`` itself."""
-        import torch
-
-        if torch.cuda.device_count() == 1:  # the worker thread's current device is that one
-            _background(self.load_winners)
 
     def load_winners(self, device: int | None = None) -> int:
         """Load this kernel's stored winners for ``device`` (default: the current one) into
@@ -304,16 +306,15 @@ class TunecacheAutotuner(Autotuner):
 
             dev = int(device) if device is not None else torch.cuda.current_device() if torch.cuda.is_available() else 0
             target = detect_target(device)  # device None: also warms the launch's own lookup
-            specs = self._tc_specs
-            if specs is None:
+            if self._tc_specs is None:  # the prefetch was off or failed
                 store = self._store()
                 if store is None:
                     return 0
-                specs = self._tc_specs = store.get_specs(self.identity.source_hash)
-            mine = specs.get(target.digest, [])
+                self._fetch_problems(store)
+                self._tc_specs = store.get_specs(self.identity.source_hash)
+            mine = self._tc_specs.get(target.digest, [])
             if not mine:
                 return 0
-            self._lookup_all()
             winners = {p.winner_config_hash for p in list(self._tc_mem.values()) if p.target.digest == target.digest}
             loaded, skipped = _preload.load(self.fn, [s for s in mine if s.config_hash in winners], dev)
         except Exception as e:  # noqa: BLE001 - best effort: launches load their kernels as before
@@ -324,30 +325,17 @@ class TunecacheAutotuner(Autotuner):
             log.debug("tunecache: %s: preloaded %d binaries (%d skipped)", self.kernel_name, loaded, skipped)
         return loaded
 
-    def _lookup_all(self) -> None:
-        """The kernel's problems in memory (the prefetch's, else one query)."""
-        if self._tc_prefetched:
-            return
-        store = self._store()
-        if store is not None:
-            for q in store.get_many(self.identity.source_hash):
-                self._tc_mem.setdefault(q.digest, q)
-            self._tc_prefetched = True
-
     def _record_specs(self, ctx: _Ctx, store: Store, winner: str | None) -> None:
-        """After a benchmark: store what Triton compiled the winner with, for later preloads."""
-        config = dict(zip(ctx.hashes, ctx.configs)).get(winner or "")
+        """After a benchmark: store what Triton compiled the winner with, for later preloads
+        (an idempotent write: specs other keys recorded already are kept)."""
+        config = dict(zip(ctx.hashes, ctx.configs)).get(winner) if winner else None
         if config is None or store.readonly:
             return
-        specs = [s for s in _preload.capture(self.fn, config, winner or "") if s.spec_hash not in self._tc_specs_saved]
-        if not specs:
-            return
+        specs = _preload.capture(self.fn, config, winner)
         try:
             store.put_specs(self.kernel_name, self.identity.source_hash, ctx.target.digest, specs)
         except StoreError as e:
             self._store_trouble("write", e)
-            return
-        self._tc_specs_saved.update(s.spec_hash for s in specs)
 
     def reset(self, store: str | Store | None = None) -> None:
         """Forget every in-memory resolution and bind to ``store`` (default: the environment's) anew.
@@ -467,9 +455,7 @@ class TunecacheAutotuner(Autotuner):
             return p
         try:
             if not self._tc_prefetched:
-                for q in store.get_many(self.identity.source_hash):
-                    self._tc_mem[q.digest] = q
-                self._tc_prefetched = True
+                self._fetch_problems(store)
                 p = self._tc_mem.get(ctx.digest)
             else:
                 p = store.get(ctx.digest)  # tuned by another process since the prefetch?
@@ -914,6 +900,38 @@ def _background(fn: Callable[[], Any]) -> Future:
             _pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tunecache")
             _pool_pid = os.getpid()
         return _pool.submit(fn)
+
+
+_autoload_pid: int | None = None  # the process whose torch queue holds _load_when_cuda_is_up
+
+
+def _preload_when_cuda_is_up(tuner: TunecacheAutotuner) -> None:
+    """Have ``tuner``'s winners loaded in the background once CUDA is initialised: one callback per
+    process on torch's lazy-init queue covers every kernel defined before that; a kernel defined
+    after it is queued at once."""
+    global _autoload_pid
+    tuner._tc_autoload = True
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        with _pool_lock:
+            if _autoload_pid == os.getpid():
+                return
+            _autoload_pid = os.getpid()
+    _preload.on_cuda_init(_load_when_cuda_is_up)  # runs it now if CUDA is up already
+
+
+def _load_when_cuda_is_up() -> None:
+    """Queue, behind the prefetches, the preload of every kernel marked for it. Only where the
+    device is unambiguous: with several visible GPUs the device a worker will use is not known
+    yet, and it calls ``tunecache.load_winners()`` itself."""
+    import torch
+
+    if torch.cuda.device_count() != 1:
+        return
+    todo = [t for t in list(_tuners) if t._tc_autoload]
+    for t in todo:
+        t._tc_autoload = False  # once: a kernel defined later is queued by itself
+    _background(lambda: sum(t.load_winners() for t in todo))  # the worker's current device is that one
 
 
 def load_winners(device: int | None = None) -> int:

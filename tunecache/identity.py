@@ -48,7 +48,7 @@ import os
 import platform
 import socket
 import textwrap
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
@@ -93,16 +93,24 @@ class KernelIdentity:
     triton_cache_key: str | None  # Triton's own JITFunction.cache_key, kept for reference
 
 
+def wrappers(fn: Any) -> Iterator[Any]:
+    """``fn``, then each object it wraps (Autotuner, Heuristics, JITFunction, InterpretedFunction),
+    down to the Python function, which comes last."""
+    obj = fn
+    for _ in range(17):
+        yield obj
+        if inspect.isfunction(obj):
+            return
+        obj = getattr(obj, "fn", None) or getattr(obj, "base_fn", None)  # Autotuner.base_fn skips the JITFunction
+        if obj is None:
+            break
+    raise TypeError(f"cannot find the Python function inside {fn!r}")
+
+
 def base_function(fn: Any) -> Any:
     """Unwrap Autotuner / Heuristics / JITFunction / InterpretedFunction to the Python function."""
-    seen = 0
-    while not inspect.isfunction(fn):
-        inner = getattr(fn, "base_fn", None) or getattr(fn, "fn", None)
-        if inner is None or seen > 16:
-            raise TypeError(f"cannot find the Python function inside {fn!r}")
-        fn = inner
-        seen += 1
-    return fn
+    *_, last = wrappers(fn)
+    return last
 
 
 def _is_jit_wrapper(obj: Any) -> bool:

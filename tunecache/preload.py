@@ -29,6 +29,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from tunecache.identity import wrappers
+
 log = logging.getLogger("tunecache")
 
 
@@ -51,11 +53,7 @@ def triton_version() -> str:
 
 def jit_function(fn: Any) -> Any | None:
     """The JITFunction under Autotuner/Heuristics wrappers; None under the interpreter."""
-    seen = 0
-    while fn is not None and not hasattr(fn, "device_caches") and seen < 8:
-        fn = getattr(fn, "fn", None)
-        seen += 1
-    return fn if fn is not None and hasattr(fn, "device_caches") and hasattr(fn, "preload") else None
+    return next((w for w in wrappers(fn) if hasattr(w, "device_caches") and hasattr(w, "preload")), None)
 
 
 def _compiled(jf: Any) -> Iterator[tuple[str, Any, Any]]:
