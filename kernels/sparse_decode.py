@@ -196,6 +196,7 @@ def _split_stage(
     KV_FP8: tl.constexpr,
     DOT_FP32: tl.constexpr,
     FP8_ASM: tl.constexpr,
+    IDX64: tl.constexpr,
 ):
     """One (query, 16 heads, chunk of indices): gathered K/V, fp32 online softmax, partial o + lse.
 
@@ -238,14 +239,22 @@ def _split_stage(
     idx_base = IDX + pid_b * stride_ib
     start = pid_s * CHUNK
     end = tl.minimum(start + CHUNK, TOPK)
+    # The indices of the next block are loaded one block ahead, so that the gather does not wait
+    # for a dependent index load every block (H200, B=64: 55.5 -> 52.3 us with 32-bit offsets).
+    offs_t = start + tl.arange(0, BLOCK_T)
+    idx_next = tl.load(idx_base + offs_t, mask=offs_t < end, other=-1)
     for t0 in range(start, end, BLOCK_T):
-        offs_t = t0 + tl.arange(0, BLOCK_T)
-        idx = tl.load(idx_base + offs_t, mask=offs_t < end, other=-1)
+        idx = idx_next
+        offs_t = t0 + BLOCK_T + tl.arange(0, BLOCK_T)
+        idx_next = tl.load(idx_base + offs_t, mask=offs_t < end, other=-1)
         # Bounds-checked against SLOTS as well as -1, so even an unvalidated bad index never reads
-        # out of bounds; the safe index keeps masked lanes' addresses inside the cache. int64: a
-        # cache of millions of slots times 576 overflows int32 offsets.
+        # out of bounds; the safe index keeps masked lanes' addresses inside the cache. Offsets are
+        # 32-bit unless the cache holds 2**31 bytes or more (IDX64, chosen at launch).
         valid = (idx >= 0) & (idx < SLOTS)
-        row = tl.where(valid, idx, 0).to(tl.int64) * stride_kv
+        safe = tl.where(valid, idx, 0)
+        if IDX64:
+            safe = safe.to(tl.int64)
+        row = safe * stride_kv
         kv_ptr = KV + row[:, None]
         # other=0: a garbage (even NaN) row behind a masked lane must not reach p @ v.
         k_nope = tl.load(kv_ptr + offs_d[None, :], mask=valid[:, None], other=0.0)
@@ -503,6 +512,8 @@ def _launch_split(
         "DOT_FP32": _interpreting(q.device),
         # The kernel tests DOT_FP32 first, so the interpreter never reaches the inline asm.
         "FP8_ASM": kv_cache.dtype == torch.float8_e4m3fn and _has_e4m3_cvt(q.device),
+        # 32-bit row offsets while every byte of the cache is addressable by an int32.
+        "IDX64": kv_cache.shape[0] * kv_cache.stride(0) * kv_cache.element_size() >= 2**31,
     }
     if config is None:
         _split_kernel[grid](*args, **meta)

@@ -35,6 +35,7 @@ CONSTEXPRS = {
     "KV_FP8": True,
     "DOT_FP32": False,
     "FP8_ASM": os.environ.get("SM90_BUILD_FP8_ASM", "1") == "1",
+    "IDX64": False,
 }
 
 
