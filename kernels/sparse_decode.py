@@ -53,12 +53,19 @@ after the gather (:func:`_e4m3_to_fp16` says why). q is cast to fp16 once per pr
 fp32 (its bf16 ``tl.dot`` is wrong in Triton 3.9); accumulation is always fp32. The split partials
 are fp16 for an fp8 cache whose rows stay below fp16's range (``k_scale <= 146``), else fp32.
 
-Measured on an H200 (Triton 3.6, CUDA-graph timing of split + merge, H=16, topk=2048; the table,
-the sweeps and an Nsight Compute profile are in docs/benchmarks.md): fp8 B=1 0.011 ms, B=8 0.013 ms,
-B=64 0.056 ms (1.35 TB/s of gathered rows), B=256 0.189 ms (1.60 TB/s). The gather alone, in the
-same grid, reaches 2.9 TB/s at B=64 and 3.2 at B=256 (scripts/bench_gather_ceiling.py): the kernel
-is bound by the latency of its per-block chain (gather, convert, two dots, online softmax) at two
-warps per scheduler, not by HBM.
+Two implementations of the split stage, same arguments and results: this module's Triton kernel
+(any GPU, bf16 or fp8 cache, and the CPU interpreter) and, for an fp8 cache on Hopper (sm90), the
+Gluon kernel of :mod:`tunecache.kernels.sparse_decode_sm90`, which multiplies with ``wgmma`` from
+shared memory instead of re-reading q in every warp (``TUNECACHE_SPARSE_DECODE_GLUON=0`` turns it
+off). Each is autotuned over its own configs and has its own identity in the store;
+:func:`split_kernel` says which one serves a cache.
+
+Measured on an H200 (Triton 3.6, CUDA-graph timing of split + merge, H=16, topk=2048, fp8, one
+run; docs/benchmarks.md has the tables, sweeps and an Nsight Compute profile): B=64 0.0466 ms
+(1.62 TB/s of gathered rows) with the Hopper kernel, 0.0528 ms with this Triton kernel; B=256
+0.144 ms (2.09 TB/s) and 0.174 ms. The gather alone, in the same grid, reaches 2.9 TB/s at B=64 and
+3.2 at B=256 (scripts/bench_gather_ceiling.py): the Triton kernel is bound by the latency of its
+per-block chain (gather, convert, two dots, online softmax) at two warps per scheduler, not by HBM.
 
 The split stage is autotuned with :func:`tunecache.autotune` keyed on ``(B bucket, TOPK, H)``;
 Triton appends every tensor argument's dtype, so fp8 and bf16 caches tune apart.
@@ -76,6 +83,7 @@ from collections.abc import Callable, Sequence
 import torch
 import triton
 import triton.language as tl
+from tunecache.kernels import sparse_decode_sm90 as sm90
 
 from tunecache import autotune, buckets
 from tunecache.buckets import SGLANG_CAPTURE_SIZES
@@ -90,6 +98,7 @@ __all__ = [
     "warmup",
     "choose_num_splits",
     "estimate_shared_memory",
+    "split_kernel",
 ]
 
 D_QK = 576  # 512 latent + 64 rope
@@ -359,6 +368,35 @@ def _has_e4m3_cvt(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device) >= (8, 9)
 
 
+# Read once: the hot path does not consult the environment.
+_GLUON_ENABLED = os.environ.get("TUNECACHE_SPARSE_DECODE_GLUON", "1") != "0"
+
+
+@functools.cache
+def _is_hopper(device: torch.device) -> bool:
+    if device.type != "cuda" or torch.version.hip is not None or not torch.cuda.is_available():
+        return False
+    return torch.cuda.get_device_capability(device)[0] == 9
+
+
+def _uses_sm90(kv_cache: torch.Tensor) -> bool:
+    """True where the Hopper kernel (sparse_decode_sm90, Gluon + wgmma) runs the split stage: an fp8
+    cache on an sm90 GPU, Gluon available (Triton >= 3.6), not disabled by
+    ``TUNECACHE_SPARSE_DECODE_GLUON=0``. Everything else runs the portable Triton split stage."""
+    return (
+        _GLUON_ENABLED
+        and sm90.AVAILABLE
+        and kv_cache.dtype == torch.float8_e4m3fn
+        and not _INTERPRETED
+        and _is_hopper(kv_cache.device)
+    )
+
+
+def split_kernel(kv_cache: torch.Tensor):  # noqa: ANN201 - a tunecache autotuner
+    """The autotuned split stage that serves this cache (its ``best_config`` is the last winner)."""
+    return sm90.split_kernel if _uses_sm90(kv_cache) else _split_kernel
+
+
 # An fp8 row holds at most 448 * k_scale; below fp16's 65504 the split partials (normalised
 # weighted means of rows) are stored in fp16, which halves the partials' write and the merge's read
 # (an H200, B=64 with 4 splits: 8.4 MB written and read again per call in fp32; fp16 saved ~1.5 us).
@@ -504,6 +542,13 @@ def _launch_split(
         o_part.stride(0), o_part.stride(1), s_o, lse_part.stride(0), lse_part.stride(1), s_l,
         B, topk, H, kv_cache.shape[0], chunk,
     )  # fmt: skip
+    if _uses_sm90(kv_cache):
+        meta = {"BLOCK_H": BLOCK_H, "D_V": D_V, "D_ROPE": D_ROPE}
+        if config is None:
+            sm90.split_kernel[grid](*args, **meta)
+        else:
+            sm90.split_stage[grid](*args, **meta, **sm90.check_config(config))
+        return
     meta = {
         "BLOCK_H": BLOCK_H,
         "D_V": D_V,
@@ -553,12 +598,16 @@ def sparse_mla_decode(
     during CUDA graph capture, where a sync is illegal. Without it an out-of-range index is
     undefined behaviour for the result (today the kernel bounds-checks every gather and skips such
     an index like -1), but never an out-of-bounds read. ``config`` (``{"BLOCK_T", "num_warps",
-    "num_stages"}``) bypasses autotuning and launches that one config: for tests, the interpreter
-    and benchmarking a fixed config.
+    "num_stages"}``, plus ``"ROWS"`` for the Hopper kernel; see :func:`split_kernel`) bypasses
+    autotuning and launches that one config: for tests, the interpreter and benchmarking a fixed
+    config. On an sm90 GPU an fp8 cache runs the Hopper kernel (sparse_decode_sm90), whose configs
+    differ (BLOCK_T >= 64, num_warps = BLOCK_T // 16, num_stages 1 or 2).
     """
     capturing = isinstance(q, torch.Tensor) and q.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
     sm, ks = _validate(q, kv_cache, indices, sm_scale, k_scale, num_splits, validate and not capturing)
-    if config is not None:
+    if config is not None and _uses_sm90(kv_cache):
+        sm90.check_config(config)
+    elif config is not None:
         _check_config(config)
     B, H, _ = q.shape
     topk = indices.shape[1]
@@ -664,7 +713,7 @@ def warmup(
         if on_cuda:
             torch.cuda.synchronize(dev)
         seconds = time.perf_counter() - t0
-        best = getattr(_split_kernel, "best_config", None)
+        best = getattr(split_kernel(kv), "best_config", None)
         if best is not None:
             winners[b] = _config_dict(best)
         if progress is not None:

@@ -113,7 +113,7 @@ def child_start(args: dict) -> dict:
         c = per_bucket[str(b)] if per_bucket else cfg
         sd.sparse_mla_decode(q, kv, idx, sm_scale, k_scale=k_scale, config=c, validate=False)
         if c is None:
-            best = sd._split_kernel.best_config
+            best = sd.split_kernel(kv).best_config
             winners[b] = sd._config_dict(best)
     if s["device"] == "cuda":
         torch.cuda.synchronize()
@@ -306,7 +306,7 @@ def child_bandwidth(args: dict) -> dict:
         rows[b] = {
             "ms": ms,
             "TBps": gathered / (ms * 1e-3) / 1e12,
-            "winner": sd._config_dict(sd._split_kernel.best_config),
+            "winner": sd._config_dict(sd.split_kernel(kv).best_config),
         }
     out = {"per_bucket": rows}
     if 64 in data:

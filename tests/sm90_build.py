@@ -1,10 +1,13 @@
 """Compile the sparse decode split stage for sm90 on any machine (ptxas ships with Triton) and print,
-as one JSON line, what the GPU build looks like: shared memory, registers and SASS opcode counts.
+as one JSON line, what the GPU build looks like: shared memory, registers, spills and SASS opcode
+counts.
 
 Run by tests/test_sparse_decode.py in a fresh process, because the tests themselves run under the
 interpreter (TRITON_INTERPRET must be unset before triton is imported to get a compilable kernel).
-Usage: python sm90_build.py BLOCK_T,WARPS,STAGES [...]; SM90_BUILD_FP8_ASM=0 builds with Triton's own
-``.to(tl.float16)`` conversion instead (256 LDS.U8 per thread at 64,4,1: what the test guards against).
+Usage: python sm90_build.py [--gluon] BLOCK_T,WARPS,STAGES[,ROWS] [...]. Without --gluon it builds the
+Triton stage (SM90_BUILD_FP8_ASM=0 builds it with Triton's own ``.to(tl.float16)`` conversion: 256
+LDS.U8 per thread at 64,4,1, what the test guards against); with --gluon the Hopper kernel of
+sparse_decode_sm90.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 from tunecache.kernels import sparse_decode as sd  # noqa: E402
+from tunecache.kernels import sparse_decode_sm90 as sm90  # noqa: E402
 
 # The launch's signature for an fp8 cache with split partials (sparse_decode._launch_split).
 POINTERS = {"Q": "*bf16", "KV": "*fp8e4nv", "IDX": "*i32", "O_PART": "*fp16", "LSE_PART": "*fp32"}
@@ -39,10 +43,13 @@ CONSTEXPRS = {
 }
 
 
-def build(block_t: int, warps: int, stages: int) -> dict:
-    fn = sd._split_stage
+def build(block_t: int, warps: int, stages: int, rows: int = 4, gluon: bool = False) -> dict:
+    fn = sm90.split_stage if gluon else sd._split_stage
     names = fn.arg_names
     constexprs = {**CONSTEXPRS, "BLOCK_T": block_t}
+    if gluon:
+        constexprs = {"BLOCK_H": sd.BLOCK_H, "D_V": sd.D_V, "D_ROPE": sd.D_ROPE, "BLOCK_T": block_t}
+        constexprs.update(ROWS=rows, STAGES=stages)
     signature = {
         n: POINTERS.get(n) or ("fp32" if n in FLOATS else "constexpr" if n in constexprs else "i32") for n in names
     }
@@ -53,7 +60,12 @@ def build(block_t: int, warps: int, stages: int) -> dict:
         for i, n in enumerate(names)
         if signature[n] != "constexpr" and n not in FLOATS and n not in NOT_SPECIALISED
     }
-    src = ASTSource(fn, signature, {n: v for n, v in constexprs.items()}, attrs)
+    if gluon:
+        from triton.experimental.gluon._runtime import GluonASTSource
+
+        src = GluonASTSource(fn, signature, dict(constexprs), attrs)
+    else:
+        src = ASTSource(fn, signature, dict(constexprs), attrs)
     try:
         k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
     except Exception as e:  # noqa: BLE001 - reported to the test
@@ -67,16 +79,18 @@ def build(block_t: int, warps: int, stages: int) -> dict:
         res = subprocess.run([os.path.join(bindir, "cuobjdump"), "-res-usage", path], capture_output=True, text=True)
     ops = Counter(re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)", sass, re.M))
     regs = re.search(r"REG:(\d+)", res.stdout)
+    stack = re.search(r"STACK:(\d+)", res.stdout)
     return {
         "shared": k.metadata.shared,
         "registers": int(regs.group(1)) if regs else None,
-        "ops": {op: n for op, n in ops.items() if op.startswith(("LDS", "F2FP", "HMMA", "LDSM", "STL", "LDL"))},
+        "stack": int(stack.group(1)) if stack else None,
+        "ops": {op: n for op, n in ops.items() if op.startswith(("LDS", "F2FP", "HMMA", "HGMMA", "STL", "LDL"))},
     }
 
 
 if __name__ == "__main__":
     out = {}
-    for arg in sys.argv[1:]:
-        bt, w, s = (int(x) for x in arg.split(","))
-        out[arg] = build(bt, w, s)
+    gluon = "--gluon" in sys.argv[1:]
+    for arg in (a for a in sys.argv[1:] if a != "--gluon"):
+        out[arg] = build(*(int(x) for x in arg.split(",")), gluon=gluon)
     print(json.dumps(out))

@@ -177,3 +177,65 @@ def test_miss_inside_cuda_graph_capture_falls_back_and_replays(sqlite_url, preco
     child("run_add(4096)\nprint('{}')", {"TUNECACHE_URL": sqlite_url}, tmp_path)
     hit = child(CAPTURE, {**env, "TUNECACHE_MODE": "strict"}, tmp_path)
     assert hit == {"benchmarks": 0, "fallbacks": 0, "correct": True, "error": None}
+
+
+HOPPER = """
+import json, math
+from tunecache.kernels import sparse_decode as sd, sparse_decode_sm90 as sm90
+from tunecache.store import open_store
+import os
+
+gen = torch.Generator(device="cuda").manual_seed(5)
+topk, slots = 1024, 1 << 16
+kv = (torch.randn(slots, sd.D_QK, generator=gen, device="cuda") * 0.5).to(torch.float8_e4m3fn)
+k_scale, sm_scale = 1.0 / 16, 1.0 / math.sqrt(sd.D_QK)
+cases = {}
+for b in (1, 3, 64):
+    q = torch.randn(b, 16, sd.D_QK, generator=gen, device="cuda").to(torch.bfloat16)
+    idx = torch.randint(0, slots, (b, topk), generator=gen, device="cuda", dtype=torch.int32)
+    idx[0, topk // 2 + 5:] = -1                   # a ragged tail
+    if b > 1:
+        idx[1, :] = -1                            # a fully invalid row
+        idx[2 % b, ::7] = -1                      # scattered holes
+    cases[b] = (q, idx, *sd.reference(q, kv, idx, sm_scale, k_scale=k_scale))
+
+def check(out, lse, ref, ref_lse):
+    valid = torch.isfinite(ref_lse)
+    err = ((out.float() - ref)[valid].abs().max() / ref[valid].abs().max()).item()
+    lse_err = (lse[valid] - ref_lse[valid]).abs().max().item()
+    empty = bool((out[~valid] == 0).all()) and bool(torch.isneginf(lse[~valid]).all())
+    return err, lse_err, empty
+
+worst, worst_lse, empty_ok = 0.0, 0.0, True
+for c in sm90.CONFIGS:
+    if sm90.SHARED_BYTES[c.kwargs["BLOCK_T"]] > sd.SM90_MAX_SHARED:
+        continue
+    for b, (q, idx, ref, ref_lse) in cases.items():
+        for s in {1, 4, sd.choose_num_splits(b, 16, topk)}:
+            out, lse = sd.sparse_mla_decode(q, kv, idx, sm_scale, k_scale=k_scale, num_splits=s,
+                                            config=sd._config_dict(c))
+            e, l, ok = check(out, lse, ref, ref_lse)
+            worst, worst_lse, empty_ok = max(worst, e), max(worst_lse, l), empty_ok and ok
+# The autotuned path: the Hopper kernel serves fp8 here, and its deliberate config fails for lack
+# of shared memory, recorded with the bytes it needs.
+q, idx, ref, ref_lse = cases[64]
+out, lse = sd.sparse_mla_decode(q, kv, idx, sm_scale, k_scale=k_scale)
+tuned = check(out, lse, ref, ref_lse)
+(p,) = open_store(os.environ["TUNECACHE_URL"]).list(with_configs=True)
+oor = [r.failure for r in p.configs if r.status == "out_of_resources"]
+print(json.dumps({"worst": worst, "worst_lse": worst_lse, "empty_ok": empty_ok, "tuned": tuned,
+                  "hopper": sd.split_kernel(kv) is sm90.split_kernel, "kernel": p.kernel,
+                  "configs": len(p.configs), "oor": oor}))
+"""
+
+
+@pytest.mark.skipif(torch.cuda.get_device_capability()[0] != 9, reason="the Hopper (sm90) kernel")
+def test_hopper_fp8_kernel_matches_the_reference_for_every_config_and_records_its_oor(sqlite_url, tmp_path):
+    got = child(HOPPER, {"TUNECACHE_URL": sqlite_url}, tmp_path)
+    assert got["hopper"] and "sm90" in got["kernel"]
+    assert got["worst"] <= 1e-2 and got["worst_lse"] <= 1e-3 and got["empty_ok"], got
+    err, lse_err, empty_ok = got["tuned"]
+    assert err <= 1e-2 and lse_err <= 1e-3 and empty_ok
+    assert got["configs"] == 13
+    [failure] = got["oor"]
+    assert failure["required"] == 322560 and failure["limit"] == 232448, failure

@@ -19,6 +19,7 @@ import math  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from tunecache.kernels import sparse_decode as sd  # noqa: E402
+from tunecache.kernels import sparse_decode_sm90 as sm90  # noqa: E402
 
 DEV = "cuda" if os.environ.get("TUNECACHE_TEST_GPU") == "1" else "cpu"
 CFG = {"BLOCK_T": 16, "num_warps": 4, "num_stages": 1}
@@ -377,6 +378,80 @@ def test_sm90_build_converts_fp8_in_registers_and_fits_except_the_deliberate_con
         assert b["ops"].get("F2FP.F16.E4M3.UNPACK_B", 0) > 0, b["ops"]  # the PTX e4m3x2 -> f16x2
         assert not any(op.startswith("LDS.U8") for op in b["ops"]), (cfg, b["ops"])
     assert built["512,8,3"]["shared"] > sd.SM90_MAX_SHARED
+
+
+# ---- the Hopper (sm90) split stage: checked here by its real build; on the GPU by tests/test_gpu.py --
+
+
+def test_hopper_configs_sweep_block_t_warps_stages_and_one_cannot_fit_an_h200() -> None:
+    shapes = [(c.kwargs["BLOCK_T"], c.kwargs["ROWS"], c.num_warps, c.num_stages) for c in sm90.CONFIGS]
+    assert len(set(shapes)) == len(shapes)  # no duplicates
+    fitting = [c for c in sm90.CONFIGS if sm90.SHARED_BYTES[c.kwargs["BLOCK_T"]] <= sd.SM90_MAX_SHARED]
+    assert len(fitting) >= 12 and len(sm90.CONFIGS) == len(fitting) + 1
+    assert {c.num_stages for c in fitting} == {1, 2} and {c.kwargs["BLOCK_T"] for c in fitting} == {64, 128}
+    for c in sm90.CONFIGS:  # every tuned winner can be launched again as a fixed config
+        assert sm90.check_config(sd._config_dict(c))["STAGES"] == c.num_stages
+
+
+@pytest.mark.parametrize(
+    ("config", "match"),
+    [
+        ({"BLOCK_T": 32}, "TUNECACHE_SPARSE_DECODE_GLUON=0"),
+        ({"BLOCK_T": 96}, "power of two"),
+        ({"BLOCK_T": 64, "num_warps": 8}, "num_warps must be BLOCK_T // 16 = 4"),
+        ({"BLOCK_T": 64, "num_stages": 3}, "num_stages must be 1 or 2"),
+        ({"BLOCK_T": 64, "ROWS": 3}, "ROWS"),
+        ({"BLOCK_T": 64, "num_stages": 1, "STAGES": 2}, "STAGES is num_stages"),
+        ({"BLOCK_T": 64, "BLOCK_H": 32}, "unknown keys"),
+        ([64, 4, 1], "must be a dict"),
+    ],
+)
+def test_hopper_fixed_config_errors_say_what_the_kernel_accepts(config: object, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        sm90.check_config(config)  # type: ignore[arg-type]
+
+
+def test_fp8_on_sm90_runs_the_hopper_kernel_unless_disabled(monkeypatch: pytest.MonkeyPatch) -> None:
+    kv8, kv16 = torch.zeros(4, sd.D_QK, dtype=FP8), torch.zeros(4, sd.D_QK, dtype=BF16)
+    assert not sd._uses_sm90(kv8) and sd.split_kernel(kv8) is sd._split_kernel  # CPU, interpreter
+    monkeypatch.setattr(sd, "_is_hopper", lambda device: True)
+    monkeypatch.setattr(sd, "_INTERPRETED", False)
+    assert sd._uses_sm90(kv8) == sm90.AVAILABLE and not sd._uses_sm90(kv16)
+    if sm90.AVAILABLE:
+        assert sd.split_kernel(kv8) is sm90.split_kernel
+    monkeypatch.setattr(sd, "_GLUON_ENABLED", False)  # TUNECACHE_SPARSE_DECODE_GLUON=0
+    assert not sd._uses_sm90(kv8)
+
+
+def test_hopper_kernel_has_its_own_identity_in_the_store() -> None:
+    from tunecache.identity import kernel_identity
+
+    if not sm90.AVAILABLE:
+        pytest.skip("Triton without Gluon >= 3.6")
+    a, b = kernel_identity(sm90.split_kernel), kernel_identity(sd._split_kernel)
+    assert a.name.endswith("sparse_decode_sm90._split_stage_sm90") and a.source_hash != b.source_hash
+    assert kernel_identity(sm90.split_kernel).source_hash == a.source_hash
+
+
+@pytest.mark.skipif(DEV != "cpu" or not sm90.AVAILABLE, reason="compiles for sm90 offline with Gluon")
+def test_hopper_build_multiplies_from_shared_memory_and_fits_except_the_deliberate_config() -> None:
+    """The real sm90 build of the Gluon kernel: wgmma (HGMMA) with both operands in shared memory,
+    so no ldmatrix (the Triton stage's q re-reads); the shared memory of every BLOCK_T is what
+    SHARED_BYTES says; two BLOCK_T=64 programs fit an SM; the deliberate config cannot fit."""
+    import triton
+    from conftest import run_json
+
+    built = run_json(["sm90_build.py", "--gluon", "64,4,2,8", "64,4,1,2", "128,8,2,8", "256,16,2,4"], timeout=600)
+    for cfg, b in built.items():
+        assert "error" not in b, b
+        bt = int(cfg.split(",")[0])
+        assert b["shared"] == sm90.SHARED_BYTES[bt], (cfg, b["shared"])
+        assert b["ops"].get("HGMMA.64", 0) >= 64 and not any(op.startswith("LDSM") for op in b["ops"]), b["ops"]
+        assert b["ops"].get("F2FP.F16.E4M3.UNPACK_B", 0) > 0
+        if bt < 256 and triton.__version__.startswith("3.6."):
+            assert b["stack"] == 0, (cfg, b)  # no spills in the build verified on the H200
+    assert 2 * (sm90.SHARED_BYTES[64] + 1024) <= 233472  # 228 KiB per SM, 1 KiB reserved per block
+    assert built["256,16,2,4"]["shared"] > sd.SM90_MAX_SHARED
 
 
 def test_split_partials_are_fp16_only_while_fp8_rows_fit_fp16() -> None:
