@@ -86,6 +86,7 @@ import triton.language as tl
 from tunecache.kernels import sparse_decode_sm90 as sm90
 
 from tunecache import autotune, buckets
+from tunecache.autotuner import TunecacheAutotuner
 from tunecache.buckets import SGLANG_CAPTURE_SIZES
 
 __all__ = [
@@ -392,7 +393,7 @@ def _uses_sm90(kv_cache: torch.Tensor) -> bool:
     )
 
 
-def split_kernel(kv_cache: torch.Tensor):  # noqa: ANN201 - a tunecache autotuner
+def split_kernel(kv_cache: torch.Tensor) -> TunecacheAutotuner:
     """The autotuned split stage that serves this cache (its ``best_config`` is the last winner)."""
     return sm90.split_kernel if _uses_sm90(kv_cache) else _split_kernel
 

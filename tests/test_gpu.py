@@ -225,17 +225,19 @@ tuned = check(out, lse, ref, ref_lse)
 oor = [r.failure for r in p.configs if r.status == "out_of_resources"]
 print(json.dumps({"worst": worst, "worst_lse": worst_lse, "empty_ok": empty_ok, "tuned": tuned,
                   "hopper": sd.split_kernel(kv) is sm90.split_kernel, "kernel": p.kernel,
-                  "configs": len(p.configs), "oor": oor}))
+                  "configs": len(p.configs), "n_configs": len(sm90.CONFIGS), "oor": oor}))
 """
 
 
-@pytest.mark.skipif(torch.cuda.get_device_capability()[0] != 9, reason="the Hopper (sm90) kernel")
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9, reason="the Hopper (sm90) kernel"
+)
 def test_hopper_fp8_kernel_matches_the_reference_for_every_config_and_records_its_oor(sqlite_url, tmp_path):
     got = child(HOPPER, {"TUNECACHE_URL": sqlite_url}, tmp_path)
     assert got["hopper"] and "sm90" in got["kernel"]
     assert got["worst"] <= 1e-2 and got["worst_lse"] <= 1e-3 and got["empty_ok"], got
     err, lse_err, empty_ok = got["tuned"]
     assert err <= 1e-2 and lse_err <= 1e-3 and empty_ok
-    assert got["configs"] == 13
+    assert got["configs"] == got["n_configs"] >= 13
     [failure] = got["oor"]
     assert failure["required"] == 322560 and failure["limit"] == 232448, failure
