@@ -216,6 +216,15 @@ for c in sm90.CONFIGS:
                                             config=sd._config_dict(c))
             e, l, ok = check(out, lse, ref, ref_lse)
             worst, worst_lse, empty_ok = max(worst, e), max(worst_lse, l), empty_ok and ok
+# Head counts that are not one block of 16 (a padded block; several blocks), with the first config.
+for h in (8, 20, 128):
+    q = torch.randn(3, h, sd.D_QK, generator=gen, device="cuda").to(torch.bfloat16)
+    idx = torch.randint(0, slots, (3, topk), generator=gen, device="cuda", dtype=torch.int32)
+    idx[0, 100:] = -1
+    idx[1, :] = -1
+    out, lse = sd.sparse_mla_decode(q, kv, idx, sm_scale, k_scale=k_scale, config=sd._config_dict(sm90.CONFIGS[0]))
+    e, l, ok = check(out, lse, *sd.reference(q, kv, idx, sm_scale, k_scale=k_scale))
+    worst, worst_lse, empty_ok = max(worst, e), max(worst_lse, l), empty_ok and ok
 # The autotuned path: the Hopper kernel serves fp8 here, and its deliberate config fails for lack
 # of shared memory, recorded with the bytes it needs.
 q, idx, ref, ref_lse = cases[64]
