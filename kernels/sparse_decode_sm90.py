@@ -65,10 +65,11 @@ def _triton_at_least(major: int, minor: int) -> bool:
 AVAILABLE = gluon is not None and _triton_at_least(3, 6)
 
 # 12 configs that fit an H200 plus one that cannot, so that the autotuner's OutOfResources path
-# runs on real hardware. wgmma needs 64 rows per warpgroup, hence num_warps = BLOCK_T // 16.
-# Shared memory per program, compiled for sm90 (Triton 3.6): the q tile (18 KB), the fp16 block
-# and P^T. BLOCK_T=64 fits two programs per SM (2 x 94464 bytes); BLOCK_T=256 (16 warps) needs 322560 bytes,
-# over the 232448 an H200 gives a block.
+# runs on real hardware. wgmma needs 64 rows per warpgroup, hence num_warps = BLOCK_T // 16. A Gluon
+# kernel is not pipelined by the compiler, so num_stages reaches it as the constexpr STAGES (blocks
+# of rows in flight), kept equal to num_stages. Shared memory per program, compiled for sm90
+# (Triton 3.6): the q tile (18 KB), the fp16 block and P^T. BLOCK_T=64 fits two programs per SM
+# (2 x 94464 bytes); BLOCK_T=256 (16 warps) needs 322560 bytes, over the 232448 an H200 gives a block.
 SHARED_BYTES = {64: 94464, 128: 170496, 256: 322560}
 _FITTING = [(64, 4), (128, 8)]
 CONFIGS: list[triton.Config] = [
