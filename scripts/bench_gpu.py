@@ -14,7 +14,7 @@ pause of TC_BENCH_PAUSE_S, default 1 s, stands for the server loading its weight
   tunecache-restart tunecache, cubins cached, store filled: zero benchmarks
   fixed            one fixed config, cubins cached: the floor (TUNECACHE_PRELOAD=0: a server
                    without tunecache has nothing that knows which binaries it will need)
-  fresh-host       a new store imported from an export, EMPTY Triton cache: compiles winners only
+  fresh-host       a new store imported from an export (with --launch-specs), EMPTY Triton cache: compiles winners only
   winners-direct   the restart's winners launched with config= (no tuner): same kernels to load
   restart-profile  a tunecache restart under cProfile: where its time goes
   restart-series   TC_BENCH_ROUNDS (5) interleaved rounds of fixed / tunecache restart / winners
@@ -428,7 +428,9 @@ def run_all(out_dir: Path, quick: bool) -> dict:
         export = work / "tuned.jsonl.gz"
         tc = [sys.executable, "-m", "tunecache.cli"]
         ex = subprocess.run([*tc, "--url", url1, "export", str(export)], env=base_env, capture_output=True, text=True)
-        im = subprocess.run([*tc, "--url", url2, "import", str(export)], env=base_env, capture_output=True, text=True)
+        im = subprocess.run(
+            [*tc, "--url", url2, "import", str(export), "--launch-specs"], env=base_env, capture_output=True, text=True
+        )
         r["exchange"] = {
             "export_rc": ex.returncode,
             "import_rc": im.returncode,

@@ -26,6 +26,7 @@ from tunecache.cli import main
 from tunecache.errors import ImportFormatError, StoreError, StoreReadOnlyError
 from tunecache.exchange import FORMAT_VERSION, export, import_
 from tunecache.identity import Target, canonical_key, config_hash_of, problem_digest
+from tunecache.preload import LaunchSpec
 from tunecache.store import ConfigResult, Problem, Store, open_store
 
 H200 = Target("cuda", "sm90", "NVIDIA H200", 132, 232448, 32, "13000", "580.159.04", "13.0", "3.5")
@@ -136,8 +137,11 @@ def assemble(lines: list[bytes], fix_header: bool = True) -> bytes:
     if fix_header:
         header = orjson.loads(lines[0])
         body = lines[1:]
-        header["problems"] = len(body)
-        header["configs"] = sum(len(orjson.loads(x)["configs"]) for x in body)
+        specs = [x for x in body if b'"spec_hash"' in x]
+        header["problems"] = len(body) - len(specs)
+        if header.get("version") == 2:
+            header["launch_specs"] = len(specs)
+        header["configs"] = sum(len(orjson.loads(x)["configs"]) for x in body if x not in specs)
         header["body_sha256"] = hashlib.sha256(b"".join(body)).hexdigest()
         lines = [orjson.dumps(header) + b"\n", *body]
     return b"".join(lines)
@@ -201,8 +205,10 @@ def test_file_format_is_the_documented_one(sqlite_url, tmp_path):
         "body_sha256",
         "created_at",
         "filters",
+        "launch_specs",
     }
-    assert header["format"] == "tunecache-export" and header["version"] == FORMAT_VERSION == 1
+    assert header["format"] == "tunecache-export" and header["version"] == FORMAT_VERSION == 2
+    assert header["launch_specs"] == 0  # this store recorded none
     assert header["filters"] == {
         "kernel": "add_kernel",
         "arch": None,
@@ -443,10 +449,10 @@ MALFORMED: dict[str, tuple[Callable[[list[bytes]], bytes], str, int, str]] = {
     "header missing": (lambda ls: assemble(ls[1:], fix_header=False), ".jsonl", 1, "missing header"),
     "not an export": (lambda ls: b'{"hello": "world"}\n', ".jsonl", 1, "not a tunecache export"),
     "wrong format version": (
-        lambda ls: assemble(edit(ls, 0, _set("version", 2))),
+        lambda ls: assemble(edit(ls, 0, _set("version", 3))),
         ".jsonl",
         1,
-        "unsupported format version 2",
+        "unsupported format version 3",
     ),
     "truncated at a line end": (
         lambda ls: assemble(ls[:-1], fix_header=False),
@@ -689,3 +695,127 @@ def test_read_only_store_refuses_before_validating(sqlite_url, good_lines, tmp_p
     with pytest.raises(StoreReadOnlyError, match="read-only"):
         import_(ro, path)
     assert import_(ro, path, dry_run=True).new == 3  # a dry run only reads
+
+
+# ---- the winners' launch specs (format version 2) -------------------------------------------
+
+
+def spec(n: int) -> LaunchSpec:
+    text = json.dumps({"key": f"spec-{n}", "constants": {"BLOCK": 64 * n}})
+    return LaunchSpec(hashlib.sha256(text.encode()).hexdigest(), config_hash_of(cfg(64)), f"{n:064x}", text, "3.6.0")
+
+
+def fill_specs(url: str) -> Store:
+    """fill() plus launch specs: two for the H200 kernel, one for the A100 one, one for nothing stored."""
+    store = fill(url)
+    store.put_specs("tests.kernels.add_kernel", SOURCE, H200.digest, [spec(1), spec(2)])
+    store.put_specs("tests.kernels.mul_kernel", SOURCE, A100.digest, [spec(3)])
+    other = Target(**{**H200.as_dict(), "device_name": "NVIDIA H100"})
+    store.put_specs("tests.kernels.add_kernel", SOURCE, other.digest, [spec(4)])  # no problem: not exported
+    return store
+
+
+def test_launch_specs_travel_with_their_problems_and_import_idempotently(store_url, tmp_path):
+    fill_specs(store_url).close()
+    out = tmp_path / "tuned.jsonl.gz"
+    s = export(open_store(store_url), out)
+    assert (s["version"], s["problems"], s["launch_specs"]) == (2, 3, 3)
+    assert orjson.loads(body_lines(out)[0])["launch_specs"] == 3
+    dst = f"sqlite:///{tmp_path / 'dst.sqlite3'}"
+    plain = import_(open_store(dst), out)  # specs validated, not added unless asked
+    assert (plain.new, plain.launch_specs, plain.launch_specs_new) == (3, 3, 0)
+    assert open_store(dst).get_specs(SOURCE) == {}
+    first = import_(open_store(dst), out, with_launch_specs=True)
+    assert (first.skipped, first.launch_specs, first.launch_specs_new) == (3, 3, 3)
+    got = open_store(dst).get_specs(SOURCE)
+    by_hash = sorted([spec(1), spec(2)], key=lambda x: x.spec_hash)  # get_specs orders by spec hash
+    assert got == {H200.digest: by_hash, A100.digest: [spec(3)]}
+    again = import_(open_store(dst), out, with_launch_specs=True)
+    assert (again.skipped, again.launch_specs, again.launch_specs_new) == (3, 3, 0)
+    assert open_store(dst).get_specs(SOURCE) == got
+    # A filtered export carries only the specs of the kernels and targets it exports.
+    assert export(open_store(store_url), tmp_path / "add.jsonl", kernel="add_kernel")["launch_specs"] == 2
+    res = ok(cli(dst, "import", str(out), "--launch-specs"))
+    assert "3 launch specs, 0 added" in res.output
+
+
+def test_no_launch_specs_writes_version_1_which_still_imports(sqlite_url, tmp_path):
+    fill_specs(sqlite_url).close()
+    path = tmp_path / "v1.jsonl"
+    ok(cli(sqlite_url, "export", str(path), "--no-launch-specs"))
+    header = orjson.loads(body_lines(path)[0])
+    assert header["version"] == 1 and "launch_specs" not in header and header["problems"] == 3
+    assert len(body_lines(path)) == 4  # header + 3 problems, no spec lines
+    dst = open_store(f"sqlite:///{tmp_path / 'dst.sqlite3'}")
+    s = import_(dst, path)
+    assert (s.new, s.launch_specs) == (3, 0) and dst.get_specs(SOURCE) == {}
+
+
+@pytest.fixture
+def spec_lines(tmp_path) -> list[bytes]:
+    """A valid version 2 export: header, 3 problems (lines 2-4), 3 launch specs (lines 5-7)."""
+    url = f"sqlite:///{tmp_path / 'specs.sqlite3'}"
+    fill_specs(url).close()
+    export(open_store(url), tmp_path / "specs.jsonl")
+    lines = body_lines(tmp_path / "specs.jsonl")
+    assert len(lines) == 7
+    return lines
+
+
+def _respec(text: str) -> Callable[[dict[str, Any]], None]:
+    def change(obj: dict[str, Any]) -> None:
+        obj["spec"], obj["spec_hash"] = text, hashlib.sha256(text.encode()).hexdigest()
+
+    return change
+
+
+SPEC_MALFORMED: dict[str, tuple[Callable[[list[bytes]], bytes], int, str]] = {
+    "spec edited, hash kept": (
+        lambda ls: assemble(edit(ls, 4, _set("spec", '{"key": "other"}'))),
+        5,
+        "does not match its spec",
+    ),
+    "spec not an object": (lambda ls: assemble(edit(ls, 5, _respec("[1, 2]"))), 6, "must be a JSON object"),
+    "spec for no problem of the file": (
+        lambda ls: assemble(edit(ls, 6, _set("target_digest", "ab" * 32))),
+        7,
+        "no problem in this file has",
+    ),
+    "unknown field": (lambda ls: assemble(edit(ls, 4, _set("code", "import os"))), 5, "unknown field in a launch spec"),
+    "bad kernel hash": (lambda ls: assemble(edit(ls, 4, _set("kernel_hash", "xyz"))), 5, "kernel_hash must be 64"),
+    "duplicate": (lambda ls: assemble([*ls, ls[4]]), 8, "duplicate launch spec"),
+    "fewer specs than announced": (
+        lambda ls: assemble(ls[:-1], fix_header=False),
+        7,
+        "after 2 of the 3 launch specs",
+    ),
+    "more lines than announced": (
+        lambda ls: assemble([*ls, ls[5]], fix_header=False),
+        8,
+        "more lines than the 3 problems and 3 launch specs",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(SPEC_MALFORMED))
+def test_malformed_launch_spec_exits_1_and_changes_nothing(case, spec_lines, tmp_path):
+    make, line, reason = SPEC_MALFORMED[case]
+    url = f"sqlite:///{tmp_path / 'target.sqlite3'}"
+    store = open_store(url)
+    store.put(make_problem(1), make_results())
+    before = store.counts()
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(make(spec_lines))
+    res = cli(url, "import", str(path), "--launch-specs")
+    assert res.exit_code == 1, res.output
+    msg = res.stderr.strip()
+    assert msg.startswith(f"tunecache: error: line {line}: "), msg
+    assert reason in msg, msg
+    assert store.counts() == before and store.get_specs(SOURCE) == {}
+
+
+def test_the_good_spec_file_imports_after_reassembly(spec_lines, tmp_path):
+    path = tmp_path / "good.jsonl"
+    path.write_bytes(assemble(spec_lines))
+    s = import_(open_store(f"sqlite:///{tmp_path / 't.sqlite3'}"), path, with_launch_specs=True)
+    assert (s.new, s.launch_specs_new) == (3, 3)

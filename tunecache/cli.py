@@ -476,6 +476,12 @@ def _progress_for(fn: Callable[..., Any], quiet: bool) -> Callable[..., None] | 
 @click.argument("path")
 @filter_options
 @click.option("--since", help="Only problems updated since an ISO date/time (UTC) or for a duration (30d, 12h).")
+@click.option(
+    "--no-launch-specs",
+    is_flag=True,
+    help="Leave out the winners' launch specs (what a first start preloads): a version 1 file, which "
+    "tunecache versions before format 2 can import.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable summary.")
 @click.pass_context
 def export_cmd(
@@ -486,6 +492,7 @@ def export_cmd(
     device: str | None,
     driver: str | None,
     since: str | None,
+    no_launch_specs: bool,
     as_json: bool,
 ) -> None:
     """Write stored problems with every config row to PATH (JSON Lines; .gz compresses; - is stdout)."""
@@ -499,6 +506,7 @@ def export_cmd(
             **_filters(kernel, arch, device, driver),
             since=parse_since(since) if since else None,
             progress=progress,
+            with_launch_specs=not no_launch_specs,
         )
     s["path"] = path
     to_stderr = path == "-"  # stdout carries the file itself
@@ -506,8 +514,8 @@ def export_cmd(
         click.echo(orjson.dumps(s, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode(), err=to_stderr)
     else:
         click.echo(
-            f"exported {s['problems']} problems ({s['configs']} config rows, {s['bytes']} bytes) to {path} "
-            f"in {s['seconds']:.1f}s",
+            f"exported {s['problems']} problems ({s['configs']} config rows, {s['launch_specs']} launch specs, "
+            f"{s['bytes']} bytes) to {path} in {s['seconds']:.1f}s",
             err=to_stderr,
         )
 
@@ -522,9 +530,17 @@ def export_cmd(
     show_default=True,
     help="For a problem already stored: keep it, replace it, or replace it if the incoming winner is faster.",
 )
+@click.option(
+    "--launch-specs",
+    is_flag=True,
+    help="Also add the file's launch specs, so the first start preloads the winners' binaries. They steer "
+    "what Triton compiles: only for a file you trust like your store (your own export).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable summary.")
 @click.pass_context
-def import_cmd(ctx: click.Context, path: str, dry_run: bool, on_conflict: str, as_json: bool) -> None:
+def import_cmd(
+    ctx: click.Context, path: str, dry_run: bool, on_conflict: str, launch_specs: bool, as_json: bool
+) -> None:
     """Import an export file (PATH, or - for stdin): all of it in one transaction, or nothing.
 
     Every line is validated first (types, timings, statuses, config shape, recomputed digests); a
@@ -534,13 +550,16 @@ def import_cmd(ctx: click.Context, path: str, dry_run: bool, on_conflict: str, a
 
     store = _open(ctx)
     with _ExchangeProgress() as progress:
-        s = import_(store, path, dry_run=dry_run, on_conflict=on_conflict, progress=progress)
+        s = import_(
+            store, path, dry_run=dry_run, on_conflict=on_conflict, progress=progress, with_launch_specs=launch_specs
+        )
     if as_json:
         _json_out(s.as_dict())
         return
     click.echo(
         f"{'dry run, nothing written: ' if dry_run else ''}{s.problems} problems ({s.configs} config rows): "
         f"{s.new} new, {s.updated} updated, {s.skipped} skipped, {s.conflicts} conflicts"
+        + (f"; {s.launch_specs} launch specs, {s.launch_specs_new} added" if s.launch_specs else "")
     )
 
 

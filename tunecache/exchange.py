@@ -5,8 +5,12 @@ file into another store: an image being built without a GPU, a second cluster, a
 is data only: import parses JSON, checks every field and recomputes every hash; nothing in it is
 ever executed (no pickle, no eval, no imports).
 
-File format, version 1
+File format, version 2
 ======================
+
+Version 2 is version 1 plus the winners' launch specs (below). Export writes version 2, or
+version 1 with ``with_launch_specs=False`` (``tunecache export --no-launch-specs``) for a
+tunecache that reads only version 1; import reads both.
 
 `JSON Lines <https://jsonlines.org>`_ written with orjson, UTF-8, one object per line, every line
 ending in ``\\n``. A path ending in ``.gz`` is gzip-compressed (import also recognises gzip by its
@@ -20,7 +24,7 @@ then two gzip members (header, body), which every gzip reader concatenates.
 field              value
 =================  ==========================================================================
 format             ``"tunecache-export"``
-version            ``1``: the version of this format. An importer refuses any other version
+version            ``2`` (or ``1``): the version of this format. An importer refuses others
 tunecache          version of the tunecache that wrote the file (informational)
 problems           number of problem lines that follow
 configs            total number of config rows in them
@@ -28,6 +32,7 @@ body_sha256        hex sha256 of the exact bytes of every line after the header
 created_at         ISO 8601 UTC time of the export
 filters            the export's filters: ``kernel``, ``arch``, ``device``, ``driver``, ``since``
                    (string or null)
+launch_specs       version 2 only: number of launch-spec lines after the problems
 =================  ==========================================================================
 
 Every following line is one problem, in digest order, with all its config rows (failed ones
@@ -75,9 +80,32 @@ host         host that measured it
 measured_at  ISO 8601 UTC date-time
 ===========  ==============================================================================
 
+After the problems (version 2), one line per launch spec: what Triton compiled a winner with, so
+that the importing store's first start loads the winners' binaries before its first launches
+(:mod:`tunecache.preload`), e.g. an image built by import. Only the specs of a kernel source and
+target that has an exported problem are written, ordered by (source_hash, target_digest,
+spec_hash). Import validates them always and adds them only when asked (``with_launch_specs``,
+``tunecache import --launch-specs``), whatever ``on_conflict`` says (a spec already stored is
+kept). A spec carries no code (the kernel is always the importing process's own) but it does
+steer what Triton compiles and under which cache key, which import cannot verify without a GPU:
+add specs only from a file trusted like the store itself, such as your own export.
+
+==============  ===========================================================================
+field           value
+==============  ===========================================================================
+kernel          kernel name (at most 255 characters)
+source_hash     64 hex: the kernel source of a problem in this file
+target_digest   64 hex: :attr:`tunecache.identity.Target.digest` of that problem's target
+spec_hash       64 hex, recomputed on import: sha256 of ``spec``
+config_hash     32 hex: the config it was compiled with
+kernel_hash     64 hex: Triton's hash of the compiled binary
+triton_version  the Triton version that compiled it (at most 32 characters)
+spec            string: Triton's serialised specialisation, a JSON object
+==============  ===========================================================================
+
 Unknown fields, missing fields, ``true`` where an integer is expected, NaN or Infinity (not
-JSON), a duplicate digest or config hash: each is an error naming the line. A later format adds
-fields by raising ``version``.
+JSON), a duplicate digest, config hash or launch spec: each is an error naming the line. A later
+format adds fields by raising ``version``.
 
 Import
 ======
@@ -123,13 +151,23 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from tunecache.errors import ImportFormatError, StoreError, StoreReadOnlyError, TunecacheError
-from tunecache.identity import CONFIG_FIELDS, TARGET_FIELDS, Target, canonical_json, config_hash_of, problem_digest
-from tunecache.store import STATUSES, Store, _reason, _scrub, _where, configs, misses, problems, utcnow
+from tunecache.identity import (
+    CONFIG_FIELDS,
+    TARGET_FIELDS,
+    Target,
+    canonical_json,
+    config_hash_of,
+    hostname,
+    problem_digest,
+)
+from tunecache.store import STATUSES, Store, _reason, _scrub, _where, configs, launch_specs, misses, problems, utcnow
 
 log = logging.getLogger("tunecache")
 
 FORMAT_NAME = "tunecache-export"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+#: Versions import reads: 1 (problems only) and 2 (problems, then the winners' launch specs).
+READABLE_VERSIONS = (1, 2)
 #: Longest line import accepts (newline included). A problem with 12 configs takes about 4 KiB; the
 #: limit leaves room for ~10,000 configs per problem while keeping a hostile file's memory bounded.
 #: Export refuses to write a longer line, so every export can be imported.
@@ -147,7 +185,19 @@ _WRITE_BATCH = 5000  # config rows per executemany / COPY flush
 _LOOKUP_CHUNK = 2000  # digests per IN (...) when checking what the store already has
 _PG_FK_REBUILD_MIN = 50_000  # config rows from which a PostgreSQL import re-validates the foreign key once
 
-_HEADER_FIELDS = ("format", "version", "tunecache", "problems", "configs", "body_sha256", "created_at", "filters")
+_HEADER_FIELDS_V1 = ("format", "version", "tunecache", "problems", "configs", "body_sha256", "created_at", "filters")
+_HEADER_FIELDS = (*_HEADER_FIELDS_V1, "launch_specs")
+_SPEC_FIELDS = (
+    "kernel",
+    "source_hash",
+    "target_digest",
+    "spec_hash",
+    "config_hash",
+    "kernel_hash",
+    "triton_version",
+    "spec",
+)
+_SPEC_SET = frozenset(_SPEC_FIELDS)
 _FILTER_FIELDS = ("kernel", "arch", "device", "driver", "since")
 _PROBLEM_FIELDS = (
     "digest",
@@ -206,6 +256,8 @@ class ImportSummary:
     conflicts: int = 0
     problems: int = 0
     configs: int = 0
+    launch_specs: int = 0  # in the file (version 2)
+    launch_specs_new: int = 0  # of those, not stored before
     dry_run: bool = False
     seconds: float = 0.0
 
@@ -229,8 +281,13 @@ def export(
     since: dt.datetime | None = None,
     compress: bool | None = None,
     progress: Progress | None = None,
+    with_launch_specs: bool = True,
 ) -> dict[str, Any]:
     """Write the matching problems, with every config row, to ``out`` (a path, ``"-"`` or a binary file).
+
+    With ``with_launch_specs`` (version 2) the winners' launch specs of the exported kernels and
+    targets follow the problems, so that the importing store preloads them at its first start;
+    without, the file is version 1, which every tunecache imports.
 
     The header needs the counts and the body's hash. A path gets a header line reserved at its
     start, filled in (padded with spaces) once the body is written; a stream gets the body through
@@ -242,34 +299,36 @@ def export(
     filters = {"kernel": kernel, "arch": arch, "device": device, "driver": driver, "since": since}
     created = utcnow().isoformat()
 
-    def header(n_problems: int, n_configs: int, sha: str) -> bytes:
-        return orjson.dumps(
-            {
-                "format": FORMAT_NAME,
-                "version": FORMAT_VERSION,
-                "tunecache": _version(),
-                "problems": n_problems,
-                "configs": n_configs,
-                "body_sha256": sha,
-                "created_at": created,
-                "filters": {k: (v.isoformat() if isinstance(v, dt.datetime) else v) for k, v in filters.items()},
-            }
-        )
+    def header(n_problems: int, n_configs: int, n_specs: int, sha: str) -> bytes:
+        h = {
+            "format": FORMAT_NAME,
+            "version": FORMAT_VERSION if with_launch_specs else 1,
+            "tunecache": _version(),
+            "problems": n_problems,
+            "configs": n_configs,
+            "body_sha256": sha,
+            "created_at": created,
+            "filters": {k: (v.isoformat() if isinstance(v, dt.datetime) else v) for k, v in filters.items()},
+        }
+        if with_launch_specs:
+            h["launch_specs"] = n_specs
+        return orjson.dumps(h)
 
     path = None if _is_stream(out) else Path(os.fspath(out))  # type: ignore[arg-type]
     if compress is None:
         compress = path is not None and path.suffix == ".gz"
     if path is None:
         with tempfile.TemporaryFile(prefix=".tunecache-export-") as body:
-            n_problems, n_configs, sha = _write_body(store, body, filters, progress)
+            n_problems, n_configs, n_specs, sha = _write_body(store, body, filters, progress, with_launch_specs)
             body.seek(0)
             target = sys.stdout.buffer if out == "-" else out
-            size = _emit(target, header(n_problems, n_configs, sha) + b"\n", body, compress)  # type: ignore[arg-type]
+            line = header(n_problems, n_configs, n_specs, sha) + b"\n"
+            size = _emit(target, line, body, compress)  # type: ignore[arg-type]
         where = "-" if out == "-" else str(getattr(out, "name", "<stream>"))
     else:
         if not path.parent.is_dir():
             raise TunecacheError(f"cannot export to {path}: directory {path.parent} does not exist")
-        slot = len(header(2**63 - 1, 2**63 - 1, "0" * 64)) + 1  # no final header can be longer
+        slot = len(header(2**63 - 1, 2**63 - 1, 2**63 - 1, "0" * 64)) + 1  # no final header can be longer
         fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         try:
             with os.fdopen(fd, "w+b") as f:
@@ -277,11 +336,17 @@ def export(
                 f.write(reserved)
                 if compress:
                     with gzip.GzipFile(filename="", fileobj=f, mode="wb", compresslevel=GZIP_LEVEL, mtime=0) as gz:
-                        n_problems, n_configs, sha = _write_body(store, gz, filters, progress)  # type: ignore[arg-type]
+                        n_problems, n_configs, n_specs, sha = _write_body(
+                            store,
+                            gz,  # type: ignore[arg-type]
+                            filters,
+                            progress,
+                            with_launch_specs,
+                        )
                 else:
-                    n_problems, n_configs, sha = _write_body(store, f, filters, progress)
+                    n_problems, n_configs, n_specs, sha = _write_body(store, f, filters, progress, with_launch_specs)
                 size = f.tell()
-                block = _header_block(header(n_problems, n_configs, sha), slot, compress)
+                block = _header_block(header(n_problems, n_configs, n_specs, sha), slot, compress)
                 if len(block) != len(reserved):  # pragma: no cover - stored deflate blocks have fixed sizes
                     raise TunecacheError("internal error: the export header does not fit its reserved space")
                 f.seek(0)
@@ -296,6 +361,8 @@ def export(
         "path": where,
         "problems": n_problems,
         "configs": n_configs,
+        "launch_specs": n_specs,
+        "version": FORMAT_VERSION if with_launch_specs else 1,
         "bytes": size,
         "compressed": compress,
         "body_sha256": sha,
@@ -380,8 +447,8 @@ _N_TARGET = len(TARGET_FIELDS)
 
 
 def _write_body(
-    store: Store, body: IO[bytes], filters: dict[str, Any], progress: Progress | None
-) -> tuple[int, int, str]:
+    store: Store, body: IO[bytes], filters: dict[str, Any], progress: Progress | None, with_specs: bool
+) -> tuple[int, int, int, str]:
     """Stream problems in digest order, a batch at a time with its config rows, as JSON lines.
 
     Keyset pagination (digest > last) over the primary keys: no per-problem query, no server-side
@@ -471,7 +538,23 @@ def _write_body(
             n_problems += len(prows)
             if progress is not None:
                 progress("export", n_problems, total)
-    return n_problems, n_configs, sha.hexdigest()
+        n_specs = 0
+        if with_specs:
+            # The specs of every (kernel source, target) that has an exported problem, in key order.
+            s = launch_specs.c
+            of_exported = sa.exists().where(
+                problems.c.source_hash == s.source_hash, problems.c.target_digest == s.target_digest, *where
+            )
+            cols = (s.kernel, s.source_hash, s.target_digest, s.spec_hash, s.config_hash, s.kernel_hash)
+            q = sa.select(*cols, s.triton_version, s.spec_json).where(of_exported)
+            for row in conn.execute(q.order_by(s.source_hash, s.target_digest, s.spec_hash)):
+                line = dumps(dict(zip(_SPEC_FIELDS, row)), option=newline)
+                if len(line) > MAX_LINE_BYTES:  # pragma: no cover - a spec is a few KiB
+                    raise TunecacheError(f"launch spec {row[3][:16]} of {row[0]} is a {len(line)}-byte line")
+                body.write(line)
+                sha.update(line)
+                n_specs += 1
+    return n_problems, n_configs, n_specs, sha.hexdigest()
 
 
 # --------------------------------------------------------------------------------------------
@@ -589,13 +672,17 @@ def _check_header(obj: Any) -> dict[str, Any]:
     version = obj.get("version")
     if type(version) is not int:
         raise _Bad(f"header field 'version' must be an integer, got {_tname(version)}")
-    if version != FORMAT_VERSION:
+    if version not in READABLE_VERSIONS:
         raise _Bad(
-            f"unsupported format version {version}: this tunecache ({_version()}) reads version "
-            f"{FORMAT_VERSION}" + ("; upgrade tunecache to import this file" if version > FORMAT_VERSION else "")
+            f"unsupported format version {version}: this tunecache ({_version()}) reads versions "
+            f"{', '.join(map(str, READABLE_VERSIONS))}"
+            + ("; upgrade tunecache to import this file" if version > FORMAT_VERSION else "")
         )
-    _check_fields(obj, frozenset(_HEADER_FIELDS), _HEADER_FIELDS, "the header")
-    for name in ("problems", "configs"):
+    fields = _HEADER_FIELDS_V1 if version == 1 else _HEADER_FIELDS
+    _check_fields(obj, frozenset(fields), fields, "the header")
+    if version == 1:
+        obj = {**obj, "launch_specs": 0}
+    for name in ("problems", "configs", "launch_specs"):
         v = obj[name]
         if type(v) is not int or v < 0:
             raise _Bad(f"header field {name!r} must be a non-negative integer, got {v!r}")
@@ -839,6 +926,7 @@ class _Scan:
     lines: int
     problems: list[tuple[str, str | None, float | None, int]]  # digest, winner hash, winner ms, config rows
     configs: int
+    specs: list[dict[str, Any]]  # launch_specs rows (version 2), validated
 
 
 def _scan(reader: _Rewind, gz: bool, max_line: int, progress: Progress | None) -> _Scan:
@@ -847,20 +935,30 @@ def _scan(reader: _Rewind, gz: bool, max_line: int, progress: Progress | None) -
     sha = hashlib.sha256()
     seen: dict[str, int] = {}
     found: list[tuple[str, str | None, float | None, int]] = []
+    specs: list[dict[str, Any]] = []
+    pairs: set[tuple[str, str]] = set()  # (source_hash, target digest) of the problems
+    seen_specs: set[tuple[str, str, str]] = set()
     n_configs = 0
     validator = _Validator()
     lineno = 0
-    announced = 0
+    announced = n_specs = 0
     for lineno, line in reader.lines(gz, max_line):
         try:
             obj = _loads(line)
             if header is None:
                 header = _check_header(obj)
-                announced = header["problems"]
+                announced, n_specs = header["problems"], header["launch_specs"]
                 continue
             if len(found) >= announced:
-                raise _Bad(f"more problems than the {announced} the header announces")
+                if len(specs) >= n_specs:
+                    raise _Bad(
+                        f"more lines than the {announced} problems and {n_specs} launch specs the header announces"
+                    )
+                specs.append(_check_spec(obj, pairs, seen_specs))
+                sha.update(line)
+                continue
             digest, winner, winner_ms, n = validator.problem(obj)
+            pairs.add((obj["source_hash"], validator.target(obj["target"]).digest))
         except _Bad as e:
             raise ImportFormatError(lineno, str(e)) from None
         if digest in seen:
@@ -879,6 +977,12 @@ def _scan(reader: _Rewind, gz: bool, max_line: int, progress: Progress | None) -
             f"unexpected end of file after {len(found)} of the {announced} problems the header announces "
             "(truncated file?)",
         )
+    if len(specs) != n_specs:
+        raise ImportFormatError(
+            lineno + 1,
+            f"unexpected end of file after {len(specs)} of the {n_specs} launch specs the header announces "
+            "(truncated file?)",
+        )
     if n_configs != header["configs"]:
         raise ImportFormatError(1, f"the header announces {header['configs']} config rows but the file has {n_configs}")
     digest = sha.hexdigest()
@@ -890,7 +994,46 @@ def _scan(reader: _Rewind, gz: bool, max_line: int, progress: Progress | None) -
         )
     if progress is not None:
         progress("validate", len(found), announced)
-    return _Scan(header, digest, lineno, found, n_configs)
+    return _Scan(header, digest, lineno, found, n_configs, specs)
+
+
+def _check_spec(obj: Any, pairs: set[tuple[str, str]], seen: set[tuple[str, str, str]]) -> dict[str, Any]:
+    """Validate one launch-spec line (version 2); return its launch_specs row values.
+
+    A spec only tells Triton which specialisation of a kernel this store already knows to compile;
+    the kernel's code always comes from the importing process, and a preload whose binary differs
+    from ``kernel_hash`` is dropped (tunecache.preload). Still, every field is checked, the hash
+    recomputed, and a spec must belong to a kernel and target of this file's problems.
+    """
+    _check_fields(obj, _SPEC_SET, _SPEC_FIELDS, "a launch spec")
+    for name in ("source_hash", "target_digest", "spec_hash", "kernel_hash"):
+        if not _is_hex(obj[name], 64):
+            raise _Bad(f"launch spec {name} must be 64 lowercase hex digits")
+    if not _is_hex(obj["config_hash"], 32):
+        raise _Bad("launch spec config_hash must be 32 lowercase hex digits")
+    _text(obj["kernel"], "kernel", 255)
+    _text(obj["triton_version"], "triton_version", 32)
+    spec = _text(obj["spec"], "spec", None)
+    if hashlib.sha256(spec.encode()).hexdigest() != obj["spec_hash"]:
+        raise _Bad(f"launch spec_hash {obj['spec_hash'][:16]}... does not match its spec")
+    if type(_loads(spec.encode())) is not dict:
+        raise _Bad("launch spec 'spec' must be a JSON object (Triton's serialised specialisation)")
+    if (obj["source_hash"], obj["target_digest"]) not in pairs:
+        raise _Bad("launch spec for a kernel and target that no problem in this file has")
+    key = (obj["source_hash"], obj["target_digest"], obj["spec_hash"])
+    if key in seen:
+        raise _Bad(f"duplicate launch spec {obj['spec_hash'][:16]}...")
+    seen.add(key)
+    return {
+        "source_hash": obj["source_hash"],
+        "target_digest": obj["target_digest"],
+        "spec_hash": obj["spec_hash"],
+        "kernel": obj["kernel"],
+        "config_hash": obj["config_hash"],
+        "kernel_hash": obj["kernel_hash"],
+        "triton_version": obj["triton_version"],
+        "spec_json": spec,
+    }
 
 
 def import_(
@@ -901,6 +1044,7 @@ def import_(
     on_conflict: str = "keep",
     progress: Progress | None = None,
     max_line_bytes: int = MAX_LINE_BYTES,
+    with_launch_specs: bool = False,
 ) -> ImportSummary:
     """Import an export file (path, ``"-"`` or binary file) into ``store``: all of it, or nothing.
 
@@ -908,6 +1052,9 @@ def import_(
     raises :class:`ImportFormatError` naming the line and leaves the store as it was.
     ``on_conflict`` handles digests the store already has: ``keep`` (skip), ``replace``, or
     ``faster`` (replace when the incoming winner is faster). ``dry_run`` validates and counts.
+    ``with_launch_specs`` also adds the file's launch specs (validated either way): they steer
+    which specialisations Triton compiles and loads at the next start, so only for a file trusted
+    like the store itself (your own export, e.g. during an image build).
     """
     if on_conflict not in CONFLICT_POLICIES:
         raise ValueError(f"on_conflict must be one of {', '.join(CONFLICT_POLICIES)}, not {on_conflict!r}")
@@ -917,7 +1064,9 @@ def import_(
     with _open_source(src) as (reader, gz):
         scan = _scan(reader, gz, max_line_bytes, progress)
         log.debug("tunecache: import validated %d lines in %.2fs", scan.lines, time.perf_counter() - t0)
-        summary = ImportSummary(problems=len(scan.problems), configs=scan.configs, dry_run=dry_run)
+        summary = ImportSummary(
+            problems=len(scan.problems), configs=scan.configs, launch_specs=len(scan.specs), dry_run=dry_run
+        )
         if dry_run:
             with store._read("import (dry run)") as conn:
                 _decide(conn, scan, on_conflict, summary)
@@ -929,6 +1078,12 @@ def import_(
                     _apply(conn, writer, reader, gz, max_line_bytes, scan, write, delete, progress)
                 finally:
                     writer.close()
+                # Additive and idempotent, whatever the conflict policy: a spec already stored is kept.
+                now, host = utcnow(), hostname()
+                for row in scan.specs if with_launch_specs else ():
+                    summary.launch_specs_new += store._inserted(
+                        conn, launch_specs, {**row, "host": host, "created_at": now}
+                    )
                 t_commit = time.perf_counter()
             log.debug("tunecache: import committed in %.2fs", time.perf_counter() - t_commit)
     summary.seconds = round(time.perf_counter() - t0, 3)
@@ -1010,7 +1165,8 @@ def _apply(
         writer.prepare(sum(n for digest, _, _, n in scan.problems if digest in write))
         sha = hashlib.sha256()
         with _Pipeline(writer.write, threaded=writer.threaded) as pipe:
-            for done, p_rows, c_rows in _row_batches(reader.lines(gz, max_line), write, writer.timestamp, sha):
+            batches = _row_batches(reader.lines(gz, max_line), write, writer.timestamp, sha, len(scan.problems))
+            for done, p_rows, c_rows in batches:
                 pipe.put(p_rows, c_rows)
                 if progress is not None:
                     progress("write", done, len(scan.problems))
@@ -1022,9 +1178,10 @@ def _apply(
 
 
 def _row_batches(
-    lines: Iterator[tuple[int, bytes]], write: set[str], ts: Callable[[str | None], Any], sha: Any
+    lines: Iterator[tuple[int, bytes]], write: set[str], ts: Callable[[str | None], Any], sha: Any, n_problems: int
 ) -> Iterator[tuple[int, list[tuple[Any, ...]], list[tuple[Any, ...]]]]:
-    """Database rows of the problems to write, in batches; every line (valid: pass 1) goes into ``sha``.
+    """Database rows of the problems to write, in batches; every line (valid: pass 1) goes into ``sha``,
+    the launch-spec lines after the ``n_problems`` problems too (their rows come from pass 1).
 
     Timings go in as parsed (an int in a Double column reads back as a float); JSON columns get
     canonical JSON, the form ``Store.put`` writes.
@@ -1039,6 +1196,8 @@ def _row_batches(
     for lineno, line in lines:
         sha.update(line)
         done += 1
+        if done > n_problems:
+            continue
         try:
             obj = loads(line)
             digest = obj["digest"]
