@@ -362,22 +362,26 @@ _INTERPRETED = type(_split_stage).__name__ == "InterpretedFunction"
 
 
 @functools.cache
+def _nvidia_capability(device: torch.device) -> tuple[int, int] | None:
+    """(major, minor) of an NVIDIA GPU; None for a CPU, ROCm, or no CUDA. Asked once per device."""
+    if device.type != "cuda" or torch.version.hip is not None or not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_capability(device)
+
+
 def _has_e4m3_cvt(device: torch.device) -> bool:
     """True on NVIDIA GPUs of sm_89 and later, where PTX converts e4m3 pairs to fp16 in one op."""
-    if device.type != "cuda" or torch.version.hip is not None or not torch.cuda.is_available():
-        return False
-    return torch.cuda.get_device_capability(device) >= (8, 9)
+    cap = _nvidia_capability(device)
+    return cap is not None and cap >= (8, 9)
 
 
 # Read once: the hot path does not consult the environment.
 _GLUON_ENABLED = os.environ.get("TUNECACHE_SPARSE_DECODE_GLUON", "1") != "0"
 
 
-@functools.cache
 def _is_hopper(device: torch.device) -> bool:
-    if device.type != "cuda" or torch.version.hip is not None or not torch.cuda.is_available():
-        return False
-    return torch.cuda.get_device_capability(device)[0] == 9
+    cap = _nvidia_capability(device)
+    return cap is not None and cap[0] == 9
 
 
 def _uses_sm90(kv_cache: torch.Tensor) -> bool:
@@ -518,6 +522,12 @@ def _check_config(config: dict) -> dict:
     return cfg
 
 
+def _fixed_config(kv_cache: torch.Tensor, config: dict) -> dict:
+    """A fixed config as launch kwargs for the split stage that serves this cache (ValueError if
+    that stage cannot run it)."""
+    return sm90.check_config(config) if _uses_sm90(kv_cache) else _check_config(config)
+
+
 def _launch_split(
     q: torch.Tensor,
     kv_cache: torch.Tensor,
@@ -530,7 +540,8 @@ def _launch_split(
     config: dict | None,
 ) -> None:
     """Launch stage 1 into (o_part [B, H, S, 512], lse_part [B, H, S]) or, for S == 1, into
-    (out [B, H, 512], lse [B, H]) directly (the S stride is then unused)."""
+    (out [B, H, 512], lse [B, H]) directly (the S stride is then unused). ``config``: launch
+    kwargs already checked by :func:`_fixed_config`, or None to autotune."""
     B, H, _ = q.shape
     topk = indices.shape[1]
     chunk = triton.cdiv(topk, num_splits)
@@ -548,7 +559,7 @@ def _launch_split(
         if config is None:
             sm90.split_kernel[grid](*args, **meta)
         else:
-            sm90.split_stage[grid](*args, **meta, **sm90.check_config(config))
+            sm90.split_stage[grid](*args, **meta, **config)
         return
     meta = {
         "BLOCK_H": BLOCK_H,
@@ -564,7 +575,7 @@ def _launch_split(
     if config is None:
         _split_kernel[grid](*args, **meta)
     else:
-        _split_stage[grid](*args, **meta, **_check_config(config))
+        _split_stage[grid](*args, **meta, **config)
 
 
 def _launch_merge(o_part: torch.Tensor, lse_part: torch.Tensor, out: torch.Tensor, lse: torch.Tensor) -> None:
@@ -606,10 +617,8 @@ def sparse_mla_decode(
     """
     capturing = isinstance(q, torch.Tensor) and q.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
     sm, ks = _validate(q, kv_cache, indices, sm_scale, k_scale, num_splits, validate and not capturing)
-    if config is not None and _uses_sm90(kv_cache):
-        sm90.check_config(config)
-    elif config is not None:
-        _check_config(config)
+    if config is not None:
+        config = _fixed_config(kv_cache, config)
     B, H, _ = q.shape
     topk = indices.shape[1]
     out = torch.empty((B, H, D_V), dtype=torch.bfloat16, device=q.device)

@@ -151,15 +151,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from tunecache.errors import ImportFormatError, StoreError, StoreReadOnlyError, TunecacheError
-from tunecache.identity import (
-    CONFIG_FIELDS,
-    TARGET_FIELDS,
-    Target,
-    canonical_json,
-    config_hash_of,
-    hostname,
-    problem_digest,
-)
+from tunecache.identity import CONFIG_FIELDS, TARGET_FIELDS, Target, canonical_json, config_hash_of, problem_digest
 from tunecache.store import STATUSES, Store, _reason, _scrub, _where, configs, launch_specs, misses, problems, utcnow
 
 log = logging.getLogger("tunecache")
@@ -298,11 +290,12 @@ def export(
     t0 = time.perf_counter()
     filters = {"kernel": kernel, "arch": arch, "device": device, "driver": driver, "since": since}
     created = utcnow().isoformat()
+    version = FORMAT_VERSION if with_launch_specs else 1
 
     def header(n_problems: int, n_configs: int, n_specs: int, sha: str) -> bytes:
         h = {
             "format": FORMAT_NAME,
-            "version": FORMAT_VERSION if with_launch_specs else 1,
+            "version": version,
             "tunecache": _version(),
             "problems": n_problems,
             "configs": n_configs,
@@ -362,7 +355,7 @@ def export(
         "problems": n_problems,
         "configs": n_configs,
         "launch_specs": n_specs,
-        "version": FORMAT_VERSION if with_launch_specs else 1,
+        "version": version,
         "bytes": size,
         "compressed": compress,
         "body_sha256": sha,
@@ -1024,16 +1017,9 @@ def _check_spec(obj: Any, pairs: set[tuple[str, str]], seen: set[tuple[str, str,
     if key in seen:
         raise _Bad(f"duplicate launch spec {obj['spec_hash'][:16]}...")
     seen.add(key)
-    return {
-        "source_hash": obj["source_hash"],
-        "target_digest": obj["target_digest"],
-        "spec_hash": obj["spec_hash"],
-        "kernel": obj["kernel"],
-        "config_hash": obj["config_hash"],
-        "kernel_hash": obj["kernel_hash"],
-        "triton_version": obj["triton_version"],
-        "spec_json": spec,
-    }
+    row = {f: obj[f] for f in _SPEC_FIELDS if f != "spec"}  # the file's names are the columns'
+    row["spec_json"] = spec
+    return row
 
 
 def import_(
@@ -1078,12 +1064,8 @@ def import_(
                     _apply(conn, writer, reader, gz, max_line_bytes, scan, write, delete, progress)
                 finally:
                     writer.close()
-                # Additive and idempotent, whatever the conflict policy: a spec already stored is kept.
-                now, host = utcnow(), hostname()
-                for row in scan.specs if with_launch_specs else ():
-                    summary.launch_specs_new += store._inserted(
-                        conn, launch_specs, {**row, "host": host, "created_at": now}
-                    )
+                if with_launch_specs:  # additive, whatever the conflict policy
+                    summary.launch_specs_new = store._add_specs(conn, scan.specs)
                 t_commit = time.perf_counter()
             log.debug("tunecache: import committed in %.2fs", time.perf_counter() - t_commit)
     summary.seconds = round(time.perf_counter() - t0, 3)

@@ -971,7 +971,6 @@ class Store:
         how many were new."""
         if not specs:
             return 0
-        now, host = utcnow(), hostname()
         rows = [
             {
                 "source_hash": source_hash,
@@ -982,13 +981,17 @@ class Store:
                 "kernel_hash": sp.kernel_hash,
                 "triton_version": sp.triton_version,
                 "spec_json": sp.spec_json,
-                "host": host,
-                "created_at": now,
             }
             for sp in specs
         ]
         with self._write("record launch specs") as conn:
-            return sum(self._inserted(conn, launch_specs, r) for r in rows)
+            return self._add_specs(conn, rows)
+
+    def _add_specs(self, conn: Connection, rows: Sequence[dict[str, Any]]) -> int:
+        """Insert launch_specs rows (without host and created_at, stamped here) inside the caller's
+        transaction; a spec already stored is kept. Returns how many were new."""
+        now, host = utcnow(), hostname()
+        return sum(self._inserted(conn, launch_specs, {**r, "host": host, "created_at": now}) for r in rows)
 
     def get_specs(self, source_hash: str) -> dict[str, list[LaunchSpec]]:
         """Every recorded specialisation of one kernel, by target digest, in one query."""
