@@ -837,16 +837,32 @@ class TunecacheAutotuner(Autotuner):
     # ---- a stored winner that no longer works ---------------------------------------------------
 
     def run(self, *args: Any, **kwargs: Any) -> Any:
+        # Triton sets best_config just before it launches: None after a failure means the call
+        # failed earlier (pruning, benchmarking, a bad argument), and no stored winner is to blame.
+        previous, self.best_config = getattr(self, "best_config", None), None
         try:
             return super().run(*args, **kwargs)
         except Exception as e:
+            launched = self.best_config
+            if launched is None:
+                self.best_config = previous
+                raise
             if not self._tc_from_store or not type(e).__module__.startswith("triton"):
                 raise
-            bad = [k for k, (_, _h) in self._tc_from_store.items() if self.cache.get(k) is self.best_config]
-            if not bad:
+            key = self._tuning_key(args, kwargs)
+            if key not in self._tc_from_store or self.cache.get(key) is not launched:
                 raise
-            self._poisoned(bad, e)
+            self._poisoned([key], e)
         return super().run(*args, **kwargs)
+
+    def _tuning_key(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple:
+        """The tuning key ``Autotuner.run`` built for this call (the same steps in 3.4-3.9); used
+        only after a failed launch, to blame that key's stored winner and no other."""
+        all_args = {**dict(zip(self.arg_names, args)), **kwargs}
+        _args = {k: v for k, v in all_args.items() if k in self.arg_names}
+        key = [_args[k] for k in self.keys if k in _args]
+        key += [str(v.dtype) for v in _args.values() if hasattr(v, "dtype")]
+        return tuple(key)
 
     def _poisoned(self, keys: list[Any], exc: Exception) -> None:
         status, failure = _classify(exc)
