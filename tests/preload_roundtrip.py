@@ -7,11 +7,13 @@ Run in a fresh process because the tests run under the interpreter, where nothin
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 
 os.environ.pop("TRITON_INTERPRET", None)
 
+import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 import triton.runtime.jit as jit_module  # noqa: E402
@@ -47,9 +49,23 @@ def main() -> None:
         src = ASTSource(add_one, sig, {"BLOCK": block}, attrs)
         return triton.compile(src, target=target, options={"num_warps": warps, "num_stages": 1})
 
-    # What a benchmark leaves in Triton's kernel cache: two configs, one of them in two specialisations.
+    # What a benchmark leaves in Triton's kernel cache: two configs, one of them in two specialisations,
+    # each under the launch key Triton's own binder computes for such arguments (N=100: not a multiple of 16).
     kernels = {"k64": build(64, 4, aligned), "k128": build(128, 2, aligned), "k128-unaligned": build(128, 2, {})}
-    cache = dict(kernels)
+    binder = jit_module.create_function_from_signature(add_one.signature, add_one.params, backend)
+    x, y = torch.zeros(256), torch.zeros(256)
+
+    def launch_key(block: int, warps: int, ptrs: tuple) -> str:
+        spec, opts = binder(*ptrs, 100, BLOCK=block, num_warps=warps, num_stages=1)[1:3]
+        return str(spec) + str(opts)
+
+    keys = {
+        "k64": launch_key(64, 4, (x, y)),
+        "k128": launch_key(128, 2, (x, y)),
+        "k128-unaligned": launch_key(128, 2, (x[1:], y[1:])),
+    }
+    label = {v: k for k, v in keys.items()}
+    cache = {keys[n]: k for n, k in kernels.items()}
     add_one.device_caches[0] = (cache, {}, target, backend, None)
     add_one.compile, add_one.ASTSource = triton.compile, ASTSource  # set by create_binder on a GPU
     jit_module.driver = _Driver()
@@ -61,14 +77,17 @@ def main() -> None:
     win = triton.Config({"BLOCK": 128}, num_warps=2, num_stages=1)
     specs = preload.capture(add_one, win, "h128")
     other_warps = preload.capture(add_one, triton.Config({"BLOCK": 128}, num_warps=4), "x")
-    captured = {json.loads(s.spec_json)["key"]: s for s in specs}
+    captured = {label[json.loads(s.spec_json)["key"]]: s for s in specs}
 
     # Triton's preload of each recorded spec, into an empty cache: the same binary under the same key.
     cache.clear()
     roundtrip = {}
-    for key, s in captured.items():
+    for name, s in captured.items():
         k = add_one.preload(s.spec_json)
-        roundtrip[key] = {"same_hash": k.hash == kernels[key].hash == s.kernel_hash, "cached": cache.get(key) is k}
+        roundtrip[name] = {
+            "same_hash": k.hash == kernels[name].hash == s.kernel_hash,
+            "cached": cache.get(keys[name]) is k,
+        }
 
     # load(): initialises handles of what it loaded, skips what is cached, another Triton's or a
     # spec whose binary does not match the record (dropped from the cache, never launched).
@@ -78,8 +97,15 @@ def main() -> None:
     s0 = captured["k128"]
     bad_hash = preload.LaunchSpec(s0.spec_hash, s0.config_hash, "0" * 64, s0.spec_json, s0.triton_version)
     other_triton = preload.LaunchSpec(s0.spec_hash, s0.config_hash, s0.kernel_hash, s0.spec_json, "2.0.0")
-    r_bad = preload.load(add_one, [bad_hash, other_triton], 0)
-    after_bad = sorted(cache)
+    # The 128/2w binary filed under the 64/4w launch key, its own hash recorded: a launch of 64/4w would run it.
+    forged = json.loads(s0.spec_json)
+    forged["key"] = keys["k64"]
+    forged_json = json.dumps(forged)
+    misfiled = preload.LaunchSpec(
+        hashlib.sha256(forged_json.encode()).hexdigest(), s0.config_hash, s0.kernel_hash, forged_json, s0.triton_version
+    )
+    r_bad = preload.load(add_one, [bad_hash, other_triton, misfiled], 0)
+    after_bad = sorted(label.get(k, k) for k in cache)
     r_good = preload.load(add_one, specs, 0)
     r_again = preload.load(add_one, specs, 0)
     print(
@@ -94,7 +120,7 @@ def main() -> None:
                 "good": list(r_good),
                 "again": list(r_again),
                 "inits": sorted(inits) == sorted(kernels[k].hash for k in captured),
-                "cache_after_good": sorted(cache),
+                "cache_after_good": sorted(label.get(k, k) for k in cache),
             }
         )
     )

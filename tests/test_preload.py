@@ -32,8 +32,9 @@ def test_recorded_specialisation_preloads_the_same_binary_under_the_same_key():
     # Only the winner config's kernels (both of its specialisations), not 64/4w, not 128/4w.
     assert r["captured"] == ["k128", "k128-unaligned"] and r["other_warps"] == 0
     assert r["roundtrip"] == {k: {"same_hash": True, "cached": True} for k in r["captured"]}
-    # A spec whose binary differs from the record, or from another Triton: skipped, nothing cached.
-    assert r["bad"] == [0, 2] and r["cache_after_bad"] == []
+    # A spec whose binary differs from the record, from another Triton, or filed under another launch's
+    # key: skipped, nothing cached.
+    assert r["bad"] == [0, 3] and r["cache_after_bad"] == []
     assert r["good"] == [2, 0] and r["inits"] and r["cache_after_good"] == r["captured"]
     assert r["again"] == [0, 0]  # already in Triton's cache: nothing done twice
 

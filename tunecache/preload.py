@@ -19,6 +19,7 @@ changed kernel) is skipped, never launched; the launch then loads the kernel as 
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import hashlib
 import inspect
@@ -143,8 +144,14 @@ def load(fn: Any, specs: Iterable[LaunchSpec], device: int) -> tuple[int, int]:
                 if s.triton_version != version:
                     skipped += 1
                     continue
-                key = json.loads(s.spec_json)["key"]
+                data = json.loads(s.spec_json)
+                key = data["key"]
                 if cache.get(key) is not None:  # launched or preloaded already
+                    continue
+                why = key_mismatch(data, len(jf.arg_names))
+                if why is not None:
+                    skipped += 1
+                    log.warning("tunecache: launch spec %s not preloaded: %s", s.spec_hash[:12], why)
                     continue
                 kernel = jf.preload(s.spec_json)
                 if kernel is None or str(getattr(kernel, "hash", "")) != s.kernel_hash:
@@ -160,6 +167,56 @@ def load(fn: Any, specs: Iterable[LaunchSpec], device: int) -> tuple[int, int]:
                 skipped += 1
                 log.debug("tunecache: preload of %s failed: %r", s.spec_hash[:12], e)
     return loaded, skipped
+
+
+def _split_key(key: str) -> tuple[list[Any], dict[str, Any]] | None:
+    """Triton's launch key is ``str(specialization) + str(launch options)``: a list of
+    ``(type, specialisation)`` tuples, then a dict. Parsed, never evaluated; None if it is not that."""
+    for i in (i for i, ch in enumerate(key) if ch == "{"):
+        try:
+            spec = ast.literal_eval(key[:i])
+            opts = ast.literal_eval(key[i:])
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            continue
+        if isinstance(spec, list) and isinstance(opts, dict):
+            return spec, opts
+    return None
+
+
+def _as_tuple(v: Any) -> Any:
+    return tuple(_as_tuple(x) for x in v) if isinstance(v, list) else v
+
+
+def key_mismatch(data: dict[str, Any], n_params: int) -> str | None:
+    """Why the binary a spec describes is not the one a launch under its key would compile; None if
+    it is. A preload files the compiled binary under the spec's ``key``, which nothing in Triton
+    checks against the spec's own signature, constants, alignment and options."""
+    parts = _split_key(str(data.get("key", "")))
+    if parts is None:
+        return "its launch key cannot be parsed"
+    spec, opts = parts
+    names = list(data.get("signature", {}))
+    if len(spec) != n_params or len(names) != n_params:
+        return f"its launch key has {len(spec)} arguments, the kernel {n_params}"
+    consts = {tuple(k): v for k, v in zip(data.get("constant_keys", []), data.get("constant_vals", []))}
+    attrs = {tuple(k): v for k, v in zip(data.get("attrs_keys", []), data.get("attrs_vals", []))}
+    for i, (name, entry) in enumerate(zip(names, spec)):
+        if not (isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[0], str)):
+            return f"argument {name}: {entry!r} is not a plain (type, specialisation) pair"
+        kind, value = entry
+        sig = data["signature"][name]
+        if kind == "constexpr":
+            if sig != "constexpr" or (i,) not in consts or _as_tuple(consts[(i,)]) != value:
+                return f"argument {name}: the key says constexpr {value!r}, the binary {sig} {consts.get((i,))!r}"
+            continue
+        aligned = any(isinstance(a, list) and a == ["tt.divisibility", 16] for a in attrs.get((i,), []))
+        if sig != kind or aligned != (value == "D"):
+            return f"argument {name}: the key says {kind} {value!r}, the binary {sig} aligned={aligned}"
+    options = data.get("options", {})
+    for k, v in opts.items():
+        if k in options and _as_tuple(options[k]) != _as_tuple(v):
+            return f"option {k}: the key says {v!r}, the binary {options[k]!r}"
+    return None
 
 
 def on_cuda_init(callback: Callable[[], None]) -> bool:
