@@ -819,3 +819,35 @@ def test_the_good_spec_file_imports_after_reassembly(spec_lines, tmp_path):
     path.write_bytes(assemble(spec_lines))
     s = import_(open_store(f"sqlite:///{tmp_path / 't.sqlite3'}"), path, with_launch_specs=True)
     assert (s.new, s.launch_specs_new) == (3, 3)
+
+
+# ---- an export is one snapshot (issue 13, item 10) -------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["sqlite_url", "pg_url", "mysql_url"])
+def test_export_is_a_snapshot_when_a_delete_commits_between_its_queries(backend, request, tmp_path):
+    """Another process deletes a problem (gc, invalidate) after the export read the problems but
+    before it read their configs: the file must still be the store as it was, and import."""
+    store_url = request.getfixturevalue(backend)
+    fill(store_url, n=4).close()
+    before = content(store_url)
+    store, other = open_store(store_url), open_store(store_url)  # two engines: two connections
+    victim = before[1]["digest"]
+    deleted: list[str] = []
+
+    def delete_between(conn, cursor, statement, *_):
+        if not deleted and "FROM configs" in statement and "problems" not in statement.split("FROM configs")[1]:
+            deleted.extend(p.digest for p in other.delete(digests=[victim]))
+
+    sa.event.listen(store.engine, "before_cursor_execute", delete_between)
+    try:
+        summary = export(store, tmp_path / "snap.jsonl")
+    finally:
+        sa.event.remove(store.engine, "before_cursor_execute", delete_between)
+    assert deleted == [victim] and other.get(victim) is None  # the delete did commit, mid-export
+    assert summary["problems"] == 4 and summary["configs"] == 16
+    dst = f"sqlite:///{tmp_path / 'dst.sqlite3'}"
+    assert import_(open_store(dst), tmp_path / "snap.jsonl").new == 4
+    assert content(dst) == before
+    store.close()
+    other.close()

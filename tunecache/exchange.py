@@ -455,9 +455,7 @@ def _write_body(
     sqlite = store.dialect == "sqlite"
     ts: Callable[[Any], Any] = _iso_from_sqlite if sqlite else (lambda v: v)
     p_select, c_select = _select_cols(problems, _P_COLS, sqlite), _select_cols(configs, _C_COLS, sqlite)
-    with store._read("export") as conn:
-        if store.dialect != "sqlite":
-            conn.execution_options(isolation_level="REPEATABLE READ")
+    with store.snapshot("export") as conn:
         total = conn.execute(sa.select(sa.func.count()).select_from(problems).where(*where)).scalar_one()
         last = ""
         while True:
@@ -1054,7 +1052,7 @@ def import_(
             problems=len(scan.problems), configs=scan.configs, launch_specs=len(scan.specs), dry_run=dry_run
         )
         if dry_run:
-            with store._read("import (dry run)") as conn:
+            with store.snapshot("import (dry run)") as conn:
                 _decide(conn, scan, on_conflict, summary)
         else:
             with store._write("import") as conn, _driver_errors(store):

@@ -414,9 +414,14 @@ def _make_engine(u: URL, readonly: bool) -> Engine:
 
         @event.listens_for(engine, "begin")
         def _on_begin(conn: Connection) -> None:
-            # Writes take the write lock up front; reads run in autocommit (one statement each).
-            if conn.get_execution_options().get("tunecache_write"):
+            # Writes take the write lock up front; reads run in autocommit (one statement each),
+            # except a snapshot (Store.snapshot): a deferred BEGIN, whose first read fixes what
+            # every later statement sees (WAL keeps it while writers commit).
+            opts = conn.get_execution_options()
+            if opts.get("tunecache_write"):
                 conn.exec_driver_sql("BEGIN IMMEDIATE")
+            elif opts.get("tunecache_snapshot"):
+                conn.exec_driver_sql("BEGIN")
 
         return engine
     connect_args: dict[str, Any] = {}
@@ -573,6 +578,26 @@ class Store:
     def _read(self, what: str) -> Iterator[Connection]:
         with self._guard(what), self.engine.connect() as conn:
             yield conn
+
+    @contextlib.contextmanager
+    def snapshot(self, what: str) -> Iterator[Connection]:
+        """A read-only transaction in which every statement sees the same committed state.
+
+        For reads of several statements that must agree with each other (an export's problems and
+        their configs): without it, a ``gc`` committing in between leaves a problem whose winner's
+        config row is gone. SQLite: a deferred BEGIN (WAL keeps the snapshot of its first read);
+        PostgreSQL: REPEATABLE READ, READ ONLY; MySQL/MariaDB: REPEATABLE READ (InnoDB's consistent
+        read). Writers are not blocked on any of them.
+        """
+        with self._guard(what), self.engine.connect() as conn:
+            if self.dialect == "sqlite":
+                conn.execution_options(tunecache_snapshot=True)
+            elif self.dialect == "postgresql":
+                conn.execution_options(isolation_level="REPEATABLE READ", postgresql_readonly=True)
+            else:
+                conn.execution_options(isolation_level="REPEATABLE READ")
+            with conn.begin():
+                yield conn
 
     # ---- schema ---------------------------------------------------------------------------
 
@@ -762,7 +787,7 @@ class Store:
 
     def counts(self, **filters: Any) -> dict[str, int]:
         where = _where(**filters)
-        with self._read("counts") as conn:
+        with self.snapshot("counts") as conn:  # four counts of one state
             n_problems = conn.execute(sa.select(sa.func.count()).select_from(problems).where(*where)).scalar_one()
             sub = sa.select(problems.c.digest).where(*where)
             cfg = configs.c.digest.in_(sub) if where else sa.true()
