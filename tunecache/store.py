@@ -41,6 +41,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, unquote
 
 import orjson
 import sqlalchemy as sa
@@ -295,7 +296,7 @@ def resolve_url(url: str | URL | None = None) -> URL:
     """
     raw = url if url is not None else (os.environ.get("TUNECACHE_URL") or default_url())
     try:
-        u = raw if isinstance(raw, URL) else make_url(str(raw))
+        u = raw if isinstance(raw, URL) else _parse_url(str(raw))
     except ArgumentError:
         raise StoreError(
             f"malformed store URL {mask_raw(str(raw))!r}: expected e.g. sqlite:////path/tunecache.sqlite3 "
@@ -312,24 +313,44 @@ def resolve_url(url: str | URL | None = None) -> URL:
     return u
 
 
+# ``scheme://user:password@host...`` where the password holds a raw '@': RFC 3986 forbids it, yet
+# generated passwords have one often enough, and SQLAlchemy (like libpq) then ends the password at
+# the FIRST '@' and takes the rest of it for the host, which every message would print. The
+# userinfo ends at the LAST '@' instead (a raw '@' in a path or query after a password must then
+# be written %40).
+_PASSWORD_WITH_AT = re.compile(r"(?P<head>[\w+.-]+://)(?P<user>[^:/@\s]*):(?P<pw>.*@.*)@(?P<rest>[^@]*)", re.S)
+
+
+def _parse_url(raw: str) -> URL:
+    m = _PASSWORD_WITH_AT.fullmatch(raw)
+    if m is None:
+        return make_url(raw)
+    return make_url(m["head"] + m["user"] + "@" + m["rest"]).set(password=unquote(m["pw"]))
+
+
 def mask_url(u: URL | str) -> str:
+    """The URL to print: the password (however spelled) replaced by ``***``."""
     if isinstance(u, str):
         try:
-            u = make_url(u)
+            u = _parse_url(u)
         except ArgumentError:
             return mask_raw(u)
-    return u.render_as_string(hide_password=True)
+    return mask_raw(u.render_as_string(hide_password=True))
 
 
 def mask_raw(text: str) -> str:
-    """Hide ``user:password@`` in any URL-looking text."""
-    return re.sub(r"(://[^:/@\s]*:)[^@\s]*@", r"\1***@", text)
+    """Hide ``user:password@`` in any URL-looking text; the userinfo ends at the LAST '@' of the
+    URL (a password may hold '@', ':', '/', '?' or '#'), so at worst more than the password is hidden."""
+    return re.sub(r"(://[^:/@\s]*:)\S*@", r"\1***@", text)
 
 
 def _scrub(text: str, u: URL) -> str:
+    """``text`` (a driver's message) with the store's password hidden, as given or URL-encoded."""
     text = mask_raw(text)
     if u.password:
-        text = text.replace(str(u.password), "***")
+        pw = str(u.password)
+        for spelling in sorted({pw, quote(pw, safe=""), quote(pw)}, key=len, reverse=True):
+            text = text.replace(spelling, "***")
     return text
 
 
