@@ -851,3 +851,52 @@ def test_export_is_a_snapshot_when_a_delete_commits_between_its_queries(backend,
     assert content(dst) == before
     store.close()
     other.close()
+
+
+# ---- import memory is bounded by the work, not by the file (issue 13, item 9) ----------------
+
+# Runs the real command and reports its own peak RSS (VmHWM) as it exits: ru_maxrss of a child
+# would carry over the forking parent's size (Linux keeps it across exec).
+_PEAK_RSS = (
+    "import atexit, sys\n"
+    "def peak():\n"
+    "    for line in open('/proc/self/status'):\n"
+    "        if line.startswith('VmHWM:'):\n"
+    "            sys.stderr.write('PEAK_KB %s\\n' % line.split()[1])\n"
+    "atexit.register(peak)\n"
+    "from tunecache.cli import main\n"
+    "main(prog_name='tunecache')\n"
+)
+
+
+def _import_peak_mb(url: str, path: Path, *args: str) -> tuple[str, float]:
+    import subprocess
+    import sys
+
+    r = subprocess.run(
+        [sys.executable, "-c", _PEAK_RSS, "--url", url, "import", str(path), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    kb = [int(x.split()[1]) for x in r.stderr.splitlines() if x.startswith("PEAK_KB ")]
+    return r.stdout, kb[-1] / 1024
+
+
+def test_import_memory_does_not_grow_with_a_compressed_bomb(tmp_path):
+    """64 valid launch-spec lines of ~4 MiB each, ~280 KB gzip'd (256 MiB of lines): importing
+    them (dry run, or without --launch-specs) must peak within 64 MiB of importing one."""
+    from hostile_files import write_spec_bomb
+
+    small, bomb = tmp_path / "one.jsonl.gz", tmp_path / "bomb.jsonl.gz"
+    write_spec_bomb(small, 1)
+    size = write_spec_bomb(bomb, 64)
+    assert size > 250 << 20 and bomb.stat().st_size < 1 << 20
+    url = f"sqlite:///{tmp_path / 'dst.sqlite3'}"
+    out, base = _import_peak_mb(url, small, "--dry-run")
+    assert "1 launch specs" in out
+    for args in (["--dry-run"], []):
+        out, peak = _import_peak_mb(url, bomb, *args)
+        assert "64 launch specs, 0 added" in out, out
+        assert peak < base + 64, f"import {args} peaked at {peak:.0f} MB, one spec line at {base:.0f} MB"
