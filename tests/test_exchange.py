@@ -20,6 +20,7 @@ import orjson
 import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner, Result
+from realcli import cli_process, one_line_error
 
 from tunecache import exchange
 from tunecache.cli import main
@@ -601,12 +602,9 @@ def test_malformed_file_exits_1_and_changes_nothing(case, good_lines, tmp_path):
     before = store.counts()
     path = tmp_path / f"bad{suffix}"
     path.write_bytes(make(good_lines))
-    res = cli(url, "import", str(path))
-    assert res.exit_code == 1, res.output
-    msg = res.stderr.strip()
+    msg = one_line_error(cli_process("--url", url, "import", str(path)))  # a real process: real stderr
     assert msg.startswith(f"tunecache: error: line {line}: "), msg
     assert reason in msg, msg
-    assert "\n" not in msg and "Traceback" not in res.output
     assert store.counts() == before
     with pytest.raises(ImportFormatError) as e:  # the library says the same, dry run or not
         import_(store, path, dry_run=True)

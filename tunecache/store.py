@@ -297,7 +297,7 @@ def resolve_url(url: str | URL | None = None) -> URL:
     raw = url if url is not None else (os.environ.get("TUNECACHE_URL") or default_url())
     try:
         u = raw if isinstance(raw, URL) else _parse_url(str(raw))
-    except ArgumentError:
+    except (ArgumentError, ValueError):  # ValueError: a port that is not a number
         raise StoreError(
             f"malformed store URL {mask_raw(str(raw))!r}: expected e.g. sqlite:////path/tunecache.sqlite3 "
             "or postgresql://user@host/db"
@@ -333,7 +333,7 @@ def mask_url(u: URL | str) -> str:
     if isinstance(u, str):
         try:
             u = _parse_url(u)
-        except ArgumentError:
+        except (ArgumentError, ValueError):
             return mask_raw(u)
     return mask_raw(u.render_as_string(hide_password=True))
 
