@@ -18,6 +18,8 @@ from typing import Any
 
 import click
 
+from tunecache.store import mask_url
+
 
 def _child(url: str, buckets: list[int] | None) -> dict[str, Any]:
     """One 'server start': warm every bucket, report the time until all are ready."""
@@ -70,7 +72,7 @@ def run_demo(url: str | None = None, buckets: list[int] | None = None, as_json: 
     a, b = runs
     differ = sorted(k for k in a["winners"] if a["winners"][k] != b["winners"].get(k))
     out = {
-        "store": url,
+        "store": mask_url(url),
         "device": "gpu" if gpu else "cpu (TRITON_INTERPRET=1)",
         "buckets": len(a["winners"]),
         "runs": runs,
@@ -79,7 +81,7 @@ def run_demo(url: str | None = None, buckets: list[int] | None = None, as_json: 
     if as_json:
         click.echo(json.dumps(out, indent=2))
         return out
-    click.echo(f"\nstore: {url}   device: {out['device']}   buckets: {out['buckets']}\n")
+    click.echo(f"\nstore: {out['store']}   device: {out['device']}   buckets: {out['buckets']}\n")
     click.echo(f"{'process':<22}{'configs benchmarked':>20}{'hits':>7}{'ready after (s)':>17}")
     for i, r in enumerate(runs, 1):
         label = f"start {i} (pid {r['pid']})"

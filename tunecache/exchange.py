@@ -111,8 +111,10 @@ Import
 ======
 
 Pass 1 reads the whole file once, validates every line and hashes the body, holding only one
-line at a time (plus a digest per problem). Nothing is written if any line is bad. Pass 2 re-reads
-the file and writes in ONE transaction, so readers see all of it or none of it; it re-hashes the
+line at a time (plus a digest per problem and a 32-byte hash per launch spec): memory is bounded
+by the work, not by the file, also for a small ``.gz`` of thousands of 4 MiB lines. Nothing is
+written if any line is bad. Pass 2 re-reads the file (the launch-spec lines too, when they are to
+be added, a few at a time) and writes in ONE transaction, so readers see all of it or none of it; it re-hashes the
 body and rolls back if the file changed in between. ``on_conflict`` decides what happens to a
 digest the store already has: ``keep`` the stored one, ``replace`` it (its config rows too), or
 take the incoming one only if its winner is ``faster``. A conflict is a digest stored with a
@@ -143,6 +145,7 @@ import time
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import IO, Any
 
@@ -174,6 +177,7 @@ Source = str | os.PathLike[str] | IO[bytes]
 
 _EXPORT_BATCH = 2000
 _WRITE_BATCH = 5000  # config rows per executemany / COPY flush
+_SPEC_BATCH_BYTES = 8 << 20  # launch-spec text per batch of inserts (a spec line may be 4 MiB)
 _LOOKUP_CHUNK = 2000  # digests per IN (...) when checking what the store already has
 _PG_FK_REBUILD_MIN = 50_000  # config rows from which a PostgreSQL import re-validates the foreign key once
 
@@ -455,9 +459,7 @@ def _write_body(
     sqlite = store.dialect == "sqlite"
     ts: Callable[[Any], Any] = _iso_from_sqlite if sqlite else (lambda v: v)
     p_select, c_select = _select_cols(problems, _P_COLS, sqlite), _select_cols(configs, _C_COLS, sqlite)
-    with store._read("export") as conn:
-        if store.dialect != "sqlite":
-            conn.execution_options(isolation_level="REPEATABLE READ")
+    with store.snapshot("export") as conn:
         total = conn.execute(sa.select(sa.func.count()).select_from(problems).where(*where)).scalar_one()
         last = ""
         while True:
@@ -919,18 +921,24 @@ class _Scan:
     lines: int
     problems: list[tuple[str, str | None, float | None, int]]  # digest, winner hash, winner ms, config rows
     configs: int
-    specs: list[dict[str, Any]]  # launch_specs rows (version 2), validated
+    specs: int  # launch-spec lines (version 2), validated; pass 2 re-reads them if they are to be added
+    pairs: set[tuple[str, str]]  # (source_hash, target digest) of the problems, which specs must belong to
 
 
 def _scan(reader: _Rewind, gz: bool, max_line: int, progress: Progress | None) -> _Scan:
-    """Pass 1: validate every line and hash the body, one line in memory at a time."""
+    """Pass 1: validate every line and hash the body, one line in memory at a time.
+
+    What it keeps is bounded by the work, not by the file: a few hashes per problem, 48 bytes per
+    launch spec (to refuse duplicates), never a line. A launch-spec line may be 4 MiB of text that
+    gzip shrinks a thousandfold; pass 2 re-reads them only when they are to be added.
+    """
     header: dict[str, Any] | None = None
     sha = hashlib.sha256()
     seen: dict[str, int] = {}
     found: list[tuple[str, str | None, float | None, int]] = []
-    specs: list[dict[str, Any]] = []
+    n_found_specs = 0
     pairs: set[tuple[str, str]] = set()  # (source_hash, target digest) of the problems
-    seen_specs: set[tuple[str, str, str]] = set()
+    seen_specs: set[bytes] = set()
     n_configs = 0
     validator = _Validator()
     lineno = 0
@@ -943,11 +951,12 @@ def _scan(reader: _Rewind, gz: bool, max_line: int, progress: Progress | None) -
                 announced, n_specs = header["problems"], header["launch_specs"]
                 continue
             if len(found) >= announced:
-                if len(specs) >= n_specs:
+                if n_found_specs >= n_specs:
                     raise _Bad(
                         f"more lines than the {announced} problems and {n_specs} launch specs the header announces"
                     )
-                specs.append(_check_spec(obj, pairs, seen_specs))
+                _check_spec(obj, pairs, seen_specs)
+                n_found_specs += 1
                 sha.update(line)
                 continue
             digest, winner, winner_ms, n = validator.problem(obj)
@@ -970,10 +979,10 @@ def _scan(reader: _Rewind, gz: bool, max_line: int, progress: Progress | None) -
             f"unexpected end of file after {len(found)} of the {announced} problems the header announces "
             "(truncated file?)",
         )
-    if len(specs) != n_specs:
+    if n_found_specs != n_specs:
         raise ImportFormatError(
             lineno + 1,
-            f"unexpected end of file after {len(specs)} of the {n_specs} launch specs the header announces "
+            f"unexpected end of file after {n_found_specs} of the {n_specs} launch specs the header announces "
             "(truncated file?)",
         )
     if n_configs != header["configs"]:
@@ -987,10 +996,10 @@ def _scan(reader: _Rewind, gz: bool, max_line: int, progress: Progress | None) -
         )
     if progress is not None:
         progress("validate", len(found), announced)
-    return _Scan(header, digest, lineno, found, n_configs, specs)
+    return _Scan(header, digest, lineno, found, n_configs, n_found_specs, pairs)
 
 
-def _check_spec(obj: Any, pairs: set[tuple[str, str]], seen: set[tuple[str, str, str]]) -> dict[str, Any]:
+def _check_spec(obj: Any, pairs: set[tuple[str, str]], seen: set[bytes] | None) -> dict[str, Any]:
     """Validate one launch-spec line (version 2); return its launch_specs row values.
 
     A spec only tells Triton which specialisation of a kernel this store already knows to compile;
@@ -1013,10 +1022,11 @@ def _check_spec(obj: Any, pairs: set[tuple[str, str]], seen: set[tuple[str, str,
         raise _Bad("launch spec 'spec' must be a JSON object (Triton's serialised specialisation)")
     if (obj["source_hash"], obj["target_digest"]) not in pairs:
         raise _Bad("launch spec for a kernel and target that no problem in this file has")
-    key = (obj["source_hash"], obj["target_digest"], obj["spec_hash"])
-    if key in seen:
-        raise _Bad(f"duplicate launch spec {obj['spec_hash'][:16]}...")
-    seen.add(key)
+    if seen is not None:  # pass 1; pass 2 re-reads a file that hashes the same
+        key = hashlib.sha256(f"{obj['source_hash']}{obj['target_digest']}{obj['spec_hash']}".encode()).digest()
+        if key in seen:
+            raise _Bad(f"duplicate launch spec {obj['spec_hash'][:16]}...")
+        seen.add(key)
     row = {f: obj[f] for f in _SPEC_FIELDS if f != "spec"}  # the file's names are the columns'
     row["spec_json"] = spec
     return row
@@ -1051,21 +1061,23 @@ def import_(
         scan = _scan(reader, gz, max_line_bytes, progress)
         log.debug("tunecache: import validated %d lines in %.2fs", scan.lines, time.perf_counter() - t0)
         summary = ImportSummary(
-            problems=len(scan.problems), configs=scan.configs, launch_specs=len(scan.specs), dry_run=dry_run
+            problems=len(scan.problems), configs=scan.configs, launch_specs=scan.specs, dry_run=dry_run
         )
         if dry_run:
-            with store._read("import (dry run)") as conn:
+            with store.snapshot("import (dry run)") as conn:
                 _decide(conn, scan, on_conflict, summary)
         else:
             with store._write("import") as conn, _driver_errors(store):
                 writer = _writer(store, conn)  # takes its locks before _decide reads
                 try:
                     write, delete = _decide(conn, scan, on_conflict, summary)
-                    _apply(conn, writer, reader, gz, max_line_bytes, scan, write, delete, progress)
+                    # Launch specs are additive, whatever the conflict policy.
+                    add_specs = partial(store._add_specs, conn) if with_launch_specs and scan.specs else None
+                    summary.launch_specs_new = _apply(
+                        conn, writer, reader, gz, max_line_bytes, scan, write, delete, add_specs, progress
+                    )
                 finally:
                     writer.close()
-                if with_launch_specs:  # additive, whatever the conflict policy
-                    summary.launch_specs_new = store._add_specs(conn, scan.specs)
                 t_commit = time.perf_counter()
             log.debug("tunecache: import committed in %.2fs", time.perf_counter() - t_commit)
     summary.seconds = round(time.perf_counter() - t0, 3)
@@ -1132,9 +1144,11 @@ def _apply(
     scan: _Scan,
     write: set[str],
     delete: list[str],
+    add_specs: Callable[[list[dict[str, Any]]], int] | None,
     progress: Progress | None,
-) -> None:
-    """Pass 2, inside the import's transaction: delete what is replaced, insert, drop resolved misses."""
+) -> int:
+    """Pass 2, inside the import's transaction: delete what is replaced, insert, drop resolved misses,
+    and with ``add_specs`` add the launch specs. Returns how many launch specs were new."""
     for i in range(0, len(delete), _LOOKUP_CHUNK):
         chunk = delete[i : i + _LOOKUP_CHUNK]
         conn.execute(sa.delete(configs).where(configs.c.digest.in_(chunk)))
@@ -1143,27 +1157,46 @@ def _apply(
     if missed:
         conn.execute(sa.delete(misses).where(misses.c.digest.in_(sorted(missed))))
     t0 = time.perf_counter()
-    if write:
+    specs_new = 0
+    if write or add_specs is not None:
         writer.prepare(sum(n for digest, _, _, n in scan.problems if digest in write))
         sha = hashlib.sha256()
-        with _Pipeline(writer.write, threaded=writer.threaded) as pipe:
-            batches = _row_batches(reader.lines(gz, max_line), write, writer.timestamp, sha, len(scan.problems))
-            for done, p_rows, c_rows in batches:
-                pipe.put(p_rows, c_rows)
+
+        def put(p_rows: list[tuple[Any, ...]], c_rows: list[tuple[Any, ...]], s_rows: list[dict[str, Any]]) -> None:
+            nonlocal specs_new
+            writer.write(p_rows, c_rows)
+            if s_rows and add_specs is not None:
+                specs_new += add_specs(s_rows)
+
+        n = len(scan.problems)
+        pairs = scan.pairs if add_specs is not None else None
+        with _Pipeline(put, threaded=writer.threaded) as pipe:
+            for done, p_rows, c_rows, s_rows in _row_batches(
+                reader.lines(gz, max_line), write, writer.timestamp, sha, n, pairs
+            ):
+                pipe.put(p_rows, c_rows, s_rows)
                 if progress is not None:
-                    progress("write", done, len(scan.problems))
+                    progress("write", min(done, n), n)
         if sha.hexdigest() != scan.sha:
             raise ImportFormatError(1, "the file changed while it was being imported; nothing was written")
     t1 = time.perf_counter()
     writer.finish()
     log.debug("tunecache: import wrote rows in %.2fs, finished in %.2fs", t1 - t0, time.perf_counter() - t1)
+    return specs_new
 
 
 def _row_batches(
-    lines: Iterator[tuple[int, bytes]], write: set[str], ts: Callable[[str | None], Any], sha: Any, n_problems: int
-) -> Iterator[tuple[int, list[tuple[Any, ...]], list[tuple[Any, ...]]]]:
+    lines: Iterator[tuple[int, bytes]],
+    write: set[str],
+    ts: Callable[[str | None], Any],
+    sha: Any,
+    n_problems: int,
+    spec_pairs: set[tuple[str, str]] | None,
+) -> Iterator[tuple[int, list[tuple[Any, ...]], list[tuple[Any, ...]], list[dict[str, Any]]]]:
     """Database rows of the problems to write, in batches; every line (valid: pass 1) goes into ``sha``,
-    the launch-spec lines after the ``n_problems`` problems too (their rows come from pass 1).
+    the launch-spec lines after the ``n_problems`` problems too. With ``spec_pairs`` (the problems'
+    kernels and targets) those lines become launch_specs rows, in batches of at most
+    ``_SPEC_BATCH_BYTES`` of spec text: memory stays a few lines whatever the file holds.
 
     Timings go in as parsed (an int in a Double column reads back as a float); JSON columns get
     canonical JSON, the form ``Store.put`` writes.
@@ -1174,29 +1207,40 @@ def _row_batches(
     canon: dict[str, str] = {}
     p_rows: list[tuple[Any, ...]] = []
     c_rows: list[tuple[Any, ...]] = []
+    s_rows: list[dict[str, Any]] = []
+    s_bytes = 0
     done = 0
     for lineno, line in lines:
         sha.update(line)
         done += 1
-        if done > n_problems:
-            continue
         try:
+            if done > n_problems:
+                if spec_pairs is None:
+                    continue
+                s_rows.append(_check_spec(loads(line), spec_pairs, None))
+                s_bytes += len(line)
+                if s_bytes >= _SPEC_BATCH_BYTES or len(s_rows) >= _WRITE_BATCH:
+                    yield done, p_rows, c_rows, s_rows
+                    p_rows, c_rows, s_rows, s_bytes = [], [], [], 0
+                continue
+            if not write:
+                continue
             obj = loads(line)
             digest = obj["digest"]
             if digest not in write:
                 continue
             p_row, c_row = _rows(obj, digest, ts, targets, canon)
-        except (ValueError, KeyError, TypeError, AttributeError):  # valid in pass 1: it was rewritten since
+        except (ValueError, KeyError, TypeError, AttributeError, _Bad):  # valid in pass 1: rewritten since
             raise ImportFormatError(
                 lineno, "the file changed while it was being imported; nothing was written"
             ) from None
         p_rows.append(p_row)
         c_rows.extend(c_row)
         if len(c_rows) >= _WRITE_BATCH or len(p_rows) >= _WRITE_BATCH:
-            yield done, p_rows, c_rows
-            p_rows, c_rows = [], []
-    if p_rows:
-        yield done, p_rows, c_rows
+            yield done, p_rows, c_rows, s_rows
+            p_rows, c_rows, s_rows, s_bytes = [], [], [], 0
+    if p_rows or s_rows:
+        yield done, p_rows, c_rows, s_rows
 
 
 def _rows(
@@ -1267,9 +1311,9 @@ class _Pipeline:
     the GIL back after every row, which turns a second thread into a convoy: SQLite writes inline.
     """
 
-    def __init__(self, write: Callable[[list[tuple[Any, ...]], list[tuple[Any, ...]]], None], threaded: bool) -> None:
+    def __init__(self, write: Callable[..., None], threaded: bool) -> None:
         self.write = write
-        self.queue: queue.Queue[tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]] | None] = queue.Queue(maxsize=2)
+        self.queue: queue.Queue[tuple[Any, ...] | None] = queue.Queue(maxsize=2)
         self.error: BaseException | None = None
         self.thread = (
             threading.Thread(target=self._run, name="tunecache-import-writer", daemon=True) if threaded else None
@@ -1283,13 +1327,14 @@ class _Pipeline:
                 except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
                     self.error = e
 
-    def put(self, p_rows: list[tuple[Any, ...]], c_rows: list[tuple[Any, ...]]) -> None:
+    def put(self, *batch: Any) -> None:
+        """Hand one batch (the arguments of ``write``) to the writer."""
         if self.thread is None:
-            self.write(p_rows, c_rows)
+            self.write(*batch)
             return
         if self.error is not None:
             raise self.error
-        self.queue.put((p_rows, c_rows))
+        self.queue.put(batch)
 
     def __enter__(self) -> _Pipeline:
         if self.thread is not None:

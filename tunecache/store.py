@@ -41,6 +41,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, unquote
 
 import orjson
 import sqlalchemy as sa
@@ -295,8 +296,8 @@ def resolve_url(url: str | URL | None = None) -> URL:
     """
     raw = url if url is not None else (os.environ.get("TUNECACHE_URL") or default_url())
     try:
-        u = raw if isinstance(raw, URL) else make_url(str(raw))
-    except ArgumentError:
+        u = raw if isinstance(raw, URL) else _parse_url(str(raw))
+    except (ArgumentError, ValueError):  # ValueError: a port that is not a number
         raise StoreError(
             f"malformed store URL {mask_raw(str(raw))!r}: expected e.g. sqlite:////path/tunecache.sqlite3 "
             "or postgresql://user@host/db"
@@ -312,24 +313,44 @@ def resolve_url(url: str | URL | None = None) -> URL:
     return u
 
 
+# ``scheme://user:password@host...`` where the password holds a raw '@': RFC 3986 forbids it, yet
+# generated passwords have one often enough, and SQLAlchemy (like libpq) then ends the password at
+# the FIRST '@' and takes the rest of it for the host, which every message would print. The
+# userinfo ends at the LAST '@' instead (a raw '@' in a path or query after a password must then
+# be written %40).
+_PASSWORD_WITH_AT = re.compile(r"(?P<head>[\w+.-]+://)(?P<user>[^:/@\s]*):(?P<pw>.*@.*)@(?P<rest>[^@]*)", re.S)
+
+
+def _parse_url(raw: str) -> URL:
+    m = _PASSWORD_WITH_AT.fullmatch(raw)
+    if m is None:
+        return make_url(raw)
+    return make_url(m["head"] + m["user"] + "@" + m["rest"]).set(password=unquote(m["pw"]))
+
+
 def mask_url(u: URL | str) -> str:
+    """The URL to print: the password (however spelled) replaced by ``***``."""
     if isinstance(u, str):
         try:
-            u = make_url(u)
-        except ArgumentError:
+            u = _parse_url(u)
+        except (ArgumentError, ValueError):
             return mask_raw(u)
-    return u.render_as_string(hide_password=True)
+    return mask_raw(u.render_as_string(hide_password=True))
 
 
 def mask_raw(text: str) -> str:
-    """Hide ``user:password@`` in any URL-looking text."""
-    return re.sub(r"(://[^:/@\s]*:)[^@\s]*@", r"\1***@", text)
+    """Hide ``user:password@`` in any URL-looking text; the userinfo ends at the LAST '@' of the
+    URL (a password may hold '@', ':', '/', '?' or '#'), so at worst more than the password is hidden."""
+    return re.sub(r"(://[^:/@\s]*:)\S*@", r"\1***@", text)
 
 
 def _scrub(text: str, u: URL) -> str:
+    """``text`` (a driver's message) with the store's password hidden, as given or URL-encoded."""
     text = mask_raw(text)
     if u.password:
-        text = text.replace(str(u.password), "***")
+        pw = str(u.password)
+        for spelling in sorted({pw, quote(pw, safe=""), quote(pw)}, key=len, reverse=True):
+            text = text.replace(spelling, "***")
     return text
 
 
@@ -414,9 +435,14 @@ def _make_engine(u: URL, readonly: bool) -> Engine:
 
         @event.listens_for(engine, "begin")
         def _on_begin(conn: Connection) -> None:
-            # Writes take the write lock up front; reads run in autocommit (one statement each).
-            if conn.get_execution_options().get("tunecache_write"):
+            # Writes take the write lock up front; reads run in autocommit (one statement each),
+            # except a snapshot (Store.snapshot): a deferred BEGIN, whose first read fixes what
+            # every later statement sees (WAL keeps it while writers commit).
+            opts = conn.get_execution_options()
+            if opts.get("tunecache_write"):
                 conn.exec_driver_sql("BEGIN IMMEDIATE")
+            elif opts.get("tunecache_snapshot"):
+                conn.exec_driver_sql("BEGIN")
 
         return engine
     connect_args: dict[str, Any] = {}
@@ -573,6 +599,26 @@ class Store:
     def _read(self, what: str) -> Iterator[Connection]:
         with self._guard(what), self.engine.connect() as conn:
             yield conn
+
+    @contextlib.contextmanager
+    def snapshot(self, what: str) -> Iterator[Connection]:
+        """A read-only transaction in which every statement sees the same committed state.
+
+        For reads of several statements that must agree with each other (an export's problems and
+        their configs): without it, a ``gc`` committing in between leaves a problem whose winner's
+        config row is gone. SQLite: a deferred BEGIN (WAL keeps the snapshot of its first read);
+        PostgreSQL: REPEATABLE READ, READ ONLY; MySQL/MariaDB: REPEATABLE READ (InnoDB's consistent
+        read). Writers are not blocked on any of them.
+        """
+        with self._guard(what), self.engine.connect() as conn:
+            if self.dialect == "sqlite":
+                conn.execution_options(tunecache_snapshot=True)
+            elif self.dialect == "postgresql":
+                conn.execution_options(isolation_level="REPEATABLE READ", postgresql_readonly=True)
+            else:
+                conn.execution_options(isolation_level="REPEATABLE READ")
+            with conn.begin():
+                yield conn
 
     # ---- schema ---------------------------------------------------------------------------
 
@@ -762,7 +808,7 @@ class Store:
 
     def counts(self, **filters: Any) -> dict[str, int]:
         where = _where(**filters)
-        with self._read("counts") as conn:
+        with self.snapshot("counts") as conn:  # four counts of one state
             n_problems = conn.execute(sa.select(sa.func.count()).select_from(problems).where(*where)).scalar_one()
             sub = sa.select(problems.c.digest).where(*where)
             cfg = configs.c.digest.in_(sub) if where else sa.true()

@@ -1,0 +1,126 @@
+#!/usr/bin/env python
+"""Peak memory of ``tunecache import`` (issue 13, item 9): bounded by the work, not by the file.
+
+Two files: a hostile one (:func:`hostile_files.write_spec_bomb`: valid launch-spec lines of ~4 MiB
+each that gzip shrinks ~1000:1; 300 of them are a ~1.2 MB ``.jsonl.gz`` holding 1.2 GB of lines)
+and the export of N generated problems (scripts/bench_exchange.py's workload, default 100,000 x 12
+config rows). Each is imported with ``--dry-run`` and for real into a fresh SQLite store (the
+hostile file with ``--launch-specs`` too), by the real command in its own process, which reports
+its own peak RSS (VmHWM) as it exits.
+
+With ``--before REV`` the same runs use the ``tunecache`` package of git revision REV too (from
+``git archive``, imported ahead of the installed one), side by side with the working tree's:
+
+    python scripts/bench_import_memory.py --before HEAD~1                  # full size
+    python scripts/bench_import_memory.py --before HEAD~1 --problems 5000  # quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from io import BytesIO
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))  # hostile_files
+sys.path.insert(0, str(ROOT / "scripts"))  # bench_exchange
+
+# The real command; prints the process's own peak RSS as it exits (ru_maxrss of a child would carry
+# over the forking parent's size across exec) and which tunecache it ran.
+_WRAPPER = (
+    "import atexit, os, sys\n"
+    "if os.environ.get('BENCH_TUNECACHE_TREE'):  # before the editable install's finder\n"
+    "    sys.meta_path = [f for f in sys.meta_path if 'editable' not in getattr(f, '__module__', '')]\n"
+    "    sys.path.insert(0, os.environ['BENCH_TUNECACHE_TREE'])\n"
+    "import tunecache\n"
+    "def peak():\n"
+    "    for line in open('/proc/self/status'):\n"
+    "        if line.startswith('VmHWM:'):\n"
+    "            sys.stderr.write('PEAK_KB %s %s\\n' % (line.split()[1], tunecache.__file__))\n"
+    "atexit.register(peak)\n"
+    "from tunecache.cli import main\n"
+    "main(prog_name='tunecache')\n"
+)
+
+
+def run_import(code: Path | None, url: str, path: Path, flags: list[str]) -> tuple[float, float, str]:
+    """(peak RSS MB, seconds, output) of one ``tunecache import``; ``code`` is a tree holding tunecache."""
+    env = dict(os.environ)
+    if code is not None:
+        env["BENCH_TUNECACHE_TREE"] = str(code)
+    args = [sys.executable, "-c", _WRAPPER, "--url", url, "import", str(path), *flags]
+    t0 = time.perf_counter()
+    r = subprocess.run(args, env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - t0
+    if r.returncode != 0:
+        raise SystemExit(f"import failed ({code or 'working tree'}):\n{r.stderr[-3000:]}")
+    kb, used = next(line.split()[1:3] for line in r.stderr.splitlines() if line.startswith("PEAK_KB "))
+    expected = str(code) if code is not None else str(ROOT)
+    if not used.startswith(expected):
+        raise SystemExit(f"ran {used}, not the tunecache of {expected}")
+    return int(kb) / 1024, seconds, r.stdout.strip()
+
+
+def checkout(rev: str, dest: Path) -> Path:
+    data = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "tunecache"], check=True, capture_output=True)
+    with tarfile.open(fileobj=BytesIO(data.stdout)) as tar:
+        tar.extractall(dest, filter="data")
+    return dest
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--problems", type=int, default=100_000)
+    ap.add_argument("--specs", type=int, default=300, help="hostile launch-spec lines (~4 MiB each)")
+    ap.add_argument("--before", metavar="REV", help="also measure the tunecache of this git revision")
+    args = ap.parse_args()
+
+    from bench_exchange import fill
+    from hostile_files import write_spec_bomb
+
+    from tunecache.exchange import export
+    from tunecache.store import open_store
+
+    with tempfile.TemporaryDirectory(prefix="tunecache-bench-mem-") as tmp:
+        work = Path(tmp)
+        codes: list[tuple[str, Path | None]] = []
+        if args.before:
+            codes.append((f"before ({args.before})", checkout(args.before, work / "before")))
+        codes.append(("after (working tree)", None))
+        bomb = work / "hostile.jsonl.gz"
+        raw = write_spec_bomb(bomb, args.specs)
+        spec_modes = [["--dry-run"], [], ["--launch-specs"]]
+        files = [(f"hostile: {args.specs} spec lines", bomb, raw, spec_modes)]
+        src = f"sqlite:///{work / 'src.sqlite3'}"
+        t0 = time.perf_counter()
+        fill(src, args.problems)
+        big = work / "export.jsonl"
+        export(open_store(src), big)
+        files.append((f"export of {args.problems:,} problems", big, big.stat().st_size, [["--dry-run"], []]))
+        print(f"setup {time.perf_counter() - t0:.0f}s", file=sys.stderr)
+        rows = []
+        for label, path, size, modes in files:
+            for flags in modes:
+                row = [label, f"{path.stat().st_size / 1e6:.1f} / {size / 1e6:.0f}", " ".join(["import", *flags])]
+                for name, code in codes:
+                    url = f"sqlite:///{work / f'dst-{len(rows)}-{len(row)}.sqlite3'}"
+                    open_store(url).close()  # the schema (same head for both), out of the measurement
+                    mb, s, out = run_import(code, url, path, flags)
+                    print(f"{label} | {row[2]} | {name}: {mb:.0f} MB, {s:.1f}s: {out}", file=sys.stderr)
+                    row.append(f"{mb:.0f} MB ({s:.1f} s)")
+                rows.append(row)
+        names = [n for n, _ in codes]
+        print(f"| file | file MB (gz / lines) | command | {' | '.join(names)} |")
+        print(f"|---|---:|---|{'---:|' * len(names)}")
+        for row in rows:
+            print("| " + " | ".join(row) + " |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,41 @@
+"""The ``tunecache`` command in a real process, for checks about what a user sees on stderr.
+
+click's ``CliRunner`` catches an uncaught exception itself: the output then holds no traceback and
+the exit code is 1, so "exit 1 and no Traceback in the output" passes for a command that crashed.
+Here the traceback, if any, is on the real stderr.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+
+def cli_process(
+    *args: str, input: bytes | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """Run ``python -m tunecache.cli ARGS``; stdout and stderr as text."""
+    r = subprocess.run(
+        [sys.executable, "-m", "tunecache.cli", *args],
+        input=input,
+        capture_output=True,
+        env={**os.environ, **(env or {})},
+        timeout=300,
+    )
+    return subprocess.CompletedProcess(
+        r.args, r.returncode, r.stdout.decode(errors="replace"), r.stderr.decode(errors="replace")
+    )
+
+
+def one_line_error(r: subprocess.CompletedProcess, code: int = 1) -> str:
+    """Assert the command failed with exit ``code`` and exactly one line on stderr, no traceback;
+    return that line. Exit 1 is tunecache's own error line, exit 2 click's usage error."""
+    assert "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert r.returncode == code, (r.returncode, r.stderr[-3000:])
+    lines = r.stderr.strip().splitlines()
+    if code == 1:
+        assert len(lines) == 1 and lines[0].startswith("tunecache: error: "), r.stderr[-3000:]
+        return lines[0]
+    assert lines and lines[-1].startswith("Error: "), r.stderr[-3000:]  # click: usage lines, then the error
+    return lines[-1]
