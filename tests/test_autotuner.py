@@ -631,3 +631,44 @@ def test_kill_9_of_the_benchmarking_process_is_recovered(sqlite_url, tmp_path):
     assert elapsed <= 5 + 10
     assert json.loads(out.strip().splitlines()[-1])["stats"]["benchmarks"] == 2
     assert open_store(sqlite_url).counts()["problems"] == 1
+
+
+def test_configs_built_fresh_by_a_prune_are_stored_under_their_own_identity(sqlite_url, monkeypatch):
+    """Issue 13.3: an early_config_prune that builds new Config objects for every key. Freed
+    configs' addresses are reused by the next key's, which must not inherit their identity."""
+    shapes = [(b, w) for b in (16, 32, 64) for w in (1, 2)]
+
+    def prune(configs, nargs, **kw):
+        n = nargs["N"]
+        chosen = [shapes[(n + i) % len(shapes)] for i in range(1 + n % 4)] + [shapes[n % 5]]
+        return [triton.Config({"BLOCK": b}, num_warps=w) for b, w in dict.fromkeys(chosen)]
+
+    def timed(self, *args, config, **meta):  # the timing names the config that actually ran
+        ms = config.kwargs["BLOCK"] + config.num_warps / 10
+        return [ms, ms, ms]
+
+    monkeypatch.setattr(triton.runtime.autotuner.Autotuner, "_bench", timed)
+    k = tunecache.autotune(
+        configs=tinykernels.CONFIGS, key=["N"], prune_configs_by={"early_config_prune": prune}, store=sqlite_url
+    )(tinykernels.make_add().fn)
+    for n in range(1, 41):
+        tinykernels.launch(k, n)
+    tunecache.flush()
+    probs = open_store(sqlite_url).list(with_configs=True)
+    assert len(probs) == sum(len(prune(None, {"N": n})) > 1 for n in range(1, 41))  # one config: nothing to store
+    wrong = [
+        (json.loads(p.key_json), r.config, r.median_ms)
+        for p in probs
+        for r in p.configs
+        if r.median_ms != r.config["kwargs"]["BLOCK"] + r.config["num_warps"] / 10
+    ]
+    assert not wrong, f"{len(wrong)} rows hold another config's timing: {wrong[:3]}"
+    assert len(k._tc_hash_of) <= len(shapes)  # memoised by value: one entry per distinct config
+
+
+def test_config_identity_memo_is_bounded(sqlite_url, monkeypatch):
+    monkeypatch.setattr(at, "_CONFIG_MEMO_MAX", 8)
+    k = tinykernels.make_add(store=sqlite_url)
+    for b in range(20):
+        k._config_id(triton.Config({"BLOCK": 2**b}))
+    assert len(k._tc_hash_of) <= 8

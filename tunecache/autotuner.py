@@ -44,6 +44,7 @@ from tunecache import metrics as _stats
 from tunecache import preload as _preload
 from tunecache.errors import CaptureMissError, StoreError
 from tunecache.identity import (
+    CONFIG_FIELDS,
     KernelIdentity,
     Target,
     canonical_key,
@@ -263,7 +264,7 @@ class TunecacheAutotuner(Autotuner):
         self._tc_results: dict[str, ConfigResult] = {}
         self._tc_failure: tuple[str, dict[str, Any]] | None = None
         self._tc_samples = 0
-        self._tc_hash_of: dict[int, tuple[str, str]] = {}
+        self._tc_hash_of: dict[tuple, tuple[Any, tuple[str, str]]] = {}  # config value -> (pre_hook, identity)
         self._tc_from_store: dict[Any, tuple[str, str]] = {}  # tuning key -> (digest, config hash)
         self._tc_lock = threading.RLock()
         self._tc_opening: tuple[int, Future] | None = None
@@ -410,9 +411,26 @@ class TunecacheAutotuner(Autotuner):
         return ident
 
     def _config_id(self, config: Any) -> tuple[str, str]:
-        ident = self._tc_hash_of.get(id(config))
-        if ident is None:
-            ident = self._tc_hash_of[id(config)] = config_identity(config)
+        """(JSON, hash) of a config, memoised by the config's VALUE: ``early_config_prune`` may build
+        fresh Config objects at the addresses of freed ones. The pre_hook enters by ``id``; the memo
+        holds the hook itself, so that id is not reused while the entry lives. Bounded."""
+        hook = getattr(config, "pre_hook", None)
+        try:
+            vkey = (
+                tuple(sorted(config.kwargs.items())),
+                tuple(getattr(config, f, None) for f in CONFIG_FIELDS),
+                getattr(config, "ir_override", None),
+                id(hook) if hook is not None else None,
+            )
+            memo = self._tc_hash_of.get(vkey)
+        except TypeError:  # an unhashable kwarg: config_identity names it
+            return config_identity(config)
+        if memo is not None:
+            return memo[1]
+        ident = config_identity(config)
+        if len(self._tc_hash_of) >= _CONFIG_MEMO_MAX:
+            self._tc_hash_of.clear()
+        self._tc_hash_of[vkey] = (hook, ident)
         return ident
 
     def _key_names(self, n: int) -> list[str]:
@@ -925,6 +943,8 @@ def _config_json(tuner: TunecacheAutotuner, ctx: _Ctx, h: str) -> dict[str, Any]
             return orjson.loads(tuner._config_id(c)[0])
     return {}
 
+
+_CONFIG_MEMO_MAX = 4096  # config identities memoised per kernel (a prune may build configs without end)
 
 _pool: ThreadPoolExecutor | None = None
 _pool_pid: int | None = None
