@@ -55,45 +55,65 @@ def test_restart_against_postgresql(pg_url):
     assert a["stats"]["benchmarks"] > 0 and b["stats"]["benchmarks"] == 0 and b["winners"] == a["winners"]
 
 
-def test_changed_source_or_called_jit_or_driver_rebenchmarks(sqlite_url, tmp_path):
+KMOD = """
+import time, triton, triton.language as tl, {deco_module}
+def cpu_bench(call, quantiles):  # TUNECACHE_MODE=off runs Triton's own Autotuner: no GPU timer here
+    call(); t0 = time.perf_counter(); call(); ms = (time.perf_counter() - t0) * 1e3
+    return [ms, ms, ms]
+@{deco}(configs=[triton.Config({{"BLOCK": b}}) for b in (16, 32)], key=["N"], do_bench=cpu_bench)
+@triton.jit
+def k(x, out, N, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out + offs, helper(tl.load(x + offs, mask=offs < N)){kernel_extra}, mask=offs < N)
+@triton.jit
+def helper(a):  # BELOW the kernel, as modules are usually laid out
+    return a * {factor}{helper_extra}
+"""
+
+RUN_KMOD = """
+    import json, torch, triton, tunecache
+    if {install}:
+        tunecache.install()
+    import kmod
+    x = torch.ones(40); o = torch.empty(40)
+    kmod.k[lambda m: (triton.cdiv(40, m["BLOCK"]),)](x, o, 40)
+    print(json.dumps({{"stats": tunecache.stats(), "out": o[0].item(), "tc": type(kmod.k).__name__}}))
+"""
+
+
+@pytest.mark.parametrize("install", [False, True], ids=["tunecache.autotune", "install+triton.autotune"])
+def test_changed_source_or_called_jit_or_driver_rebenchmarks(sqlite_url, tmp_path, install):
+    """Fresh processes on one store; the called helper is defined below the kernel (issue 13.1).
+    With install(), the module is "third-party": plain @triton.autotune, imported after install()."""
     mod = tmp_path / "kmod.py"
-    body = textwrap.dedent("""
-        import triton, triton.language as tl, tunecache
-        @triton.jit
-        def helper(a):
-            return a * 2{helper_extra}
-        @tunecache.autotune(configs=[triton.Config({{"BLOCK": b}}) for b in (16, 32)], key=["N"])
-        @triton.jit
-        def k(x, out, N, BLOCK: tl.constexpr):
-            offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-            tl.store(out + offs, helper(tl.load(x + offs, mask=offs < N)){kernel_extra}, mask=offs < N)
-    """)
-    code = """
-        import json, torch, triton, tunecache, kmod
-        x = torch.ones(40); o = torch.empty(40)
-        kmod.k[lambda m: (triton.cdiv(40, m["BLOCK"]),)](x, o, 40)
-        print(json.dumps({"stats": tunecache.stats()}))
-    """
+    deco = ("triton", "triton.autotune") if install else ("tunecache", "tunecache.autotune")
     env = {"TUNECACHE_URL": sqlite_url, "PYTHONPATH": f"{tmp_path}:{HERE}"}
 
-    def run(helper_extra="", kernel_extra="", extra_env=None):
-        mod.write_text(body.format(helper_extra=helper_extra, kernel_extra=kernel_extra))
-        return fresh_process(code, {**env, **(extra_env or {})})["stats"]["benchmarks"]
-
-    assert run() == 2
-    assert run() == 0
-    assert run(helper_extra="  # a comment only") == 0  # comments do not change identity
-    assert run(kernel_extra=" + 0.0") == 2  # kernel source changed
-    assert run(kernel_extra=" + 0.0") == 0
-    assert run(helper_extra=" + 0", kernel_extra=" + 0.0") == 2  # a called @jit function changed
-    assert (
-        run(
-            helper_extra=" + 0",
-            kernel_extra=" + 0.0",
-            extra_env={"TUNECACHE_TARGET_OVERRIDE": json.dumps({"driver_version": "13010"})},
+    def run(factor=2, helper_extra="", kernel_extra="", extra_env=None):
+        mod.write_text(
+            KMOD.format(
+                deco_module=deco[0], deco=deco[1], factor=factor, helper_extra=helper_extra, kernel_extra=kernel_extra
+            )
         )
-        == 2
-    )  # new driver
+        got = fresh_process(RUN_KMOD.format(install=install), {**env, **(extra_env or {})})
+        off = fresh_process(RUN_KMOD.format(install=install), {**env, **(extra_env or {}), "TUNECACHE_MODE": "off"})
+        assert got["tc"] == "TunecacheAutotuner" and off["tc"] == "Autotuner"
+        assert got["out"] == off["out"]  # tunecache never changes what runs
+        return got["stats"]["benchmarks"], got["out"]
+
+    assert run() == (2, 2.0)
+    assert run() == (0, 2.0)
+    assert run(helper_extra="  # a comment only") == (0, 2.0)  # comments do not change identity
+    assert run(factor=3) == (2, 3.0)  # the helper below the kernel changed: a new digest
+    assert run(factor=3) == (0, 3.0)
+    assert run(factor=3, kernel_extra=" + 0.0") == (2, 3.0)  # kernel source changed
+    assert run(factor=3, helper_extra=" + 0", kernel_extra=" + 0.0") == (2, 3.0)  # helper changed again
+    assert run(
+        factor=3,
+        helper_extra=" + 0",
+        kernel_extra=" + 0.0",
+        extra_env={"TUNECACHE_TARGET_OVERRIDE": json.dumps({"driver_version": "13010"})},
+    ) == (2, 3.0)  # new driver
 
 
 def test_added_config_benchmarks_only_the_new_one(sqlite_url):
@@ -461,14 +481,33 @@ def test_triton_key_is_computed_in_the_background_when_a_kernel_is_defined(sqlit
     assert off == {"cached": 0, "thread": None, "child_rc": 0}
 
 
-@pytest.mark.parametrize("ast_unsafe", [True, False])
-def test_source_is_hashed_once_and_on_the_defining_thread_where_ast_is_not_thread_safe(
-    sqlite_url, monkeypatch, ast_unsafe
+ADD_MODULE = """
+import os, triton, triton.language as tl, tinykernels, tunecache
+@tunecache.autotune(configs=tinykernels.CONFIGS[:2], key=["N"], store=os.environ["TUNECACHE_URL"])
+@triton.jit
+def add_kernel(x, y, out, N, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < N
+    tl.store(out + offs, add(tl.load(x + offs, mask=m), tl.load(y + offs, mask=m)), mask=m)
+add_kernel._tc_opening[1].result(timeout=60)  # the background prefetch runs while this module imports
+@triton.jit
+def add(a, b):
+    return a + b
+"""
+
+
+@pytest.mark.parametrize("ast_unsafe", [True, False], ids=["py3.11-rule", "thread-safe-ast"])
+@pytest.mark.parametrize("where", ["after-import", "module-importing"])
+def test_source_is_hashed_once_never_before_its_module_finished_importing(
+    sqlite_url, monkeypatch, tmp_path, ast_unsafe, where
 ):
-    # CPython 3.11: ast.parse in two threads at once can raise SystemError in either. There the
-    # kernel is hashed where it is defined; elsewhere in the prefetch thread. Either way once: the
-    # first launch waits for the background hash instead of parsing the source a second time.
+    # Issue 13.1: a kernel decorated while its module imports may call a @jit helper defined
+    # below it: it is hashed at its first launch, on the launching thread. A kernel defined once
+    # its module finished importing (a factory) is hashed at once: in the prefetch thread, or, where
+    # ast.parse is not thread safe (CPython 3.11), on the defining thread. Either way exactly once:
+    # a first launch waits for the background hash instead of parsing the source a second time.
     monkeypatch.setattr(at, "_AST_NOT_THREAD_SAFE", ast_unsafe)
+    monkeypatch.setenv("TUNECACHE_URL", sqlite_url)
     threads = []
     real = at.kernel_identity
 
@@ -477,11 +516,56 @@ def test_source_is_hashed_once_and_on_the_defining_thread_where_ast_is_not_threa
         return real(fn)
 
     monkeypatch.setattr(at, "kernel_identity", recording)
-    k = tinykernels.make_add(store=sqlite_url)
-    k._tc_opening[1].result(timeout=60)
+    if where == "after-import":
+        k = tinykernels.make_add(store=sqlite_url)
+    else:
+        import importlib
+
+        (tmp_path / "addmod_importing.py").write_text(ADD_MODULE)
+        monkeypatch.syspath_prepend(str(tmp_path))
+        monkeypatch.delitem(sys.modules, "addmod_importing", raising=False)
+        k = importlib.import_module("addmod_importing").add_kernel
+    if k._tc_opening is not None:
+        k._tc_opening[1].result(timeout=60)
+    before_launch = list(threads)
     tinykernels.launch(k, 100)
     assert len(threads) == 1
-    assert (threads[0] == threading.main_thread().name) == ast_unsafe
+    if where == "module-importing":
+        assert before_launch == [] and threads == [threading.main_thread().name]
+    else:
+        assert before_launch == threads
+        assert (threads[0] == threading.main_thread().name) == ast_unsafe
+    assert k.identity.source_hash == real(k.fn).source_hash
+
+
+def test_module_imported_is_proven_only_after_the_module_body_ran(tmp_path, monkeypatch):
+    from tunecache.identity import module_imported
+
+    (tmp_path / "probe_mod.py").write_text(
+        "import triton\nfrom tunecache.identity import module_imported\n"
+        "@triton.jit\ndef k(x):\n    pass\nDURING = module_imported(k)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import probe_mod
+
+    assert probe_mod.DURING is False and module_imported(probe_mod.k) is True
+
+    def factory():
+        @triton.jit
+        def inner(x):
+            helper_later(x)
+
+        seen = module_imported(inner)
+
+        @triton.jit
+        def helper_later(x):
+            pass
+
+        return seen, inner
+
+    seen, inner = factory()
+    assert seen is False  # a closure cell still empty: a helper defined later in the function
+    assert module_imported(inner) is True
 
 
 def test_winner_within_tolerance_of_the_fastest_reuses_another_keys_winner(sqlite_url, monkeypatch):
@@ -614,3 +698,44 @@ def test_a_call_that_fails_before_its_launch_marks_no_other_keys_winner(sqlite_u
         assert p.winner_config_hash == before[p.digest]
         assert all(r.ok for r in p.configs), [r.status for r in p.configs]
     assert tinykernels.launch(k, 64) is not None  # the good winners still launch
+
+
+def test_configs_built_fresh_by_a_prune_are_stored_under_their_own_identity(sqlite_url, monkeypatch):
+    """Issue 13.3: an early_config_prune that builds new Config objects for every key. Freed
+    configs' addresses are reused by the next key's, which must not inherit their identity."""
+    shapes = [(b, w) for b in (16, 32, 64) for w in (1, 2)]
+
+    def prune(configs, nargs, **kw):
+        n = nargs["N"]
+        chosen = [shapes[(n + i) % len(shapes)] for i in range(1 + n % 4)] + [shapes[n % 5]]
+        return [triton.Config({"BLOCK": b}, num_warps=w) for b, w in dict.fromkeys(chosen)]
+
+    def timed(self, *args, config, **meta):  # the timing names the config that actually ran
+        ms = config.kwargs["BLOCK"] + config.num_warps / 10
+        return [ms, ms, ms]
+
+    monkeypatch.setattr(triton.runtime.autotuner.Autotuner, "_bench", timed)
+    k = tunecache.autotune(
+        configs=tinykernels.CONFIGS, key=["N"], prune_configs_by={"early_config_prune": prune}, store=sqlite_url
+    )(tinykernels.make_add().fn)
+    for n in range(1, 41):
+        tinykernels.launch(k, n)
+    tunecache.flush()
+    probs = open_store(sqlite_url).list(with_configs=True)
+    assert len(probs) == sum(len(prune(None, {"N": n})) > 1 for n in range(1, 41))  # one config: nothing to store
+    wrong = [
+        (json.loads(p.key_json), r.config, r.median_ms)
+        for p in probs
+        for r in p.configs
+        if r.median_ms != r.config["kwargs"]["BLOCK"] + r.config["num_warps"] / 10
+    ]
+    assert not wrong, f"{len(wrong)} rows hold another config's timing: {wrong[:3]}"
+    assert len(k._tc_hash_of) <= len(shapes)  # memoised by value: one entry per distinct config
+
+
+def test_config_identity_memo_is_bounded(sqlite_url, monkeypatch):
+    monkeypatch.setattr(at, "_CONFIG_MEMO_MAX", 8)
+    k = tinykernels.make_add(store=sqlite_url)
+    for b in range(20):
+        k._config_id(triton.Config({"BLOCK": 2**b}))
+    assert len(k._tc_hash_of) <= 8

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 import textwrap
 
 import pytest
@@ -49,14 +51,65 @@ def test_source_hash_ignores_position_and_comments_but_not_code(tmp_path):
     assert source_hash(d.k) != source_hash(a.k)
 
 
-def test_kernel_identity_under_the_interpreter_has_no_cache_key():
-    @triton.jit
-    def k(x):
-        pass
+def test_kernel_identity_is_the_name_and_the_hash_of_the_code(tmp_path):
+    a = _load(tmp_path, "ia", KERNEL.format(pad=""))
+    b = _load(tmp_path, "ib", KERNEL.format(pad="").replace("a + 1", "a + 2"))
+    ia, ib = identity.kernel_identity(a.k), identity.kernel_identity(b.k)
+    assert ia.name == "ia.k" and ib.name == "ib.k"
+    assert ia.source_hash == source_hash(a.k) and len(ia.source_hash) == 64
+    assert ib.source_hash != ia.source_hash  # the helper's body is in the hash
+    assert not hasattr(ia, "triton_cache_key")  # Triton's memoised key is never read (issue 13.1)
 
-    ident = identity.kernel_identity(k)
-    assert ident.name.endswith("k") and len(ident.source_hash) == 64
-    assert ident.triton_cache_key is None  # InterpretedFunction has none
+
+HELPER_BELOW = """
+import triton, triton.language as tl, tunecache
+@tunecache.autotune(configs=[triton.Config({{"BLOCK": 16}}), triton.Config({{"BLOCK": 32}})], key=["N"])
+@triton.jit
+def k(x, N, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(x + offs, helper(tl.load(x + offs)))
+@triton.jit
+def helper(a):
+    return a * {factor}
+"""
+
+READ_KEYS = """
+import importlib, json, os, sys
+sys.path.insert(0, sys.argv[1])
+mod = importlib.import_module(sys.argv[2])
+k = mod.k
+if k._tc_opening is not None:
+    k._tc_opening[1].result(timeout=60)  # whatever the background prefetch does, it has done it
+print(json.dumps({"triton_key": k.fn.cache_key, "ours": k.identity.source_hash, "type": type(k.fn).__name__}))
+"""
+
+
+def test_a_helper_below_the_kernel_is_in_both_keys_and_tritons_key_is_not_read_early(tmp_path):
+    """Without the interpreter (a real JITFunction: no GPU needed until the launch): a helper
+    defined BELOW the kernel must be in tunecache's hash and in Triton's own ``cache_key``, which
+    Triton memoises at its first read: reading it while the module still imports freezes a key
+    without the helper, and Triton's compile cache then serves the old binary."""
+    import subprocess
+    import sys
+
+    (tmp_path / "read_keys.py").write_text(READ_KEYS)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TUNECACHE_URL"] = f"sqlite:///{tmp_path / 's.sqlite3'}"
+    got = {}
+    for factor in (2, 3):
+        (tmp_path / f"below{factor}.py").write_text(HELPER_BELOW.format(factor=factor))
+        r = subprocess.run(
+            [sys.executable, str(tmp_path / "read_keys.py"), str(tmp_path), f"below{factor}"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert r.returncode == 0, r.stderr[-3000:]
+        got[factor] = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got[2]["type"] == "JITFunction"
+    assert got[2]["ours"] != got[3]["ours"]
+    assert got[2]["triton_key"] != got[3]["triton_key"]
 
 
 def test_canonical_key_types_and_errors():
@@ -123,3 +176,138 @@ def test_pre_hook_identity_changes_with_its_body():
 
 
 _ = tl
+
+
+# ---- issue 13.2: every input of the generated code is in the hash, one test per input ----------
+
+PLAIN = """
+import triton, triton.language as tl
+{pre}
+{deco}
+@triton.jit{jit_args}
+def k(x, N, BLOCK: tl.constexpr{extra_param}):
+    offs = tl.arange(0, BLOCK)
+    tl.store(x + offs, tl.load(x + offs){body})
+"""
+
+
+def _kernel(tmp_path, name, pre="", deco="", jit_args="", extra_param="", body=""):
+    src = PLAIN.format(pre=pre, deco=deco, jit_args=jit_args, extra_param=extra_param, body=body)
+    return _load(tmp_path, name, src).k
+
+
+def test_heuristics_functions_are_in_the_hash(tmp_path):
+    def h(n):
+        return f'@triton.heuristics({{"EVEN": lambda a: a["N"] % {n} == 0}})'
+
+    a = _kernel(tmp_path, "ha", deco=h(16), extra_param=", EVEN: tl.constexpr")
+    b = _kernel(tmp_path, "hb", deco=h(32), extra_param=", EVEN: tl.constexpr")
+    a2 = _kernel(tmp_path, "ha2", deco=h(16), extra_param=", EVEN: tl.constexpr")
+    assert type(a).__name__ == "Heuristics"
+    assert source_hash(a) != source_hash(b)
+    assert source_hash(a) == source_hash(a2)
+
+
+@pytest.mark.parametrize("option", ["do_not_specialize", "do_not_specialize_on_alignment"])
+def test_jit_specialisation_options_are_in_the_hash(tmp_path, option):
+    plain = _kernel(tmp_path, f"{option}_0")
+    by_name = _kernel(tmp_path, f"{option}_1", jit_args=f'({option}=["N"])')
+    by_index = _kernel(tmp_path, f"{option}_2", jit_args=f"({option}=[1])")
+    assert source_hash(plain) != source_hash(by_name)
+    assert source_hash(by_name) == source_hash(by_index)  # index 1 is N: the same kernel
+    assert identity.code_inputs(plain) == {}  # kernels without the option keep their old hash
+
+
+def test_dtype_and_scalar_globals_are_in_the_hash(tmp_path):
+    f16 = _kernel(tmp_path, "d16", pre="DT = tl.float16", body=".to(DT).to(tl.float32)")
+    f32 = _kernel(tmp_path, "d32", pre="DT = tl.bfloat16", body=".to(DT).to(tl.float32)")
+    assert source_hash(f16) != source_hash(f32)
+    # Other compile-time globals: a scalar (TRITON_ALLOW_NON_CONSTEXPR_GLOBALS) and a tuple.
+    s2 = _kernel(tmp_path, "s2", pre="SCALE = 2", body=" * SCALE")
+    s3 = _kernel(tmp_path, "s3", pre="SCALE = 3", body=" * SCALE")
+    assert source_hash(s2) != source_hash(s3)
+    t1 = _kernel(tmp_path, "t1", pre="SH = (1, 2)", body=" * SH[0]")
+    t2 = _kernel(tmp_path, "t2", pre="SH = (4, 2)", body=" * SH[0]")
+    assert source_hash(t1) != source_hash(t2)
+    # A parameter that shadows a global of the same name does not read it.
+    p1 = _kernel(tmp_path, "p1", pre="N = 1", body=" * N")
+    p2 = _kernel(tmp_path, "p2", pre="N = 2", body=" * N")
+    assert source_hash(p1) == source_hash(p2)
+
+
+def test_defaults_bound_from_globals_are_in_the_hash(tmp_path):
+    # The default is computed when `def` runs: only __defaults__ holds it (the dict is not an input).
+    a = _kernel(tmp_path, "df16", pre='_D = {"w": 16}', extra_param=', W: tl.constexpr = _D["w"]')
+    b = _kernel(tmp_path, "df32", pre='_D = {"w": 32}', extra_param=', W: tl.constexpr = _D["w"]')
+    assert source_hash(a) != source_hash(b)
+    lit = _kernel(tmp_path, "dflit", extra_param=", W: tl.constexpr = 16")
+    assert "defaults=" not in "".join(identity.code_inputs(lit))  # literal defaults are in the source
+
+
+def test_tritons_cache_invalidating_env_vars_are_in_the_hash(tmp_path, monkeypatch):
+    k = _kernel(tmp_path, "env")
+    base = source_hash(k)
+    monkeypatch.setenv("DISABLE_LLVM_OPT", "1")
+    with_env = source_hash(k)
+    assert with_env != base
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "0")
+    assert source_hash(k) not in (base, with_env)
+    monkeypatch.setenv("TUNECACHE_SOMETHING_ELSE", "1")  # not Triton's: not in the key
+    assert source_hash(k) == source_hash(k)
+    # If Triton's private list moves, the fallback reads the same variables.
+    import triton._C.libtriton as lib
+
+    expected = identity.cache_invalidating_env()
+    monkeypatch.delattr(lib, "get_cache_invalidating_env_vars")
+    fallback = identity.cache_invalidating_env()
+    assert set(fallback) == set(expected) == {"DISABLE_LLVM_OPT", "TRITON_DEFAULT_FP_FUSION"}
+
+
+def test_config_ir_override_is_its_files_contents(tmp_path):
+    ir_a, ir_b = tmp_path / "a.ttgir", tmp_path / "b.ttgir"
+    ir_a.write_text("module { a }")
+    ir_b.write_text("module { b }")
+    plain = triton.Config({"X": 1})
+    a = triton.Config({"X": 1}, ir_override=str(ir_a))
+    b = triton.Config({"X": 1}, ir_override=str(ir_b))
+    assert len({config_identity(c)[1] for c in (plain, a, b)}) == 3
+    assert "ir_override" not in json.loads(config_identity(plain)[0])  # old hashes unchanged
+    ir_b.write_text("module { a }")
+    assert config_identity(b)[0].replace("b.ttgir", "a.ttgir") == config_identity(a)[0]
+
+
+def _scale(nargs, factor, name="x"):
+    return factor
+
+
+def test_partial_pre_hooks_hash_their_function_and_arguments():
+    p = functools.partial
+    ids = [
+        config_identity(triton.Config({"X": 1}, pre_hook=h))[1]
+        for h in (p(_scale, factor=2), p(_scale, factor=3), p(_scale, 2), p(_scale, factor=2, name="y"))
+    ]
+    assert len(set(ids)) == 4
+    assert config_identity(triton.Config({"X": 1}, pre_hook=p(_scale, factor=2)))[1] == ids[0]  # by value
+
+
+def test_opaque_hooks_never_collide(caplog):
+    """A partial bound to a tensor cannot be spelled out: its identity says so and is unique to the
+    object in this process, so it is never served another process's timing."""
+    t1, t2 = torch.ones(2), torch.ones(2)
+    h1, h2 = functools.partial(_scale, t1), functools.partial(_scale, t2)
+    i1 = json.loads(config_identity(triton.Config({"X": 1}, pre_hook=h1))[0])["pre_hook"]
+    i2 = json.loads(config_identity(triton.Config({"X": 1}, pre_hook=h2))[0])["pre_hook"]
+    assert "opaque" in i1 and i1 != i2
+    assert str(os.getpid()) in i1
+    assert json.loads(config_identity(triton.Config({"X": 1}, pre_hook=h1))[0])["pre_hook"] == i1  # stable
+
+
+def test_closure_hooks_hash_their_cell_values():
+    def make(v):
+        def hook(nargs):
+            return v
+
+        return hook
+
+    a, b, a2 = (config_identity(triton.Config({"X": 1}, pre_hook=make(v)))[1] for v in (1, 2, 1))
+    assert a != b and a == a2

@@ -44,6 +44,7 @@ from tunecache import metrics as _stats
 from tunecache import preload as _preload
 from tunecache.errors import CaptureMissError, StoreError
 from tunecache.identity import (
+    CONFIG_FIELDS,
     KernelIdentity,
     Target,
     canonical_key,
@@ -52,6 +53,8 @@ from tunecache.identity import (
     hostname,
     interpreting,
     kernel_identity,
+    kernel_name,
+    module_imported,
     problem_digest,
     search_space_hash,
 )
@@ -250,16 +253,18 @@ class TunecacheAutotuner(Autotuner):
         self._tc_store: Store | None = None
         self._tc_store_retry_at = 0.0
         self._tc_unsaved: list[tuple[Problem, list[ConfigResult], bool]] = []
+        self._tc_name = kernel_name(fn)  # no parsing: the source is hashed later (see identity)
         self._tc_identity: KernelIdentity | None = None
         self._tc_identity_lock = threading.Lock()
         self._tc_mem: dict[str, Problem] = {}
-        self._tc_prefetched = False  # the kernel's problems (every target) are in _tc_mem
+        self._tc_prefetched = False  # the kernel's problems (every target) were fetched
+        self._tc_pending: list[Problem] | None = None  # fetched by name, not yet filtered by source hash
         self._tc_kwargs: dict[str, Any] = {}
         self._tc_known: dict[str, ConfigResult] = {}
         self._tc_results: dict[str, ConfigResult] = {}
         self._tc_failure: tuple[str, dict[str, Any]] | None = None
         self._tc_samples = 0
-        self._tc_hash_of: dict[int, tuple[str, str]] = {}
+        self._tc_hash_of: dict[tuple, tuple[Any, tuple[str, str]]] = {}  # config value -> (pre_hook, identity)
         self._tc_from_store: dict[Any, tuple[str, str]] = {}  # tuning key -> (digest, config hash)
         self._tc_lock = threading.RLock()
         self._tc_opening: tuple[int, Future] | None = None
@@ -267,10 +272,11 @@ class TunecacheAutotuner(Autotuner):
         self._tc_autoload = False  # load_winners() once CUDA is up (see _preload_when_cuda_is_up)
         _tuners.add(self)
         if current_mode() != "off" and _env_on("TUNECACHE_PREFETCH"):
-            # Open the store and hash the source while the server loads its weights, so the first
-            # launch pays one query, not imports and connection set-up. No CUDA calls here: a
-            # server may still fork.
-            if _AST_NOT_THREAD_SAFE:
+            # Open the store and fetch this kernel's problems while the server loads its weights,
+            # so the first launch pays no query, imports or connection set-up. No CUDA calls here:
+            # a server may still fork. The source is hashed no earlier than the first launch unless
+            # its module finished importing (a @jit helper below the kernel does not exist yet).
+            if _AST_NOT_THREAD_SAFE and module_imported(fn):
                 self.identity  # noqa: B018 - hashed here, so that no other thread parses source
             self._tc_opening = (os.getpid(), _background(self._open_early))
             _warm_triton_key()
@@ -279,22 +285,44 @@ class TunecacheAutotuner(Autotuner):
                 _preload_when_cuda_is_up(self)
 
     def _open_early(self) -> None:
-        """Background: hash the source, open the store, prefetch every problem of this kernel (all
-        targets: the target needs CUDA, which must not be touched before a server forks)."""
+        """Background: open the store, prefetch every problem of this kernel (all targets: the
+        target needs CUDA, which must not be touched before a server forks); hash the source only
+        if its module finished importing, and never on 3.11 (see ``_AST_NOT_THREAD_SAFE``)."""
         with contextlib.suppress(Exception):
             arg = self._tc_store_arg
             store = arg if isinstance(arg, Store) else shared_store(arg)
+            if self._tc_identity is None and not _AST_NOT_THREAD_SAFE and module_imported(self.fn):
+                self.identity  # noqa: B018
             self._fetch_problems(store)
-            self._tc_specs = store.get_specs(self.identity.source_hash)
+            if self._tc_identity is not None:
+                self._tc_specs = store.get_specs(self._tc_identity.source_hash)
 
     def _fetch_problems(self, store: Store) -> None:
         """Every problem of this kernel (all targets) into memory, in one query, once. Raises
-        StoreError. Rows this process already holds are kept: they are at least as fresh."""
+        StoreError. Before the source is hashed: every version of the kernel, by name, kept aside
+        until :meth:`_absorb` keeps those of this source."""
         if self._tc_prefetched:
             return
-        for q in store.get_many(self.identity.source_hash):
-            self._tc_mem.setdefault(q.digest, q)
+        ident = self._tc_identity
+        if ident is None:
+            self._tc_pending = store.get_kernel_problems(self._tc_name)
+        else:
+            self._tc_pending = store.get_many(ident.source_hash)
         self._tc_prefetched = True
+        if ident is not None:
+            self._absorb()
+
+    def _absorb(self) -> None:
+        """Move the prefetched rows of this source into memory (computes the source hash). Rows
+        this process already holds are kept: they are at least as fresh."""
+        rows = self._tc_pending
+        if rows is None:
+            return
+        h = self.identity.source_hash
+        for q in rows:
+            if q.source_hash == h:
+                self._tc_mem.setdefault(q.digest, q)
+        self._tc_pending = None
 
     # ---- preloading the winners' binaries ---------------------------------------------------------
 
@@ -305,13 +333,16 @@ class TunecacheAutotuner(Autotuner):
             import torch
 
             dev = int(device) if device is not None else torch.cuda.current_device() if torch.cuda.is_available() else 0
+            if self._tc_identity is None and not self._may_hash_here():
+                return 0  # the first launch loads its kernel as before
             target = detect_target(device)  # device None: also warms the launch's own lookup
-            if self._tc_specs is None:  # the prefetch was off or failed
+            if self._tc_specs is None:  # the prefetch was off, failed, or ran before the hash
                 store = self._store()
                 if store is None:
                     return 0
                 self._fetch_problems(store)
                 self._tc_specs = store.get_specs(self.identity.source_hash)
+            self._absorb()
             mine = self._tc_specs.get(target.digest, [])
             if not mine:
                 return 0
@@ -345,6 +376,7 @@ class TunecacheAutotuner(Autotuner):
         self.cache.clear()
         self._tc_mem.clear()
         self._tc_prefetched = False
+        self._tc_pending = None
         self._tc_specs = None
         self._tc_from_store.clear()
         self._tc_store_arg = store
@@ -356,12 +388,20 @@ class TunecacheAutotuner(Autotuner):
 
     @property
     def kernel_name(self) -> str:
-        return self.identity.name
+        return self._tc_name
+
+    def _may_hash_here(self) -> bool:
+        """Whether this thread may hash the source now, before the first launch: only once the
+        module finished importing, and on 3.11 only on the main thread (see _AST_NOT_THREAD_SAFE)."""
+        if _AST_NOT_THREAD_SAFE and threading.current_thread() is not threading.main_thread():
+            return False
+        return module_imported(self.fn)
 
     @property
     def identity(self) -> KernelIdentity:
-        """Computed once: a first launch that races the background prefetch waits for its hash
-        instead of parsing the same source again in a second thread."""
+        """Computed once, no earlier than the first launch unless the module provably finished
+        importing. A first launch that races the background prefetch waits for its hash instead of
+        parsing the same source again in a second thread."""
         ident = self._tc_identity
         if ident is None:
             with self._tc_identity_lock:
@@ -371,9 +411,26 @@ class TunecacheAutotuner(Autotuner):
         return ident
 
     def _config_id(self, config: Any) -> tuple[str, str]:
-        ident = self._tc_hash_of.get(id(config))
-        if ident is None:
-            ident = self._tc_hash_of[id(config)] = config_identity(config)
+        """(JSON, hash) of a config, memoised by the config's VALUE: ``early_config_prune`` may build
+        fresh Config objects at the addresses of freed ones. The pre_hook enters by ``id``; the memo
+        holds the hook itself, so that id is not reused while the entry lives. Bounded."""
+        hook = getattr(config, "pre_hook", None)
+        try:
+            vkey = (
+                tuple(sorted(config.kwargs.items())),
+                tuple(getattr(config, f, None) for f in CONFIG_FIELDS),
+                getattr(config, "ir_override", None),
+                id(hook) if hook is not None else None,
+            )
+            memo = self._tc_hash_of.get(vkey)
+        except TypeError:  # an unhashable kwarg: config_identity names it
+            return config_identity(config)
+        if memo is not None:
+            return memo[1]
+        ident = config_identity(config)
+        if len(self._tc_hash_of) >= _CONFIG_MEMO_MAX:
+            self._tc_hash_of.clear()
+        self._tc_hash_of[vkey] = (hook, ident)
         return ident
 
     def _key_names(self, n: int) -> list[str]:
@@ -450,12 +507,14 @@ class TunecacheAutotuner(Autotuner):
     def _lookup(self, ctx: _Ctx) -> Problem | None:
         """In memory first (prefetched in one query per kernel); else one query for this digest."""
         store = self._store()  # joins the background prefetch
+        self._absorb()
         p = self._tc_mem.get(ctx.digest)
         if p is not None or store is None:
             return p
         try:
             if not self._tc_prefetched:
                 self._fetch_problems(store)
+                self._absorb()
                 p = self._tc_mem.get(ctx.digest)
             else:
                 p = store.get(ctx.digest)  # tuned by another process since the prefetch?
@@ -900,6 +959,8 @@ def _config_json(tuner: TunecacheAutotuner, ctx: _Ctx, h: str) -> dict[str, Any]
             return orjson.loads(tuner._config_id(c)[0])
     return {}
 
+
+_CONFIG_MEMO_MAX = 4096  # config identities memoised per kernel (a prune may build configs without end)
 
 _pool: ThreadPoolExecutor | None = None
 _pool_pid: int | None = None

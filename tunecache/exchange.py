@@ -70,7 +70,8 @@ field        value
 config_hash  32 hex, recomputed on import from ``config``
              (:func:`tunecache.identity.config_hash_of`)
 config       ``{"kwargs": {name: scalar}, "num_warps", "num_stages", "num_ctas", "maxnreg":
-             integer or null, "pre_hook": string (the hook's identity, never code) or null}``
+             integer or null, "pre_hook": string (the hook's identity, never code) or null}``, plus
+             ``"ir_override"`` (string: the IR file's name and content hash) in configs that have one
 status       one of :data:`tunecache.store.STATUSES`
 median_ms    finite number >= 0, or null (p20_ms and p80_ms likewise)
 samples      integer >= 0
@@ -790,7 +791,12 @@ class _Validator:
         canon = orjson.dumps(cfg, option=orjson.OPT_SORT_KEYS)
         h = self.config_hashes.get(canon)
         if h is None:
-            _check_fields(cfg, _CONFIG_SET, _CONFIG_FIELDS, name)
+            if "ir_override" in cfg:  # optional: only configs that replace their IR carry it
+                if type(cfg["ir_override"]) is not str:
+                    raise _Bad(f"{name}.ir_override must be a string (the IR file's name and hash)")
+                _check_fields({k: v for k, v in cfg.items() if k != "ir_override"}, _CONFIG_SET, _CONFIG_FIELDS, name)
+            else:
+                _check_fields(cfg, _CONFIG_SET, _CONFIG_FIELDS, name)
             kwargs = cfg["kwargs"]
             if type(kwargs) is not dict:
                 raise _Bad(f"{name}.kwargs must be an object, got {_tname(kwargs)}")

@@ -17,7 +17,19 @@ What goes into the digest, and why (``DIGEST_TARGET_FIELDS``):
 ========================  ==========================================================
 field                     why
 ========================  ==========================================================
-source hash               different code, different timings (and maybe failures)
+source hash               different code, different timings (and maybe failures). It covers
+                          every input of the generated code that is not a launch
+                          argument: the kernel's and its called ``@jit`` functions'
+                          source, the globals they read as compile-time values
+                          (``tl.constexpr``, ``tl.dtype``, scalars, tuples), default
+                          values bound from globals, ``@triton.jit`` options
+                          (``do_not_specialize``, ``..._on_alignment``, ``debug``,
+                          ``noinline``), ``@triton.heuristics`` functions (their values
+                          are constexprs), and the environment variables Triton itself
+                          puts in its compile-cache key (``DISABLE_LLVM_OPT``,
+                          ``TRITON_DEFAULT_FP_FUSION``...: they change the binary, so
+                          they change timings; see :func:`code_inputs`). Inputs that
+                          are absent leave the hash as it was before they were hashed.
 backend, arch             different instruction set and code generation
 device name, SM count     H100 and H200 share an arch but not bandwidth or SM count
 max shared memory         decides which configs fail with OutOfResources
@@ -32,7 +44,15 @@ tuning key                the problem size (batch bucket, dtypes...)
 
 Not in the digest: hostname (every host of a fleet must share results), CUDA runtime version
 (Triton ships its own ptxas; the runtime does not touch Triton kernels), the config list (each
-config is its own row, so adding a config benchmarks only that one).
+config is its own row, so adding a config benchmarks only that one). A config's own identity
+(:func:`config_identity`) holds its kwargs, launch options, ``pre_hook`` (:func:`callable_identity`)
+and ``ir_override`` (the IR file's contents).
+
+When: a kernel's identity is computed no earlier than its first launch, or once its module provably
+finished importing (:func:`module_imported`): a ``@jit`` helper defined below the kernel does not
+exist while the module body runs. Triton's own ``JITFunction.cache_key`` is never read: Triton
+memoises it at the first read, so an early read would make Triton's compile cache serve a binary
+built without the helper.
 """
 
 from __future__ import annotations
@@ -43,11 +63,15 @@ import functools
 import hashlib
 import inspect
 import json
+import logging
 import math
 import os
 import platform
 import socket
+import sys
 import textwrap
+import uuid
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
@@ -89,8 +113,7 @@ def canonical_json(obj: Any) -> str:
 @dataclass(frozen=True)
 class KernelIdentity:
     name: str  # module.qualname of the Python function
-    source_hash: str  # portable: source + called @jit sources, normalised
-    triton_cache_key: str | None  # Triton's own JITFunction.cache_key, kept for reference
+    source_hash: str  # portable: source + called @jit sources + the other inputs of the code, normalised
 
 
 def wrappers(fn: Any) -> Iterator[Any]:
@@ -137,19 +160,13 @@ def _normalised_source(fn: Any) -> str:
     return ast.dump(node, annotate_fields=False, include_attributes=False)
 
 
-def _referenced(fn: Any) -> dict[str, Any]:
+def _referenced(fn: Any, tree: ast.AST | None = None) -> dict[str, Any]:
     """Globals and closure values the function refers to by name or dotted name."""
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
-    except (OSError, TypeError, SyntaxError):
+    if tree is None:
+        tree = _parse(fn)
+    if tree is None:
         return {}
-    env = dict(fn.__globals__)
-    if fn.__closure__:
-        for name, cell in zip(fn.__code__.co_freevars, fn.__closure__):
-            try:
-                env[name] = cell.cell_contents
-            except ValueError:
-                pass
+    env = _env_of(fn)
     out: dict[str, Any] = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.Name) and node.id in env:
@@ -171,43 +188,249 @@ def _referenced(fn: Any) -> dict[str, Any]:
     return out
 
 
+def _parse(fn: Any) -> ast.Module | None:
+    try:
+        return ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (OSError, TypeError, SyntaxError):
+        return None
+
+
+def _env_of(fn: Any) -> dict[str, Any]:
+    env = dict(fn.__globals__)
+    if fn.__closure__:
+        for name, cell in zip(fn.__code__.co_freevars, fn.__closure__):
+            try:
+                env[name] = cell.cell_contents
+            except ValueError:
+                pass
+    return env
+
+
+def _local_names(tree: ast.AST) -> set[str]:
+    """Parameters and assigned names: a global of the same name is shadowed, not read."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.arg):
+            out.add(node.arg)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            out.add(node.id)
+    return out
+
+
+# Modules whose attributes are fixed by the library version (which is in the digest): ``tl.float16``
+# is spelled out in the source already.
+_FIXED_MODULES = frozenset({"triton", "math", "torch", "numpy", "builtins"})
+
+
+def _is_dtype(obj: Any) -> bool:
+    mod = type(obj).__module__
+    return (mod.startswith("triton") or mod.startswith("torch")) and any(
+        c.__name__ == "dtype" for c in type(obj).__mro__
+    )
+
+
+def _token(v: Any) -> str | None:
+    """A deterministic spelling of a value that can change generated code; None if there is none."""
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return repr(v)
+    if type(v).__name__ == "constexpr" and hasattr(v, "value"):
+        inner = _token(v.value)
+        return None if inner is None else f"constexpr({inner})"
+    if _is_dtype(v):
+        return f"dtype({v})"
+    if isinstance(v, (tuple, list)):
+        items = [_token(x) for x in v]
+        return None if None in items else f"{type(v).__name__}({','.join(items)})"
+    return None
+
+
+def _code_input(name: str, obj: Any, env: Mapping[str, Any], local: set[str]) -> str | None:
+    """The token of a global the kernel reads as a compile-time value (a ``tl.dtype``, a scalar,
+    a tuple of them), or None: functions, modules and shadowed names are not inputs."""
+    root = name.split(".", 1)[0]
+    if root in local:
+        return None
+    if "." in name:
+        base = env.get(root)
+        if inspect.ismodule(base) and base.__name__.split(".", 1)[0] in _FIXED_MODULES:
+            return None
+    if _is_dtype(obj) or isinstance(obj, (bool, int, float, str, tuple)):
+        return _token(obj)
+    return None
+
+
+def _defaults(pyfn: Any, node: ast.AST) -> str | None:
+    """Default values bound at ``def`` time (``BLOCK: tl.constexpr = DEFAULT``), when any default is
+    not a literal already in the source."""
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return None
+    nodes = [*node.args.defaults, *(d for d in node.args.kw_defaults if d is not None)]
+    if all(isinstance(d, ast.Constant) for d in nodes):
+        return None
+    pos = [_token(v) or f"<{type(v).__qualname__}>" for v in (pyfn.__defaults__ or ())]
+    kw = {k: _token(v) or f"<{type(v).__qualname__}>" for k, v in sorted((pyfn.__kwdefaults__ or {}).items())}
+    return "defaults=" + canonical_json([pos, kw])
+
+
 def source_hash(fn: Any) -> str:
-    """Portable hash of a kernel and every ``@jit`` function it calls (transitively)."""
-    return _source_hash(base_function(fn), frozenset())
+    """Portable hash of a kernel, every ``@jit`` function it calls (transitively) and every other
+    input of its generated code that is not a launch argument (see :func:`code_inputs`)."""
+    base = _source_hash(base_function(fn), frozenset())
+    extra = code_inputs(fn)
+    return sha256_hex(base + "\n" + canonical_json(extra)) if extra else base
 
 
 def _source_hash(pyfn: Any, visiting: frozenset[int]) -> str:
     parts = [_normalised_source(pyfn)]
     visiting = visiting | {id(pyfn)}
-    for name, obj in sorted(_referenced(pyfn).items()):
+    tree = _parse(pyfn)
+    extra: list[str] = []
+    for name, obj in sorted(_referenced(pyfn, tree).items()):
         if _is_jit_wrapper(obj):
             callee = obj.fn
             if id(callee) in visiting:
                 parts.append(f"{name}=<recursive>")
             else:
                 parts.append(f"{name}={_source_hash(callee, visiting)}")
+                opts = jit_options(obj, kernel=False)  # noinline / debug change the caller's code
+                if opts:
+                    extra.append(f"{name}.options={canonical_json(opts)}")
         elif type(obj).__name__ == "constexpr" and hasattr(obj, "value"):
             # Module-level tl.constexpr globals change the generated code, as Triton knows too.
             parts.append(f"{name}=constexpr({obj.value!r})")
-    return sha256_hex("\n".join(parts))
+    if tree is not None and tree.body:
+        node = tree.body[0]
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            node.decorator_list = []  # the config list is not the kernel's code
+        env, local = _env_of(pyfn), _local_names(node)
+        for name, obj in sorted(_referenced(pyfn, tree).items()):
+            tok = _code_input(name, obj, env, local)
+            if tok is not None:
+                extra.append(f"{name}={tok}")
+        d = _defaults(pyfn, node)
+        if d:
+            extra.append(d)
+    # Kernels without these inputs keep the hash they had before they were hashed.
+    return sha256_hex("\n".join(parts + (["--", *extra] if extra else [])))
+
+
+def jit_options(jit: Any, *, kernel: bool = True) -> dict[str, Any]:
+    """The ``@triton.jit(...)`` options that change generated code, where they differ from the
+    default: ``do_not_specialize``/``..._on_alignment`` (of the launched kernel; as parameter
+    names), ``debug`` and ``noinline``. Read from a JITFunction or an InterpretedFunction."""
+    src: Mapping[str, Any]
+    if type(jit).__name__ == "InterpretedFunction":
+        src = getattr(jit, "kwargs", None) or getattr(getattr(jit, "rewriter", None), "kwargs", None) or {}
+    else:
+        src = {
+            k: getattr(jit, k, None)
+            for k in ("do_not_specialize", "do_not_specialize_on_alignment", "debug", "noinline")
+        }
+    out: dict[str, Any] = {}
+    if kernel:
+        try:
+            params = list(inspect.signature(jit.fn).parameters)
+        except (TypeError, ValueError, AttributeError):
+            params = []
+        for k in ("do_not_specialize", "do_not_specialize_on_alignment"):
+            v = src.get(k)
+            if v:
+                names = {params[x] if isinstance(x, int) and 0 <= x < len(params) else str(x) for x in v}
+                out[k] = sorted(names)
+    for k in ("debug", "noinline"):
+        if src.get(k) is not None:
+            out[k] = bool(src[k])
+    return out
+
+
+def code_inputs(fn: Any) -> dict[str, Any]:
+    """Inputs of the generated code outside the kernel's source, present only where set:
+
+    * ``jit``: :func:`jit_options` of the launched ``@jit`` function;
+    * ``heuristics``: the identity (:func:`callable_identity`) of each ``@triton.heuristics``
+      function between the autotuner and the kernel: their values are constexprs of the kernel;
+    * ``env``: the environment variables Triton itself puts in its compile-cache key
+      (:func:`cache_invalidating_env`).
+    """
+    out: dict[str, Any] = {}
+    for obj in wrappers(fn):
+        if _is_jit_wrapper(obj):
+            opts = jit_options(obj)
+            if opts:
+                out["jit"] = opts
+        elif type(obj).__name__ == "Heuristics" and isinstance(getattr(obj, "values", None), Mapping):
+            out.setdefault("heuristics", []).append(
+                {k: callable_identity(v, module=False) for k, v in sorted(obj.values.items())}
+            )
+    env = cache_invalidating_env()
+    if env:
+        out["env"] = env
+    return out
+
+
+# Triton 3.4-3.9 list these in C++ (``get_cache_invalidating_env_vars``); the fallback if that
+# private name moves is the list read from those versions.
+CACHE_INVALIDATING_ENV_FALLBACK = (
+    "AMDGCN_ENABLE_DUMP",
+    "DISABLE_LLVM_OPT",
+    "DISABLE_MMA_V3",
+    "DISABLE_PTXAS_OPT",
+    "LLVM_IR_ENABLE_DUMP",
+    "MLIR_ENABLE_DIAGNOSTICS",
+    "NVPTX_ENABLE_DUMP",
+    "TRITON_DEFAULT_FP_FUSION",
+    "TRITON_DISABLE_LINE_INFO",
+    "TRITON_ENABLE_LLVM_DEBUG",
+    "TRITON_F32_DEFAULT",
+    "TRITON_LLVM_DEBUG_ONLY",
+    "USE_IR_LOC",
+)
+
+
+def cache_invalidating_env() -> dict[str, str]:
+    """The environment variables that Triton puts in its own compile-cache key, those set only."""
+    try:
+        from triton._C.libtriton import get_cache_invalidating_env_vars
+
+        return {str(k): str(v) for k, v in sorted(get_cache_invalidating_env_vars().items())}
+    except Exception:  # noqa: BLE001 - moved or renamed in another Triton: read the known list
+        return {k: os.environ[k] for k in CACHE_INVALIDATING_ENV_FALLBACK if k in os.environ}
 
 
 def kernel_identity(fn: Any) -> KernelIdentity:
+    """Name and source hash of a kernel. Call it no earlier than the first launch (or once the
+    kernel's module finished importing, see :func:`module_imported`): a ``@jit`` helper defined
+    below the kernel does not exist before. Never reads Triton's ``JITFunction.cache_key``, which
+    Triton memoises at its first read."""
     pyfn = base_function(fn)
-    jit = fn
-    while jit is not None and not _is_jit_wrapper(jit):
-        jit = getattr(jit, "fn", None)
-    cache_key = None
-    if jit is not None:
+    return KernelIdentity(name=kernel_name(pyfn), source_hash=source_hash(fn))
+
+
+def kernel_name(fn: Any) -> str:
+    """``module.qualname`` of the kernel's Python function: known at decoration, no parsing."""
+    pyfn = base_function(fn)
+    return f"{pyfn.__module__}.{pyfn.__qualname__}"
+
+
+def module_imported(fn: Any) -> bool:
+    """True only where it is provable that the module defining ``fn`` finished executing, so
+    every global the kernel may call exists: the module is in ``sys.modules`` with ``fn``'s globals
+    and its import machinery says it is no longer initialising (CPython sets
+    ``__spec__._initializing`` around the module body). ``__main__``, a module run by hand
+    (``exec_module`` without the import system) or a closure cell still empty: not provable."""
+    pyfn = base_function(fn)
+    mod = sys.modules.get(getattr(pyfn, "__module__", None) or "")
+    if mod is None or mod.__name__ == "__main__" or getattr(mod, "__dict__", None) is not pyfn.__globals__:
+        return False
+    spec = getattr(mod, "__spec__", None)
+    if spec is None or getattr(spec, "_initializing", True) is not False:
+        return False
+    for cell in pyfn.__closure__ or ():
         try:
-            cache_key = getattr(jit, "cache_key", None)  # absent under the interpreter
-        except Exception:  # noqa: BLE001 - Triton computes it lazily and may fail on odd globals
-            cache_key = None
-    return KernelIdentity(
-        name=f"{pyfn.__module__}.{pyfn.__qualname__}",
-        source_hash=source_hash(pyfn),
-        triton_cache_key=cache_key if isinstance(cache_key, str) else None,
-    )
+            cell.cell_contents  # noqa: B018
+        except ValueError:  # a helper defined later in the enclosing function
+            return False
+    return True
 
 
 # --------------------------------------------------------------------------------------------
@@ -414,20 +637,101 @@ def canonical_key(names: Sequence[str], values: Sequence[Any]) -> str:
 
 
 def hook_identity(hook: Any) -> str | None:
-    """A config ``pre_hook`` enters the config's identity as its qualified name and source hash.
+    """A config ``pre_hook`` enters the config's identity as :func:`callable_identity`.
 
     Editing the hook's body therefore re-tunes the configs that use it; renaming it does too.
     """
-    if hook is None:
-        return None
-    fn = getattr(hook, "__func__", hook)
-    name = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
+    return None if hook is None else callable_identity(hook)
+
+
+def callable_identity(fn: Any, *, module: bool = True) -> str:
+    """A function's qualified name and source hash, and what it was bound to: a
+    ``functools.partial``'s function and arguments, a closure's cell values.
+
+    Values without a deterministic spelling (tensors, arbitrary objects, callables without code)
+    make the identity *opaque*: ``name:opaque:<process nonce>:<pid>:<n>``, unique to this object
+    in this process. A config (or kernel) holding such a hook is then never shared between
+    processes: it is benchmarked in each, never served another process's timing for a hook that
+    may do something else. Two opaque hooks never collide. ``module=False`` leaves the module's
+    name out (the kernel's own hash does not depend on where it is defined either).
+    """
+    return _callable_identity(fn, 0, module)
+
+
+_log = logging.getLogger("tunecache")
+_NONCE = uuid.uuid4().hex[:12]
+_opaque_ids: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+_opaque_warned: set[str] = set()
+
+
+def _callable_identity(fn: Any, depth: int, module: bool = True) -> str:
+    fn = getattr(fn, "__func__", fn)  # a bound method: its function (the instance is not hashed)
+    if isinstance(fn, functools.partial):
+        args = [_bound_token(a, depth) for a in fn.args]
+        kw = {k: _bound_token(v, depth) for k, v in sorted(fn.keywords.items())}
+        if depth > 8 or None in args or None in kw.values():
+            return _opaque(fn, "functools.partial")
+        return f"functools.partial({_callable_identity(fn.func, depth + 1, module)},{canonical_json([args, kw])})"
+    name = getattr(fn, "__qualname__", type(fn).__name__)
+    if module:
+        name = f"{getattr(fn, '__module__', '?')}.{name}"
     try:
         body = sha256_hex(textwrap.dedent(inspect.getsource(fn)))[:16]
-    except (OSError, TypeError):
+    except Exception:  # noqa: BLE001 - no source (OSError, TypeError) or a lambda inspect cannot cut out
         code = getattr(fn, "__code__", None)
-        body = sha256_hex(code.co_code)[:16] if code is not None else "opaque"
-    return f"{name}:{body}"
+        if code is None:
+            return _opaque(fn, name)
+        body = sha256_hex(code.co_code)[:16]
+    cells = getattr(fn, "__closure__", None)
+    if not cells:
+        return f"{name}:{body}"
+    vals = []
+    for cell in cells:
+        try:
+            v = cell.cell_contents
+        except ValueError:
+            v = None
+        tok = _bound_token(v, depth)
+        if tok is None or depth > 8:
+            return _opaque(fn, name)
+        vals.append(tok)
+    return f"{name}:{body}:closure={sha256_hex(canonical_json(vals))[:16]}"
+
+
+def _bound_token(v: Any, depth: int) -> str | None:
+    """A value a hook is bound to (a partial's argument, a closure cell): spelled out, or None."""
+    tok = _token(v)
+    if tok is not None:
+        return tok
+    if isinstance(v, dict) and all(isinstance(k, str) for k in v):
+        items = {k: _bound_token(x, depth) for k, x in sorted(v.items())}
+        return None if None in items.values() else canonical_json(items)
+    if inspect.ismodule(v):
+        return f"module({v.__name__})"
+    if isinstance(v, type):
+        return f"class({v.__module__}.{v.__qualname__})"
+    if inspect.isfunction(v) or inspect.ismethod(v) or isinstance(v, functools.partial):
+        return _callable_identity(v, depth + 1)
+    return None
+
+
+def _opaque(fn: Any, name: str) -> str:
+    try:
+        n = _opaque_ids.get(fn)
+        if n is None:
+            n = _opaque_ids[fn] = len(_opaque_ids) + 1
+        tag = str(n)
+    except TypeError:  # not weakly referenceable: its id, unique while the config holding it lives
+        tag = f"id{id(fn):x}"
+    if name not in _opaque_warned:
+        _opaque_warned.add(name)
+        _log.warning(
+            "tunecache: %s has no identity that other processes can check (a partial or closure over "
+            "objects, or no source); configs or kernels using it are benchmarked in each process. "
+            "Bind it to scalars, or use a plain function, to share its results.",
+            name,
+        )
+    return f"{name}:opaque:{_NONCE}:{os.getpid()}:{tag}"
 
 
 CONFIG_FIELDS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
@@ -444,7 +748,18 @@ def config_dict(config: Any) -> dict[str, Any]:
     for f in CONFIG_FIELDS:
         out[f] = getattr(config, f, None)
     out["pre_hook"] = hook_identity(getattr(config, "pre_hook", None))
+    ir = getattr(config, "ir_override", None)
+    if ir:  # a file of IR that replaces the compiled code: its contents are the config
+        out["ir_override"] = f"{os.path.basename(str(ir))}:{_file_hash(str(ir))}"
     return out
+
+
+def _file_hash(path: str) -> str:
+    try:
+        with open(path, "rb") as f:
+            return sha256_hex(f.read())[:32]
+    except OSError:
+        return "unreadable"  # Triton cannot compile it either
 
 
 def config_hash_of(data: Mapping[str, Any]) -> str:

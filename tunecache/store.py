@@ -758,6 +758,12 @@ class Store:
                 q = q.where(problems.c.target_digest == target_digest)
             return self._rows_to_problems(conn.execute(q))
 
+    def get_kernel_problems(self, kernel: str) -> list[Problem]:
+        """Every problem of every source version of one kernel (by ``module.qualname``, all
+        targets), with config rows, in ONE query: a prefetch before the source can be hashed."""
+        with self._read("bulk fetch") as conn:
+            return self._rows_to_problems(conn.execute(self._select_full().where(problems.c.kernel == kernel[:255])))
+
     def find(self, digest_prefix: str) -> list[Problem]:
         """Problems whose digest starts with a prefix (as typed by a user), with config rows."""
         prefix = digest_prefix.strip().lower()
