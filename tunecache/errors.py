@@ -11,6 +11,11 @@ class StoreError(TunecacheError):
     """The store cannot be opened, read or written (unreachable server, bad URL, corrupt file)."""
 
 
+class StoreNotFoundError(StoreError):
+    """There is no store at the URL (no SQLite file, no such database, or no tunecache schema in it);
+    raised where a store must not be created, e.g. by read-only CLI commands."""
+
+
 class StoreReadOnlyError(StoreError):
     """A write was attempted on a store opened read-only."""
 
