@@ -24,6 +24,10 @@ class SchemaError(StoreError):
     """The database schema is missing, older than needed in read-only mode, or newer than this code."""
 
 
+class ConfigurationError(TunecacheError, ValueError):
+    """A ``TUNECACHE_*`` setting has a value tunecache does not accept."""
+
+
 class CaptureMissError(TunecacheError):
     """A tuning key missed the store while a CUDA graph was being captured (strict mode)."""
 
