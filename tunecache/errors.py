@@ -44,7 +44,10 @@ class CaptureMissError(TunecacheError):
 class ImportFormatError(TunecacheError):
     """An export file is malformed; nothing from it was written."""
 
-    def __init__(self, line: int, reason: str) -> None:
+    def __init__(self, line: int, reason: str, last: int | None = None) -> None:
         self.line = line
+        self.last = last  # a fault that only a range of lines can be blamed for: lines line..last
         self.reason = reason
-        super().__init__(f"line {line}: {reason}")
+        super().__init__(
+            f"lines {line}-{last}: {reason}" if last is not None and last > line else f"line {line}: {reason}"
+        )
