@@ -70,7 +70,8 @@ def fill(url: str, n: int) -> None:
     store.close()
 
 
-def write_warm_module(tmp_path: Path, keys: tuple[int, ...] = (32, 64, 128)) -> None:
+def write_warm_module(tmp_path: Path, keys: tuple[int, ...] = (32, 64, 128), total: bool = False) -> None:
+    """``mywarm``: a warmup() over tinykernels' add, reporting each key (and the total, if asked)."""
     (tmp_path / "mywarm.py").write_text(
         textwrap.dedent(f"""
         import tinykernels
@@ -80,7 +81,7 @@ def write_warm_module(tmp_path: Path, keys: tuple[int, ...] = (32, 64, 128)) -> 
             for n in {keys!r}:
                 tinykernels.launch(k, n)
                 if progress:
-                    progress(n, 0.01)
+                    progress(n, 0.01{", total=" + str(len(keys)) if total else ""})
         """)
     )
 
@@ -152,7 +153,7 @@ def test_warm_prints_a_line_per_key_when_not_on_a_terminal(tmp_path, sqlite_url)
 
 
 def test_warm_draws_a_progress_bar_on_a_terminal(tmp_path, sqlite_url):
-    write_warm_module(tmp_path)
+    write_warm_module(tmp_path, total=True)
     master, slave = pty.openpty()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(HERE)])}
     p = subprocess.Popen(
