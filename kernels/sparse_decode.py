@@ -74,6 +74,7 @@ Triton appends every tensor argument's dtype, so fp8 and bf16 caches tune apart.
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 import numbers
 import os
@@ -682,7 +683,8 @@ def warmup(
     Defaults: on CUDA SGLang's 36 capture sizes with ``topk=2048``; on CPU (interpreter) buckets
     ``[1, 2, 4]`` with ``topk=64``, which finishes in seconds. Every query gets its own region of
     ``2 * topk`` slots (distinct indices, like separate requests), so the gather does not sit in L2
-    the way one small shared cache would. ``progress(bucket, seconds)`` is called after each bucket.
+    the way one small shared cache would. ``progress(bucket, seconds)`` is called after each bucket
+    (with ``total=`` the number of buckets too if it takes that keyword: ``tunecache warm``'s bar).
     On CUDA the device is synchronised after each bucket so that ``seconds`` is the real cost.
     """
     dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -697,6 +699,8 @@ def warmup(
     if kv_dtype not in _KV_DTYPES:
         raise ValueError(f"kv_dtype: must be one of {sorted(_KV_DTYPES)}, got {kv_dtype!r}")
     region = 2 * topk
+    if progress is not None and "total" in inspect.signature(progress).parameters:
+        progress = functools.partial(progress, total=len(sizes))
     if slots is None:
         slots = sizes[0] * region
     if slots < topk:

@@ -17,7 +17,9 @@ if os.environ.get("TUNECACHE_TEST_GPU") != "1":
     os.environ["TRITON_INTERPRET"] = "1"
 # Kernels defined at import (collection) time open their store in the background: keep that away
 # from the user's real default store. Each test then gets its own (see _isolated).
-os.environ["TUNECACHE_URL"] = f"sqlite:///{__import__('tempfile').mkdtemp(prefix='tc-collect-')}/s.sqlite3"
+_COLLECT_DIR = __import__("tempfile").mkdtemp(prefix="tc-collect-")
+__import__("atexit").register(__import__("shutil").rmtree, _COLLECT_DIR, ignore_errors=True)
+os.environ["TUNECACHE_URL"] = f"sqlite:///{_COLLECT_DIR}/s.sqlite3"
 
 import pytest  # noqa: E402
 import sqlalchemy as sa  # noqa: E402

@@ -14,7 +14,15 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from tunecache import buckets
-from tunecache.errors import CaptureMissError, SchemaError, StoreError, StoreReadOnlyError, TunecacheError
+from tunecache.errors import (
+    CaptureMissError,
+    ConfigurationError,
+    SchemaError,
+    StoreError,
+    StoreNotFoundError,
+    StoreReadOnlyError,
+    TunecacheError,
+)
 from tunecache.metrics import flush, reset_stats, stats
 from tunecache.store import ConfigResult, Problem, Store, open_store
 
@@ -32,8 +40,10 @@ __all__ = [
     "Problem",
     "ConfigResult",
     "CaptureMissError",
+    "ConfigurationError",
     "SchemaError",
     "StoreError",
+    "StoreNotFoundError",
     "StoreReadOnlyError",
     "TunecacheError",
     "TunecacheAutotuner",

@@ -58,18 +58,10 @@ from tunecache.identity import (
     problem_digest,
     search_space_hash,
 )
+from tunecache.mode import current_mode
 from tunecache.store import ConfigResult, LaunchSpec, Problem, Store, pick_winner, shared_store
 
 log = logging.getLogger("tunecache")
-
-MODES = ("readwrite", "readonly", "offline", "strict", "off")
-
-
-def current_mode() -> str:
-    mode = os.environ.get("TUNECACHE_MODE", "readwrite").strip().lower() or "readwrite"
-    if mode not in MODES:
-        raise ValueError(f"TUNECACHE_MODE={mode!r} is not one of {', '.join(MODES)}")
-    return mode
 
 
 def _env_float(name: str, default: float) -> float:

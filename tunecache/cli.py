@@ -1,39 +1,91 @@
 """The ``tunecache`` command: a thin layer over the library API.
 
-Exit codes: 0 ok; 1 a user error (one line on stderr, no traceback); 2 usage (click's own).
+Exit codes: 0 ok; 1 a user error (one line on stderr, no traceback); 2 usage (click's own); 141
+when the reader of stdout went away (``tunecache export - | head``), quietly, as Unix tools do.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import importlib
+import logging
+import os
 import re
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import click
 import orjson
 
-from tunecache.errors import TunecacheError
+from tunecache.errors import StoreReadOnlyError, TunecacheError
+from tunecache.mode import current_mode
 from tunecache.store import Problem, Store, connect, mask_raw, open_store, utcnow
+
+log = logging.getLogger("tunecache")
+
+#: ``--json``, declared once for every command (as sqlite-utils shares its output options).
+json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output (JSON).")
+
+
+def _remember_url(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    """Every ``--url`` lands in the one ``ctx.obj``; the last given (after the subcommand) wins."""
+    obj = ctx.ensure_object(dict)
+    if value is not None:
+        obj["url"] = value
+        obj["url_given"] = ctx.get_parameter_source(param.name or "url") != click.core.ParameterSource.ENVIRONMENT
+    else:
+        obj.setdefault("url", None)
+
+
+def url_option(*, envvar: str | None = None) -> click.Option:
+    """``--url``, accepted before and after every subcommand (``tunecache ls --url URL``)."""
+    return click.Option(
+        ["--url"],
+        envvar=envvar,
+        expose_value=False,
+        callback=_remember_url,
+        help="Store URL (SQLAlchemy), before or after the command; default $TUNECACHE_URL or per-user SQLite.",
+    )
 
 
 class _Group(click.Group):
-    """Turn expected errors into one line and exit 1, never a traceback."""
+    """Every subcommand gets ``--url``; expected errors become one line and exit 1, never a traceback."""
+
+    group_class = type  # subgroups (db) are _Group too
+
+    def add_command(self, cmd: click.Command, name: str | None = None) -> None:
+        if not any(p.name == "url" for p in cmd.params):
+            cmd.params.insert(0, url_option())
+        super().add_command(cmd, name)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except BrokenPipeError:
+            _stdout_gone()
+            ctx.exit(141)
         except (TunecacheError, ValueError, TypeError, OSError) as e:
             msg = mask_raw(str(e)) or type(e).__name__
             click.echo(f"tunecache: error: {msg.splitlines()[0] if msg else msg}", err=True)
             ctx.exit(1)
 
 
-def _open(ctx: click.Context, **kw: Any) -> Store:
-    store = open_store(ctx.obj.get("url"), **kw)
+def _stdout_gone() -> None:
+    """The reader of stdout left: send what is still buffered (and the final flush at exit) nowhere."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # no real stdout (embedded, captured): nothing to silence
+        pass
+
+
+def _open(ctx: click.Context, *, create: bool = False, **kw: Any) -> Store:
+    """The store for a command; one that only reads never creates it (``create=False``)."""
+    store = open_store(ctx.obj.get("url"), create=create, **kw)
     ctx.call_on_close(store.close)
     return store
 
@@ -123,20 +175,19 @@ def _config_label(cfg: dict[str, Any] | None) -> str:
     return f"{kw} {opts}{hook}".strip()
 
 
-@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option(
-    "--url", envvar="TUNECACHE_URL", help="Store URL (SQLAlchemy); default $TUNECACHE_URL or per-user SQLite."
+@click.group(
+    cls=_Group, context_settings={"help_option_names": ["-h", "--help"]}, params=[url_option(envvar="TUNECACHE_URL")]
 )
 @click.version_option(package_name="tunecache")
 @click.pass_context
-def main(ctx: click.Context, url: str | None) -> None:
+def main(ctx: click.Context) -> None:
     """tunecache: keep Triton autotuning results in a shared store."""
     ctx.ensure_object(dict)
-    ctx.obj["url"] = url or None
+    current_mode()  # a bad TUNECACHE_MODE is refused by every command, as by the library
 
 
 @main.command()
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@json_option
 @click.pass_context
 def info(ctx: click.Context, as_json: bool) -> None:
     """This machine's target identity, the store URL (password masked), schema revision and counts."""
@@ -148,6 +199,7 @@ def info(ctx: click.Context, as_json: bool) -> None:
     out = {
         "store": store.masked_url,
         "readonly": store.readonly,
+        "mode": current_mode(),
         "schema_revision": store.revision(),
         "schema_head": head_revision(),
         "host": hostname(),
@@ -160,6 +212,7 @@ def info(ctx: click.Context, as_json: bool) -> None:
         return
     click.echo(f"store:     {out['store']}{' (read-only)' if store.readonly else ''}")
     click.echo(f"schema:    {out['schema_revision']} (head {out['schema_head']})")
+    click.echo(f"mode:      {out['mode']}")
     click.echo(f"host:      {out['host']}")
     click.echo(f"target:    {target.digest[:16]}")
     for k, v in target.as_dict().items():
@@ -174,33 +227,53 @@ def db() -> None:
 
 @db.command("upgrade")
 @click.option("--revision", default="head", show_default=True)
+@json_option
 @click.pass_context
-def db_upgrade(ctx: click.Context, revision: str) -> None:
-    """Create or migrate the schema."""
-    store = connect(ctx.obj.get("url"), readonly=False)
-    ctx.call_on_close(store.close)
-    before = store.revision()
-    store.upgrade(revision)
-    click.echo(f"{store.masked_url}: {before or 'empty'} -> {store.revision()}")
-
-
-@db.command("current")
-@click.pass_context
-def db_current(ctx: click.Context) -> None:
-    """Show the schema revision of the store (and whether it is head)."""
+def db_upgrade(ctx: click.Context, revision: str, as_json: bool) -> None:
+    """Create or migrate the schema (creates a SQLite store and its directory)."""
     from tunecache.store import head_revision
 
     store = connect(ctx.obj.get("url"))
     ctx.call_on_close(store.close)
+    before = store.revision()
+    if store.readonly:
+        if before != (head_revision() if revision == "head" else revision):
+            raise StoreReadOnlyError(
+                f"store {store.masked_url} is read-only (its file or directory is not writable by uid "
+                f"{os.geteuid()}) and is at {before or 'no schema'}: run `tunecache db upgrade` where it is writable"
+            )
+    else:
+        store.upgrade(revision)
+    after = store.revision()
+    if as_json:
+        _json_out({"store": store.masked_url, "before": before, "after": after, "readonly": store.readonly})
+        return
+    click.echo(
+        f"{store.masked_url}: {before or 'empty'} -> {after}{' (read-only, nothing to do)' if store.readonly else ''}"
+    )
+
+
+@db.command("current")
+@json_option
+@click.pass_context
+def db_current(ctx: click.Context, as_json: bool) -> None:
+    """Show the schema revision of the store (and whether it is head)."""
+    from tunecache.store import head_revision
+
+    store = connect(ctx.obj.get("url"), create=False)
+    ctx.call_on_close(store.close)
     rev = store.revision()
     head = head_revision()
+    if as_json:
+        _json_out({"store": store.masked_url, "revision": rev, "head": head, "is_head": rev == head})
+        return
     click.echo(f"{rev or 'none'}{' (head)' if rev == head else f' (head is {head})'}")
 
 
 @main.command("ls")
 @filter_options
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="At most this many rows.")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@json_option
 @click.pass_context
 def ls_cmd(
     ctx: click.Context, kernel: str, arch: str, device: str, driver: str, limit: int | None, as_json: bool
@@ -235,7 +308,7 @@ def ls_cmd(
 
 @main.command()
 @click.argument("digest_prefix")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@json_option
 @click.pass_context
 def show(ctx: click.Context, digest_prefix: str, as_json: bool) -> None:
     """Every config of one problem: status, timings and why it failed."""
@@ -309,7 +382,7 @@ def _failure_text(f: dict[str, Any] | None) -> str:
 
 
 @main.command()
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@json_option
 @click.pass_context
 def stats(ctx: click.Context, as_json: bool) -> None:
     """Per-kernel hits, misses, benchmarks and seconds saved (persisted by every process)."""
@@ -335,7 +408,7 @@ def stats(ctx: click.Context, as_json: bool) -> None:
 
 
 @main.command()
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@json_option
 @click.pass_context
 def misses(ctx: click.Context, as_json: bool) -> None:
     """Keys that missed during a CUDA graph capture or in offline mode: tune them next image build."""
@@ -358,7 +431,7 @@ def misses(ctx: click.Context, as_json: bool) -> None:
 @click.option("--driver-not-current", is_flag=True, help="Entries for any driver other than this machine's.")
 @click.option("--older-than", help="Entries not updated for this long (30d, 12h) or since an ISO date.")
 @click.option("--dry-run", is_flag=True, help="List what would be deleted, delete nothing.")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@json_option
 @click.pass_context
 def invalidate(
     ctx: click.Context,
@@ -409,7 +482,7 @@ def _report_deleted(gone: list[Problem], dry_run: bool, as_json: bool) -> None:
     help="Delete problems with no hit (and no update) for this many days.",
 )
 @click.option("--dry-run", is_flag=True, help="List what would be deleted, delete nothing.")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@json_option
 @click.pass_context
 def gc(ctx: click.Context, days: float, dry_run: bool, as_json: bool) -> None:
     """Remove problems nobody has used for N days (last hit, or last update if never hit)."""
@@ -420,27 +493,31 @@ def gc(ctx: click.Context, days: float, dry_run: bool, as_json: bool) -> None:
 
 @main.command()
 @click.argument("module")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@json_option
 @click.pass_context
 def warm(ctx: click.Context, module: str, as_json: bool) -> None:
-    """Tune ahead of time: import MODULE and call its warmup() (e.g. during an image build)."""
+    """Tune ahead of time: import MODULE and call its warmup() (e.g. during an image build).
+
+    Progress per key goes to stderr (a bar on a terminal); without a GPU, kernels run under the
+    Triton interpreter (TRITON_INTERPRET=1 is set before triton is imported).
+    """
     import tunecache
 
-    if ctx.obj.get("url"):
-        import os
-
-        os.environ["TUNECACHE_URL"] = ctx.obj["url"]
-    try:
-        mod = importlib.import_module(module)
-    except ImportError as e:
-        raise TunecacheError(f"cannot import {module!r}: {e}") from None
-    fn = getattr(mod, "warmup", None)
-    if not callable(fn):
-        raise TunecacheError(f"module {module!r} has no warmup() function")
-    t0 = time.perf_counter()
-    bar = _progress_for(fn, as_json)
-    result = fn(progress=bar) if bar is not None else fn()
-    tunecache.flush()
+    with _log_to_stderr(logging.INFO):
+        _interpreter_without_gpu()
+        if ctx.obj.get("url"):
+            os.environ["TUNECACHE_URL"] = ctx.obj["url"]
+        try:
+            mod = importlib.import_module(module)
+        except ImportError as e:
+            raise TunecacheError(f"cannot import {module!r}: {e}") from None
+        fn = getattr(mod, "warmup", None)
+        if not callable(fn):
+            raise TunecacheError(f"module {module!r} has no warmup() function")
+        t0 = time.perf_counter()
+        with _WarmProgress(module, quiet=as_json) as progress:
+            result = fn(progress=progress) if _takes_progress(fn) else fn()
+        tunecache.flush()
     out = {"module": module, "seconds": round(time.perf_counter() - t0, 3), "stats": tunecache.stats()}
     if isinstance(result, dict):
         out["buckets"] = len(result)
@@ -448,28 +525,115 @@ def warm(ctx: click.Context, module: str, as_json: bool) -> None:
         _json_out(out)
     else:
         s = out["stats"]
+        fallbacks = s["offline_fallbacks"] + s["capture_fallbacks"]
         click.echo(
             f"warmed {module} in {out['seconds']:.1f}s: {s['hits']} hits, {s['misses']} misses, "
-            f"{s['benchmarks']} configs benchmarked"
+            + (f"{fallbacks} fallbacks (not tuned: see `tunecache misses`), " if fallbacks else "")
+            + f"{s['benchmarks']} configs benchmarked"
         )
 
 
-def _progress_for(fn: Callable[..., Any], quiet: bool) -> Callable[..., None] | None:
+def _interpreter_without_gpu() -> None:
+    """On a machine without a GPU, run kernels under Triton's interpreter, as the demo does."""
+    if "TRITON_INTERPRET" in os.environ or "triton" in sys.modules:
+        return  # the user chose, or it is too late: triton reads it at import
+    from tunecache.demo import gpu_available
+
+    if not gpu_available():
+        os.environ["TRITON_INTERPRET"] = "1"
+        log.info("tunecache: no GPU found: running kernels under the Triton interpreter (TRITON_INTERPRET=1)")
+
+
+class _StderrHandler(logging.Handler):
+    """Log lines on the current ``sys.stderr`` (looked up per record: tests swap it)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        click.echo(self.format(record), err=True)
+
+
+@contextlib.contextmanager
+def _log_to_stderr(level: int) -> Iterator[None]:
+    """Show tunecache's log lines at ``level`` and above while a command runs, unless logging is set up."""
+    if log.handlers or logging.getLogger().handlers:
+        yield
+        return
+    handler, old_level = _StderrHandler(), log.level
+    log.addHandler(handler)
+    log.setLevel(level)
+    try:
+        yield
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(old_level)
+
+
+def _takes_progress(fn: Callable[..., Any]) -> bool:
     import inspect
 
-    if "progress" not in inspect.signature(fn).parameters:
-        return None
-    if quiet or not sys.stderr.isatty():
-        return lambda *a, **k: None
-    state = {"n": 0}
+    return "progress" in inspect.signature(fn).parameters
 
-    def progress(item: Any = None, seconds: float | None = None, total: int | None = None, **_: Any) -> None:
-        state["n"] += 1
-        total_txt = f"/{total}" if total else ""
-        extra = f" ({seconds:.2f}s)" if seconds is not None else ""
-        click.echo(f"\r  {state['n']}{total_txt} {item}{extra}   ", nl=False, err=True)
 
-    return progress
+class _WarmProgress:
+    """warmup()'s ``progress(item, seconds=None, total=None)``: what each key cost, from the counters.
+
+    A click progress bar on a terminal; one plain line per key otherwise (a build log). Both on
+    stderr, so stdout keeps the summary (or the JSON).
+    """
+
+    def __init__(self, module: str, quiet: bool) -> None:
+        import tunecache
+
+        self.module = module
+        self.quiet = quiet
+        self.stats = tunecache.stats
+        self.last = self.stats()
+        self.n = 0
+        self.bar: Any = None
+        self.tty = sys.stderr.isatty()
+
+    def __enter__(self) -> _WarmProgress:
+        return self
+
+    def __call__(self, item: Any = None, seconds: float | None = None, total: int | None = None, **_: Any) -> None:
+        now = self.stats()
+        what = _what_it_cost({k: now[k] - self.last.get(k, 0) for k in now})
+        self.last = now
+        self.n += 1
+        if self.quiet:
+            return
+        took = f" ({seconds:.2f}s)" if seconds is not None else ""
+        if not self.tty:
+            click.echo(f"  {self.n}{f'/{total}' if total else ''} {item}  {what}{took}", err=True)
+            return
+        if self.bar is None:
+            self.bar = click.progressbar(
+                length=total,
+                iterable=None if total else iter(int, 1),  # no total: a counter instead of a filling bar
+                label=f"warming {self.module}",
+                file=sys.stderr,
+                show_pos=True,
+                item_show_func=lambda x: x,
+            )
+            self.bar.__enter__()
+        self.bar.update(1, f"{item}  {what}{took}")
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(None, None, None)
+
+
+def _what_it_cost(d: dict[str, float]) -> str:
+    parts = []
+    if d["hits"]:
+        parts.append("from the store" if d["hits"] == 1 else f"{d['hits']} keys from the store")
+    if d["benchmarks"]:
+        parts.append(f"benchmarked {d['benchmarks']} configs")
+    if d["waits"]:
+        parts.append("waited for another process's benchmark")
+    fallbacks = d["offline_fallbacks"] + d["capture_fallbacks"]
+    if fallbacks:
+        parts.append(f"{fallbacks} fallback{'s' if fallbacks > 1 else ''} (not tuned)")
+    return ", ".join(parts) or "resolved"
 
 
 @main.command("export")
@@ -482,7 +646,7 @@ def _progress_for(fn: Callable[..., Any], quiet: bool) -> Callable[..., None] | 
     help="Leave out the winners' launch specs (what a first start preloads): a version 1 file, which "
     "tunecache versions before format 2 can import.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable summary.")
+@json_option
 @click.pass_context
 def export_cmd(
     ctx: click.Context,
@@ -536,7 +700,7 @@ def export_cmd(
     help="Also add the file's launch specs, so the first start preloads the winners' binaries. They steer "
     "what Triton compiles: only for a file you trust like your store (your own export).",
 )
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable summary.")
+@json_option
 @click.pass_context
 def import_cmd(
     ctx: click.Context, path: str, dry_run: bool, on_conflict: str, launch_specs: bool, as_json: bool
@@ -548,7 +712,7 @@ def import_cmd(
     """
     from tunecache.exchange import import_
 
-    store = _open(ctx)
+    store = _open(ctx, create=True)
     with _ExchangeProgress() as progress:
         s = import_(
             store, path, dry_run=dry_run, on_conflict=on_conflict, progress=progress, with_launch_specs=launch_specs
@@ -583,17 +747,19 @@ class _ExchangeProgress:
 
 
 @main.command()
-@click.option(
-    "--url", "demo_url", default=None, help="Store for the demo (default: a fresh SQLite file in a temp dir)."
-)
 @click.option("--buckets", "bucket_list", default=None, help="Comma-separated batch buckets (default: per device).")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def demo(demo_url: str | None, bucket_list: str | None, as_json: bool) -> None:
-    """Run the bundled sparse MLA decode kernel twice, each in a fresh process, on one store."""
+@json_option
+@click.pass_context
+def demo(ctx: click.Context, bucket_list: str | None, as_json: bool) -> None:
+    """Run the bundled sparse MLA decode kernel twice, each in a fresh process, on one store.
+
+    The store is a fresh SQLite file in a temporary directory, removed afterwards, unless --url is
+    given (not $TUNECACHE_URL: the demo stays off your real store).
+    """
     from tunecache.demo import run_demo
 
     buckets = [int(b) for b in bucket_list.split(",")] if bucket_list else None
-    run_demo(url=demo_url, buckets=buckets, as_json=as_json)
+    run_demo(url=ctx.obj.get("url") if ctx.obj.get("url_given") else None, buckets=buckets, as_json=as_json)
 
 
 if __name__ == "__main__":  # pragma: no cover

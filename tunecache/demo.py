@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -42,22 +43,30 @@ def _child(url: str, buckets: list[int] | None) -> dict[str, Any]:
     }
 
 
-def _gpu_available() -> bool:
+def gpu_available() -> bool:
+    """Whether kernels can run on a GPU here; if not, the demo and ``tunecache warm`` use the interpreter."""
     try:
         import torch
 
         return torch.cuda.is_available()
     except ImportError:
-        return False
+        return any(os.path.exists(d) for d in ("/dev/nvidiactl", "/dev/kfd"))
 
 
 def run_demo(url: str | None = None, buckets: list[int] | None = None, as_json: bool = False) -> dict[str, Any]:
-    tmp = None
-    if url is None:
-        tmp = tempfile.mkdtemp(prefix="tunecache-demo-")
-        url = f"sqlite:///{Path(tmp) / 'demo.sqlite3'}"
+    """Two starts on ``url``; without one, on a SQLite file in a temporary directory removed afterwards."""
+    if url is not None:
+        return _run_demo(url, buckets, as_json, temporary=False)
+    tmp = tempfile.mkdtemp(prefix="tunecache-demo-")
+    try:
+        return _run_demo(f"sqlite:///{Path(tmp) / 'demo.sqlite3'}", buckets, as_json, temporary=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _run_demo(url: str, buckets: list[int] | None, as_json: bool, temporary: bool) -> dict[str, Any]:
     env = {**os.environ, "TUNECACHE_URL": url}
-    gpu = _gpu_available()
+    gpu = gpu_available()
     if not gpu:
         env["TRITON_INTERPRET"] = "1"
     runs = []
@@ -73,6 +82,7 @@ def run_demo(url: str | None = None, buckets: list[int] | None = None, as_json: 
     differ = sorted(k for k in a["winners"] if a["winners"][k] != b["winners"].get(k))
     out = {
         "store": mask_url(url),
+        "store_removed": temporary,
         "device": "gpu" if gpu else "cpu (TRITON_INTERPRET=1)",
         "buckets": len(a["winners"]),
         "runs": runs,
@@ -81,7 +91,8 @@ def run_demo(url: str | None = None, buckets: list[int] | None = None, as_json: 
     if as_json:
         click.echo(json.dumps(out, indent=2))
         return out
-    click.echo(f"\nstore: {out['store']}   device: {out['device']}   buckets: {out['buckets']}\n")
+    store = f"{out['store']} (temporary, removed)" if temporary else out["store"]
+    click.echo(f"\nstore: {store}   device: {out['device']}   buckets: {out['buckets']}\n")
     click.echo(f"{'process':<22}{'configs benchmarked':>20}{'hits':>7}{'ready after (s)':>17}")
     for i, r in enumerate(runs, 1):
         label = f"start {i} (pid {r['pid']})"

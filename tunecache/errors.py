@@ -11,12 +11,21 @@ class StoreError(TunecacheError):
     """The store cannot be opened, read or written (unreachable server, bad URL, corrupt file)."""
 
 
+class StoreNotFoundError(StoreError):
+    """There is no store at the URL (no SQLite file, no such database, or no tunecache schema in it);
+    raised where a store must not be created, e.g. by read-only CLI commands."""
+
+
 class StoreReadOnlyError(StoreError):
     """A write was attempted on a store opened read-only."""
 
 
 class SchemaError(StoreError):
     """The database schema is missing, older than needed in read-only mode, or newer than this code."""
+
+
+class ConfigurationError(TunecacheError, ValueError):
+    """A ``TUNECACHE_*`` setting has a value tunecache does not accept."""
 
 
 class CaptureMissError(TunecacheError):
@@ -35,7 +44,10 @@ class CaptureMissError(TunecacheError):
 class ImportFormatError(TunecacheError):
     """An export file is malformed; nothing from it was written."""
 
-    def __init__(self, line: int, reason: str) -> None:
+    def __init__(self, line: int, reason: str, last: int | None = None) -> None:
         self.line = line
+        self.last = last  # a fault that only a range of lines can be blamed for: lines line..last
         self.reason = reason
-        super().__init__(f"line {line}: {reason}")
+        super().__init__(
+            f"lines {line}-{last}: {reason}" if last is not None and last > line else f"line {line}: {reason}"
+        )

@@ -329,6 +329,7 @@ def export(
         slot = len(header(2**63 - 1, 2**63 - 1, 2**63 - 1, "0" * 64)) + 1  # no final header can be longer
         fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         try:
+            os.fchmod(fd, 0o666 & ~_umask())  # mkstemp's 0600 would make the export private to its writer
             with os.fdopen(fd, "w+b") as f:
                 reserved = _header_block(b"", slot, compress)
                 f.write(reserved)
@@ -384,6 +385,20 @@ def _version() -> str:
 
 def _is_stream(x: Any) -> bool:
     return x == "-" or hasattr(x, "read") or hasattr(x, "write")
+
+
+def _umask() -> int:
+    """The process umask, read without changing it where Linux shows it (other threads create files too)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _emit(f: IO[bytes], header: bytes, body: IO[bytes], compress: bool) -> int:
@@ -994,11 +1009,13 @@ def _scan(reader: _Rewind, gz: bool, max_line: int, progress: Progress | None) -
     if n_configs != header["configs"]:
         raise ImportFormatError(1, f"the header announces {header['configs']} config rows but the file has {n_configs}")
     digest = sha.hexdigest()
-    if digest != header["body_sha256"]:
+    if digest != header["body_sha256"]:  # almost always an edited body line: blame those, not the header
         raise ImportFormatError(
-            1,
-            f"body sha256 {digest[:16]}... does not match the header's {header['body_sha256'][:16]}... "
-            "(the file was modified or corrupted after export)",
+            2,
+            f"sha256 {digest[:16]}... does not match the header's body_sha256 {header['body_sha256'][:16]}...: "
+            "one of these lines was edited or corrupted after export (the checksum cannot tell which); "
+            "export the file again",
+            last=lineno,
         )
     if progress is not None:
         progress("validate", len(found), announced)

@@ -51,7 +51,7 @@ from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, SQLAlchemyError
 
 from tunecache import metrics as _stats
-from tunecache.errors import SchemaError, StoreError, StoreReadOnlyError
+from tunecache.errors import SchemaError, StoreError, StoreNotFoundError, StoreReadOnlyError
 from tunecache.identity import TARGET_FIELDS, Target, hostname, search_space_hash
 from tunecache.preload import LaunchSpec
 
@@ -456,10 +456,31 @@ def _make_engine(u: URL, readonly: bool) -> Engine:
     try:
         return sa.create_engine(u, pool_pre_ping=True, pool_size=2, max_overflow=4, connect_args=connect_args)
     except (NoSuchModuleError, ModuleNotFoundError) as e:
-        extra = {"postgresql": "postgres", "mysql": "mysql", "mariadb": "mysql"}.get(backend, backend)
-        raise StoreError(
-            f"no database driver for {mask_url(u)} ({_reason(e)}): pip install 'tunecache[{extra}]'"
-        ) from None
+        raise _driver_error(u, e) from None
+
+
+#: backend -> (the extra that installs its driver, that driver)
+_EXTRAS = {"postgresql": ("postgres", "psycopg"), "mysql": ("mysql", "pymysql"), "mariadb": ("mysql", "pymysql")}
+SUPPORTED_URLS = (
+    "sqlite:////path/file.sqlite3, postgresql://user@host/db (pip install 'tunecache[postgres]'), "
+    "mysql:// or mariadb://user@host/db (pip install 'tunecache[mysql]')"
+)
+
+
+def _driver_error(u: URL, e: Exception) -> StoreError:
+    """Suggest only what exists: a real extra for a known backend, the supported schemes otherwise."""
+    backend = u.get_backend_name()
+    if backend not in _EXTRAS:
+        return StoreError(
+            f"unsupported store URL scheme {u.drivername!r} ({mask_url(u)}); tunecache supports {SUPPORTED_URLS}"
+        )
+    extra, driver = _EXTRAS[backend]
+    if u.get_driver_name() == driver:
+        return StoreError(f"no database driver for {mask_url(u)} ({_reason(e)}): pip install 'tunecache[{extra}]'")
+    return StoreError(
+        f"no database driver {u.get_driver_name()!r} for {mask_url(u)} ({_reason(e)}): install it, or use "
+        f"{backend}:// ({driver}: pip install 'tunecache[{extra}]')"
+    )
 
 
 def _set_wal(cur: sqlite3.Cursor, busy_ms: int) -> None:
@@ -577,6 +598,13 @@ class Store:
             reason = _scrub(_reason(e), self.url)
             if self.dialect == "sqlite":
                 reason += _sqlite_os_cause(self.url, reason)
+            missing = re.search(r"database \"([^\"]+)\" does not exist|Unknown database '([^']+)'", reason)
+            if missing:
+                name = missing.group(1) or missing.group(2)
+                raise StoreNotFoundError(
+                    f"{what} failed: database {name!r} does not exist on {self.url.host or 'localhost'} "
+                    f"({self.masked_url}): create it (CREATE DATABASE {name}), then run `tunecache db upgrade`"
+                ) from None
             if "readonly database" in reason or "read-only" in reason:
                 raise StoreReadOnlyError(f"{what} failed: store {self.masked_url} is read-only ({reason})") from None
             if isinstance(e, DBAPIError) and e.connection_invalidated or "connect" in reason.lower():
@@ -1229,13 +1257,22 @@ _stores: dict[tuple[str, int], Store] = {}
 _stores_lock = threading.Lock()
 
 
-def connect(url: str | URL | None = None, *, readonly: bool | None = None) -> Store:
+def connect(url: str | URL | None = None, *, readonly: bool | None = None, create: bool = True) -> Store:
     """A Store on ``url`` without touching the schema (``tunecache db`` uses this).
 
-    ``readonly=None`` detects a read-only SQLite file or directory.
+    ``readonly=None`` detects a read-only SQLite file or directory. ``create=False`` raises
+    :class:`StoreNotFoundError` for a SQLite file that does not exist instead of creating it (and
+    its directory), so that looking at a mistyped path leaves nothing behind.
     """
     u = resolve_url(url)
     try:
+        if not create and u.get_backend_name() == "sqlite":
+            path = _sqlite_path(u)
+            if path is not None and not path.exists():
+                raise StoreNotFoundError(
+                    f"no store at {path}: nothing was stored there yet (a tuned kernel or `tunecache db upgrade` "
+                    "creates it)"
+                )
         if readonly is None:
             readonly = False
             if u.get_backend_name() == "sqlite":
@@ -1248,17 +1285,25 @@ def connect(url: str | URL | None = None, *, readonly: bool | None = None) -> St
         raise StoreError(f"cannot open store {mask_url(u)}: {e.strerror or e}") from None
 
 
-def open_store(url: str | URL | None = None, *, readonly: bool | None = None, migrate: bool | None = None) -> Store:
+def open_store(
+    url: str | URL | None = None, *, readonly: bool | None = None, migrate: bool | None = None, create: bool = True
+) -> Store:
     """Open (and on first use create and migrate) the store at ``url`` or ``TUNECACHE_URL``.
 
     ``readonly=None`` detects a read-only SQLite file or directory. ``migrate=None`` follows
-    ``TUNECACHE_AUTO_MIGRATE`` (default on). Raises :class:`StoreError` with a message naming the
-    host (never the password) when the database cannot be reached.
+    ``TUNECACHE_AUTO_MIGRATE`` (default on). ``create=False`` opens only a store that exists, with
+    its schema (else :class:`StoreNotFoundError`): for readers, which must not create one. Raises
+    :class:`StoreError` with a message naming the host (never the password) when the database
+    cannot be reached.
     """
     if migrate is None:
         migrate = os.environ.get("TUNECACHE_AUTO_MIGRATE", "1") not in ("0", "false", "no", "off")
-    store = connect(url, readonly=readonly)
+    store = connect(url, readonly=readonly, create=create)
     try:
+        if not create and store.revision() is None:
+            raise StoreNotFoundError(
+                f"no store at {store.masked_url}: it has no tunecache schema; run `tunecache db upgrade` to create one"
+            )
         store.check_schema(migrate=migrate)
     except BaseException:
         store.engine.dispose()

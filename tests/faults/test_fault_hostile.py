@@ -172,7 +172,8 @@ def test_url_password_never_appears(pg_url, tmp_path, caplog, fault_report):
     up = pg_url.replace("postgres@", f"postgres:{SECRET}@")  # trust auth: the password is ignored, kept in the URL
     checked = 0
     # 1. The CLI, as a real process: errors, and successful --json output.
-    commands = [["info", "--json"], ["ls", "--json"], ["stats", "--json"], ["db", "current"], ["db", "upgrade"]]
+    # db upgrade first: the commands that only read never create the store (issue 16)
+    commands = [["db", "upgrade"], ["info", "--json"], ["ls", "--json"], ["stats", "--json"], ["db", "current"]]
     commands.append(["invalidate", "--kernel", "k", "--json"])
     for url in (down, encoded, up):
         for args in commands:
