@@ -137,6 +137,9 @@ def test_no_fragment_of_a_nasty_password_is_printed(password, pg_url, caplog):
     r = cli_process("--url", down, "info")
     assert r.returncode == 1 and "127.0.0.1" in r.stderr and "Traceback" not in r.stderr, r.stderr
     _no_fragment(r.stdout, r.stderr)
+    r = cli_process("--url", up, "db", "upgrade")  # read-only commands never create a store
+    assert r.returncode == 0, r.stderr
+    _no_fragment(r.stdout, r.stderr)
     r = cli_process("--url", up, "info", "--json")
     assert r.returncode == 0, r.stderr
     _no_fragment(r.stdout, r.stderr)
