@@ -21,6 +21,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource, CompiledKernel, make_backend  # noqa: E402
 
 from tunecache import preload  # noqa: E402
+from tunecache.model import LaunchSpec  # noqa: E402
 
 
 @triton.jit
@@ -95,13 +96,13 @@ def main() -> None:
     CompiledKernel._init_handles = lambda self: inits.append(self.hash)
     cache.clear()
     s0 = captured["k128"]
-    bad_hash = preload.LaunchSpec(s0.spec_hash, s0.config_hash, "0" * 64, s0.spec_json, s0.triton_version)
-    other_triton = preload.LaunchSpec(s0.spec_hash, s0.config_hash, s0.kernel_hash, s0.spec_json, "2.0.0")
+    bad_hash = LaunchSpec(s0.spec_hash, s0.config_hash, "0" * 64, s0.spec_json, s0.triton_version)
+    other_triton = LaunchSpec(s0.spec_hash, s0.config_hash, s0.kernel_hash, s0.spec_json, "2.0.0")
     # The 128/2w binary filed under the 64/4w launch key, its own hash recorded: a launch of 64/4w would run it.
     forged = json.loads(s0.spec_json)
     forged["key"] = keys["k64"]
     forged_json = json.dumps(forged)
-    misfiled = preload.LaunchSpec(
+    misfiled = LaunchSpec(
         hashlib.sha256(forged_json.encode()).hexdigest(), s0.config_hash, s0.kernel_hash, forged_json, s0.triton_version
     )
     r_bad = preload.load(add_one, [bad_hash, other_triton, misfiled], 0)

@@ -19,11 +19,12 @@ import tunecache
 from tunecache import autotuner as at
 from tunecache import preload
 from tunecache.identity import detect_target
-from tunecache.store import ConfigResult, Problem, open_store
+from tunecache.model import ConfigResult, LaunchSpec, Problem
+from tunecache.store import open_store
 
 
-def spec(i: int, config_hash: str = "c1", version: str | None = None) -> preload.LaunchSpec:
-    return preload.LaunchSpec(f"{i:064x}", config_hash, f"{i:064x}"[::-1], f'{{"key": "k{i}"}}', version or "3.9.0")
+def spec(i: int, config_hash: str = "c1", version: str | None = None) -> LaunchSpec:
+    return LaunchSpec(f"{i:064x}", config_hash, f"{i:064x}"[::-1], f'{{"key": "k{i}"}}', version or "3.9.0")
 
 
 def test_recorded_specialisation_preloads_the_same_binary_under_the_same_key():

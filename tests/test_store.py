@@ -15,7 +15,8 @@ from realcli import cli_process, one_line_error
 from tunecache.cli import main
 from tunecache.errors import SchemaError, StoreError, StoreReadOnlyError
 from tunecache.identity import Target, problem_digest
-from tunecache.store import ConfigResult, Problem, head_revision, open_store, pick_winner
+from tunecache.model import ConfigResult, Problem, pick_winner
+from tunecache.store import head_revision, open_store
 
 H200 = Target("cuda", "sm90", "NVIDIA H200", 132, 232448, 32, "13000", "580.159.04", "13.0", "3.6")
 
@@ -278,7 +279,8 @@ def test_upgrade_from_previous_revision_keeps_data(store_url):
     from tunecache.store import configs, problems
 
     p = problem(3)
-    from tunecache.store import _config_values, _problem_values, utcnow
+    from tunecache.model import utcnow
+    from tunecache.store import _config_values, _problem_values
 
     with s.engine.begin() as c:  # write as the 0001 code would have
         c.execute(sa.insert(problems), [_problem_values(p, "old-host", utcnow())])

@@ -24,7 +24,8 @@ from tunecache.errors import (
     TunecacheError,
 )
 from tunecache.metrics import flush, reset_stats, stats
-from tunecache.store import ConfigResult, Problem, Store, open_store
+from tunecache.model import ConfigResult, Problem
+from tunecache.store import Store, open_store
 
 __all__ = [
     "__version__",

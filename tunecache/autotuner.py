@@ -59,7 +59,8 @@ from tunecache.identity import (
     search_space_hash,
 )
 from tunecache.mode import current_mode
-from tunecache.store import ConfigResult, LaunchSpec, Problem, Store, pick_winner, shared_store
+from tunecache.model import ConfigResult, LaunchSpec, Problem, pick_winner
+from tunecache.store import Store, shared_store
 
 log = logging.getLogger("tunecache")
 

@@ -22,7 +22,8 @@ import orjson
 
 from tunecache.errors import StoreReadOnlyError, TunecacheError
 from tunecache.mode import current_mode
-from tunecache.store import Problem, Store, connect, mask_raw, open_store, utcnow
+from tunecache.model import Problem, utcnow
+from tunecache.store import Store, connect, mask_raw, open_store
 
 log = logging.getLogger("tunecache")
 

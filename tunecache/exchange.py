@@ -72,7 +72,7 @@ config_hash  32 hex, recomputed on import from ``config``
 config       ``{"kwargs": {name: scalar}, "num_warps", "num_stages", "num_ctas", "maxnreg":
              integer or null, "pre_hook": string (the hook's identity, never code) or null}``, plus
              ``"ir_override"`` (string: the IR file's name and content hash) in configs that have one
-status       one of :data:`tunecache.store.STATUSES`
+status       one of :data:`tunecache.model.STATUSES`
 median_ms    finite number >= 0, or null (p20_ms and p80_ms likewise)
 samples      integer >= 0
 failure      object (why the config failed, e.g. ``{"resource": "shared", "required":
@@ -156,7 +156,8 @@ from sqlalchemy.engine import Connection
 
 from tunecache.errors import ImportFormatError, StoreError, StoreReadOnlyError, TunecacheError
 from tunecache.identity import CONFIG_FIELDS, TARGET_FIELDS, Target, canonical_json, config_hash_of, problem_digest
-from tunecache.store import STATUSES, Store, _reason, _scrub, _where, configs, launch_specs, misses, problems, utcnow
+from tunecache.model import STATUSES, utcnow
+from tunecache.store import Store, _reason, _scrub, _where, configs, launch_specs, misses, problems
 
 log = logging.getLogger("tunecache")
 

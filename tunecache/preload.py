@@ -27,23 +27,12 @@ import json
 import logging
 import sys
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from tunecache.identity import wrappers
+from tunecache.model import LaunchSpec
 
 log = logging.getLogger("tunecache")
-
-
-@dataclass(frozen=True)
-class LaunchSpec:
-    """One compiled specialisation of a kernel: enough for Triton to load it again."""
-
-    spec_hash: str  # sha256 of spec_json
-    config_hash: str  # the config it was compiled with
-    kernel_hash: str  # Triton's compile-cache hash of the binary: a preload must reproduce it
-    spec_json: str  # Triton's serialize_specialization_data output
-    triton_version: str
 
 
 def triton_version() -> str:

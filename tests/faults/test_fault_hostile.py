@@ -29,7 +29,8 @@ import tunecache
 from tunecache.cli import main
 from tunecache.errors import StoreError
 from tunecache.identity import Target, problem_digest
-from tunecache.store import ConfigResult, Problem, metadata, open_store
+from tunecache.model import ConfigResult, Problem
+from tunecache.store import metadata, open_store
 
 EVIL = [
     "x' OR 1=1 --",

@@ -12,7 +12,8 @@ import triton
 from faultlib import check_ok, collect, fault_report_fixture, log_lines, spawn  # noqa: F401
 
 from tunecache.identity import config_identity
-from tunecache.store import configs, open_store, pick_winner, problems
+from tunecache.model import pick_winner
+from tunecache.store import configs, open_store, problems
 
 SIZES = [64, 100]
 

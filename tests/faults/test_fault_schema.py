@@ -14,9 +14,8 @@ from faultlib import check_ok, collect, fault_report_fixture, log_lines, spawn  
 
 from tunecache.errors import SchemaError
 from tunecache.identity import Target, problem_digest
+from tunecache.model import ConfigResult, Problem, utcnow
 from tunecache.store import (
-    ConfigResult,
-    Problem,
     _config_values,
     _problem_values,
     configs,
@@ -25,7 +24,6 @@ from tunecache.store import (
     leases,
     open_store,
     problems,
-    utcnow,
 )
 
 OLD = "0001"

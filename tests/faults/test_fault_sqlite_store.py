@@ -22,7 +22,8 @@ import pytest
 from faultlib import check_ok, collect, fault_report_fixture, log_lines, spawn  # noqa: F401
 
 from tunecache.identity import Target, problem_digest
-from tunecache.store import ConfigResult, Problem, open_store
+from tunecache.model import ConfigResult, Problem
+from tunecache.store import open_store
 
 SIZES = [64, 100, 200]
 N_CONFIGS = 6  # worker.configs()
