@@ -42,6 +42,7 @@ from triton.runtime.autotuner import Autotuner
 
 from tunecache import metrics as _stats
 from tunecache import preload as _preload
+from tunecache import tritoncompat
 from tunecache.errors import CaptureMissError, StoreError
 from tunecache.identity import (
     KernelIdentity,
@@ -968,9 +969,8 @@ def _warm_triton_key() -> None:
     with _pool_lock:
         if _key_pid == os.getpid():
             return
-        try:
-            from triton.runtime.cache import triton_key
-        except ImportError:  # moved in a future Triton: nothing to warm
+        triton_key = tritoncompat.triton_key()  # moved in 3.5; tests/test_triton_names.py checks it resolves
+        if triton_key is None:
             return
 
         def work() -> None:
