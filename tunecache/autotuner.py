@@ -988,8 +988,31 @@ def _join_key_thread_before_fork() -> None:
         t.join(timeout=2.0)
 
 
+def _after_fork_in_child() -> None:
+    """Fresh locks and background state in a forked child (the parent's threads do not exist there).
+
+    A lock a parent's thread held at the fork (the prefetch hashing a kernel, the pool submitting a
+    job, a launch resolving a key) would stay taken forever. The parent's pending prefetches are
+    not the child's to wait for, and its stores are the parent's connections: each tuner opens its
+    store again (a Store the user passed gets an empty pool in store.py's own fork handler). What
+    the parent resolved before the fork stays: a child that launches a warmed key does no I/O.
+    """
+    global _pool, _pool_pid, _pool_lock, _warned_lock
+    _pool_lock = threading.Lock()
+    _warned_lock = threading.Lock()
+    _pool, _pool_pid = None, None
+    for t in list(_tuners):
+        t._tc_identity_lock = threading.Lock()
+        t._tc_lock = threading.RLock()
+        t._tc_opening = None
+        t._tc_unsaved = []  # the parent's results, for the parent to write
+        t._tc_store_retry_at = 0.0
+        if not isinstance(t._tc_store_arg, Store):
+            t._tc_store = None
+
+
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_join_key_thread_before_fork)
+    os.register_at_fork(before=_join_key_thread_before_fork, after_in_child=_after_fork_in_child)
 
 
 def _heartbeat(store: Store, digest: str, holder: str, ttl: float, stop: threading.Event) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import threading
 from collections import Counter, defaultdict
 from typing import Any
@@ -143,6 +144,16 @@ def flush() -> bool:
 def pending_puts() -> int:
     with _lock:
         return sum(len(v) for v in _pending_puts.values())
+
+
+def _after_fork_in_child() -> None:
+    """A lock a parent's thread held at the fork would stay taken in the child."""
+    global _lock
+    _lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 @atexit.register

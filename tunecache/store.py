@@ -37,6 +37,7 @@ import re
 import sqlite3
 import threading
 import time
+import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -508,6 +509,57 @@ def _current_revision(conn: Connection) -> str | None:
 _alembic_lock = threading.Lock()
 
 
+class _SqliteForkGate:
+    """A fork waits for the SQLite write transactions in flight in this process, and new ones wait
+    for the fork.
+
+    SQLite keeps the lock state of all of a process's connections to a file in process memory. A
+    child forked in the middle of a write (a migration, a flush of hit counts) inherits a ghost
+    connection that holds the write lock forever: each of the child's writes then waits out the
+    busy timeout and fails. The wait is bounded (``FORK_WAIT_S``): a fork never hangs on it.
+    """
+
+    FORK_WAIT_S = 10.0
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._active = 0
+        self._forking = False
+
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[None]:
+        with self._cond:
+            while self._forking:
+                self._cond.wait()
+            self._active += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._active -= 1
+                self._cond.notify_all()
+
+    def before_fork(self) -> None:
+        deadline = time.monotonic() + self.FORK_WAIT_S
+        with self._cond:
+            self._forking = True
+            while self._active and (left := deadline - time.monotonic()) > 0:
+                self._cond.wait(left)
+
+    def after_fork_in_parent(self) -> None:
+        with self._cond:
+            self._forking = False
+            self._cond.notify_all()
+
+    def after_fork_in_child(self) -> None:
+        self.__init__()  # the writers it counted are the parent's threads
+
+
+_sqlite_fork_gate = _SqliteForkGate()
+_live_stores: weakref.WeakSet[Store] = weakref.WeakSet()
+_inherited_pools: list[Any] = []  # a forked child's copies of its parent's pools: never used, never closed
+
+
 class Store:
     """A connection to one tuning-results database. Thread-safe; cheap to keep for a process."""
 
@@ -517,6 +569,7 @@ class Store:
         self.readonly = readonly
         self.dialect = engine.dialect.name
         self._lock = threading.Lock()
+        _live_stores.add(self)
 
     # ---- lifecycle ------------------------------------------------------------------------
 
@@ -564,7 +617,8 @@ class Store:
     def _write(self, what: str) -> Iterator[Connection]:
         if self.readonly:
             raise StoreReadOnlyError(f"{what}: store {self.masked_url} is opened read-only")
-        with self._guard(what), self.engine.connect() as conn:
+        gate = _sqlite_fork_gate.writing() if self.dialect == "sqlite" else contextlib.nullcontext()
+        with gate, self._guard(what), self.engine.connect() as conn:
             conn.execution_options(tunecache_write=True)
             with conn.begin():
                 yield conn
@@ -1222,6 +1276,36 @@ def shared_store(url: str | URL | None = None) -> Store:
         if s is None:
             s = _stores[key] = open_store(url)
         return s
+
+
+def _after_fork_in_child() -> None:
+    """A forked child starts with fresh locks and no connections of its parent.
+
+    A lock that a parent's thread held at the fork (the background prefetch opening a store holds
+    ``_stores_lock`` for up to the connect timeout, a migration ``_alembic_lock``) stays taken
+    forever in the child, whose copy of that thread does not exist. Pooled connections are the
+    parent's sockets: the child must neither use nor close them (closing one ends the parent's
+    session), so their pools are kept aside unreferenced by any engine and each engine gets an
+    empty pool. The parent's shared stores are forgotten: the child opens its own.
+    """
+    global _stores_lock, _alembic_lock
+    _sqlite_fork_gate.after_fork_in_child()
+    _stores_lock = threading.Lock()
+    _alembic_lock = threading.Lock()
+    for s in list(_live_stores):
+        s._lock = threading.Lock()
+        _inherited_pools.append(s.engine.pool)
+        with contextlib.suppress(Exception):
+            s.engine.dispose(close=False)
+    _stores.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(
+        before=_sqlite_fork_gate.before_fork,
+        after_in_parent=_sqlite_fork_gate.after_fork_in_parent,
+        after_in_child=_after_fork_in_child,
+    )
 
 
 def _reset_shared_stores() -> None:
