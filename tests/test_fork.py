@@ -33,3 +33,14 @@ def test_no_lock_held_by_another_thread_at_fork_blocks_the_child(sqlite_url):
     assert got["rc"] == 0, got
     assert got["report"]["stuck"] == []
     assert got["report"]["launched"] is True
+
+
+@pytest.mark.parametrize("exit_how", ["os_exit", "sys_exit"])
+def test_child_writes_its_own_deferred_hits_and_results_exactly_once(sqlite_url, exit_how):
+    # The parent has one hit queued when it forks; the child makes one of its own and defers a
+    # result. os_exit: only the child's own timer can write them (the inherited timer has no
+    # thread). sys_exit: the child's atexit flush must not write the parent's queued hit too.
+    got = fork_scenario(f"hits:{exit_how}", sqlite_url)
+    assert got["rc"] == 0, got
+    assert got["hit_count"] == 2  # the parent's and the child's, each once
+    assert got["child_result_stored"] is True

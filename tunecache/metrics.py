@@ -147,9 +147,18 @@ def pending_puts() -> int:
 
 
 def _after_fork_in_child() -> None:
-    """A lock a parent's thread held at the fork would stay taken in the child."""
-    global _lock
+    """A forked child writes its own deferred items, exactly once, with a timer of its own.
+
+    The inherited timer object has no thread in the child (so nothing would be scheduled again),
+    and the inherited queue is the parent's to write: flushed by the child too, it is counted twice.
+    A lock a parent's thread held at the fork would stay taken.
+    """
+    global _lock, _timer
     _lock = threading.Lock()
+    _timer = None
+    _pending_hits.clear()
+    _pending_stats.clear()
+    _pending_puts.clear()
 
 
 if hasattr(os, "register_at_fork"):
