@@ -814,14 +814,19 @@ class TunecacheAutotuner(Autotuner):
             self._tc_mem[p.digest] = p
             self._use(ctx, p, hit=False)
             return True
-        stop = threading.Event()
+        stop, lost = threading.Event(), threading.Event()
         if holder is not None:
-            threading.Thread(target=_heartbeat, args=(store, ctx.digest, holder, ttl, stop), daemon=True).start()
+            args = (store, ctx.digest, holder, ttl, stop, lost, self.kernel_name)
+            threading.Thread(target=_heartbeat, args=args, daemon=True).start()
         known = self._prepare_known(ctx, p)
         try:
             results, seconds = self._run_bench(ctx, known, bench_fn)
         finally:
             stop.set()
+        if holder is not None and not lost.is_set():
+            _renew(store, ctx.digest, holder, ttl, lost, self.kernel_name)  # taken since the last beat?
+        if lost.is_set() and self._use_theirs(ctx, store):
+            return False
         winner = self._choose(ctx, known, results)
         problem = self._problem(ctx, seconds + (p.tuning_seconds if p else 0.0), winner)
         try:
@@ -834,6 +839,20 @@ class TunecacheAutotuner(Autotuner):
         self._use(ctx, stored, hit=False)
         self._record_specs(ctx, store, stored.winner_config_hash)
         return False
+
+    def _use_theirs(self, ctx: _Ctx, store: Store) -> bool:
+        """After losing the lease mid-benchmark: launch the result the new holder stored, if it
+        covers this key, rather than overwrite the fleet's winner with ours."""
+        try:
+            q = store.get(ctx.digest)
+        except StoreError as e:
+            self._store_trouble("read", e)
+            return False
+        if not self._covers(q, ctx):
+            return False
+        self._tc_mem[q.digest] = q
+        self._use(ctx, q, hit=False)
+        return True
 
     # ---- a stored winner that no longer works ---------------------------------------------------
 
@@ -1015,12 +1034,36 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(before=_join_key_thread_before_fork, after_in_child=_after_fork_in_child)
 
 
-def _heartbeat(store: Store, digest: str, holder: str, ttl: float, stop: threading.Event) -> None:
+def _heartbeat(
+    store: Store, digest: str, holder: str, ttl: float, stop: threading.Event, lost: threading.Event, kernel: str
+) -> None:
+    """Renew the benchmark lease every ttl/3 until ``stop``; stop renewing once it is lost."""
     while not stop.wait(max(ttl / 3.0, 0.05)):
-        try:
-            store.renew_lease(digest, holder, ttl)
-        except StoreError:
-            log.debug("tunecache: lease renewal failed", exc_info=True)
+        if not _renew(store, digest, holder, ttl, lost, kernel):
+            return
+
+
+def _renew(store: Store, digest: str, holder: str, ttl: float, lost: threading.Event, kernel: str) -> bool:
+    """Renew the lease; False once another process holds it (it judged ours expired or its holder
+    dead): then ``lost`` is set, counted and warned about once per kernel. A failed renewal (store
+    down) is not a loss: the lease may still be ours."""
+    try:
+        if store.renew_lease(digest, holder, ttl):
+            return True
+    except StoreError:
+        log.debug("tunecache: lease renewal failed", exc_info=True)
+        return True
+    lost.set()
+    _stats.count(None, None, leases_lost=1)
+    _warn_once(
+        kernel,
+        "lease-lost",
+        "tunecache: %s: lost the benchmark lease of %s to another process (renewals later than "
+        "TUNECACHE_LEASE_SECONDS?); finishing this benchmark, then launching that process's result if it stored one",
+        kernel,
+        digest[:12],
+    )
+    return False
 
 
 def _lock_dir(store: Store) -> Path | None:

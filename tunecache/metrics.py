@@ -28,6 +28,7 @@ COUNTERS = (
     "bench_seconds",
     "saved_seconds",
     "lease_takeovers",
+    "leases_lost",
     "poisoned",
     "preloaded",
     "preload_skipped",

@@ -1060,9 +1060,10 @@ class Store:
     # ---- leases (one benchmark per key across hosts) --------------------------------------
 
     def try_lease(self, digest: str, holder: str, ttl: float) -> bool:
-        """Take the benchmark lease of a digest if it is free, expired, or held by a dead local pid."""
+        """Take the benchmark lease of a digest if it is free, expired, or held by a dead pid of this
+        very process namespace (see :func:`lease_host`)."""
         now = time.time()
-        host = hostname()
+        host = lease_host()
         with self._write("lease") as conn:
             values = {"digest": digest, "holder": holder, "host": host, "pid": os.getpid(), "expires_at": now + ttl}
             if self._inserted(conn, leases, values):
@@ -1100,6 +1101,37 @@ class Store:
     def release_lease(self, digest: str, holder: str) -> None:
         with self._write("release lease") as conn:
             conn.execute(sa.delete(leases).where(leases.c.digest == digest, leases.c.holder == holder))
+
+
+def process_namespace() -> str:
+    """This process's PID namespace, as ``<pid-ns inode>.<boot id>``; "" where the OS has none.
+
+    Containers with host networking share the hostname but not the PID space: a pid that does not
+    exist here may be a live process next door. The inode names the namespace; the boot id keeps
+    two machines (or two boots) apart, since the initial namespace has the same inode everywhere.
+    """
+    try:
+        ino = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return ""  # no PID namespaces here (e.g. macOS): the hostname identifies the pid space
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip().replace("-", "")[:16]
+    except OSError:
+        boot = ""
+    return f"{ino}.{boot}" if boot else str(ino)
+
+
+def lease_host() -> str:
+    """What a lease row records as its holder's host: the hostname and the PID namespace.
+
+    A lease whose holder pid is gone is taken over at once only when its row names this exact
+    string; otherwise (another container, another machine, a row of an older tunecache that wrote
+    the bare hostname) it is taken over when it expires.
+    """
+    ns = process_namespace()
+    suffix = f"#pidns={ns}" if ns else ""
+    return hostname()[: 255 - len(suffix)] + suffix  # leases.host is String(255)
 
 
 def _pid_alive(pid: int) -> bool:
