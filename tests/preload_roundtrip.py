@@ -15,6 +15,7 @@ os.environ.pop("TRITON_INTERPRET", None)
 
 import torch  # noqa: E402
 import triton  # noqa: E402
+import triton.compiler.compiler as compiler_module  # noqa: E402
 import triton.language as tl  # noqa: E402
 import triton.runtime.jit as jit_module  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
@@ -34,6 +35,9 @@ def add_one(X, Y, N, BLOCK: tl.constexpr):
 class _Device:  # what Triton asks the CUDA driver in JITFunction.preload: the current device
     def get_current_device(self) -> int:
         return 0
+
+    def get_current_target(self) -> GPUTarget:  # Triton 3.4's preload compiles for the current target
+        return GPUTarget("cuda", 90, 32)
 
 
 class _Driver:
@@ -70,6 +74,7 @@ def main() -> None:
     add_one.device_caches[0] = (cache, {}, target, backend, None)
     add_one.compile, add_one.ASTSource = triton.compile, ASTSource  # set by create_binder on a GPU
     jit_module.driver = _Driver()
+    compiler_module.driver = _Driver()  # Triton 3.4: compile(src, target=None) asks the driver
 
     # The autotuner hands over its own fn; a user may hand the decorated kernel: both unwrap to the JITFunction.
     decorated = triton.autotune([triton.Config({})], key=["N"])(triton.heuristics({"BLOCK": lambda a: 128})(add_one))

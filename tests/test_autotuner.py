@@ -456,8 +456,8 @@ def test_driver_change_topk_benchmarks_only_previous_best(sqlite_url, monkeypatc
 
 KEY_WARM = """
     import json, os, tinykernels
-    from triton.runtime.cache import triton_key
-    from tunecache import autotuner as at
+    from tunecache import autotuner as at, tritoncompat
+    triton_key = tritoncompat.triton_key()  # triton.compiler.compiler on 3.4, triton.runtime.cache on 3.5+
     k = tinykernels.make_add()
     t = at._key_thread
     if t is not None:

@@ -42,6 +42,7 @@ from triton.runtime.autotuner import Autotuner
 
 from tunecache import metrics as _stats
 from tunecache import preload as _preload
+from tunecache import tritoncompat
 from tunecache.errors import CaptureMissError, StoreError
 from tunecache.identity import (
     CONFIG_FIELDS,
@@ -865,14 +866,19 @@ class TunecacheAutotuner(Autotuner):
             self._tc_mem[p.digest] = p
             self._use(ctx, p, hit=False)
             return True
-        stop = threading.Event()
+        stop, lost = threading.Event(), threading.Event()
         if holder is not None:
-            threading.Thread(target=_heartbeat, args=(store, ctx.digest, holder, ttl, stop), daemon=True).start()
+            args = (store, ctx.digest, holder, ttl, stop, lost, self.kernel_name)
+            threading.Thread(target=_heartbeat, args=args, daemon=True).start()
         known = self._prepare_known(ctx, p)
         try:
             results, seconds = self._run_bench(ctx, known, bench_fn)
         finally:
             stop.set()
+        if holder is not None and not lost.is_set():
+            _renew(store, ctx.digest, holder, ttl, lost, self.kernel_name)  # taken since the last beat?
+        if lost.is_set() and self._use_theirs(ctx, store):
+            return False
         winner = self._choose(ctx, known, results)
         problem = self._problem(ctx, seconds + (p.tuning_seconds if p else 0.0), winner)
         try:
@@ -885,6 +891,20 @@ class TunecacheAutotuner(Autotuner):
         self._use(ctx, stored, hit=False)
         self._record_specs(ctx, store, stored.winner_config_hash)
         return False
+
+    def _use_theirs(self, ctx: _Ctx, store: Store) -> bool:
+        """After losing the lease mid-benchmark: launch the result the new holder stored, if it
+        covers this key, rather than overwrite the fleet's winner with ours."""
+        try:
+            q = store.get(ctx.digest)
+        except StoreError as e:
+            self._store_trouble("read", e)
+            return False
+        if not self._covers(q, ctx):
+            return False
+        self._tc_mem[q.digest] = q
+        self._use(ctx, q, hit=False)
+        return True
 
     # ---- a stored winner that no longer works ---------------------------------------------------
 
@@ -1038,9 +1058,8 @@ def _warm_triton_key() -> None:
     with _pool_lock:
         if _key_pid == os.getpid():
             return
-        try:
-            from triton.runtime.cache import triton_key
-        except ImportError:  # moved in a future Triton: nothing to warm
+        triton_key = tritoncompat.triton_key()  # moved in 3.5; tests/test_triton_names.py checks it resolves
+        if triton_key is None:
             return
 
         def work() -> None:
@@ -1058,16 +1077,63 @@ def _join_key_thread_before_fork() -> None:
         t.join(timeout=2.0)
 
 
+def _after_fork_in_child() -> None:
+    """Fresh locks and background state in a forked child (the parent's threads do not exist there).
+
+    A lock a parent's thread held at the fork (the prefetch hashing a kernel, the pool submitting a
+    job, a launch resolving a key) would stay taken forever. The parent's pending prefetches are
+    not the child's to wait for, and its stores are the parent's connections: each tuner opens its
+    store again (a Store the user passed gets an empty pool in store.py's own fork handler). What
+    the parent resolved before the fork stays: a child that launches a warmed key does no I/O.
+    """
+    global _pool, _pool_pid, _pool_lock, _warned_lock
+    _pool_lock = threading.Lock()
+    _warned_lock = threading.Lock()
+    _pool, _pool_pid = None, None
+    for t in list(_tuners):
+        t._tc_identity_lock = threading.Lock()
+        t._tc_lock = threading.RLock()
+        t._tc_opening = None
+        t._tc_unsaved = []  # the parent's results, for the parent to write
+        t._tc_store_retry_at = 0.0
+        if not isinstance(t._tc_store_arg, Store):
+            t._tc_store = None
+
+
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_join_key_thread_before_fork)
+    os.register_at_fork(before=_join_key_thread_before_fork, after_in_child=_after_fork_in_child)
 
 
-def _heartbeat(store: Store, digest: str, holder: str, ttl: float, stop: threading.Event) -> None:
+def _heartbeat(
+    store: Store, digest: str, holder: str, ttl: float, stop: threading.Event, lost: threading.Event, kernel: str
+) -> None:
+    """Renew the benchmark lease every ttl/3 until ``stop``; stop renewing once it is lost."""
     while not stop.wait(max(ttl / 3.0, 0.05)):
-        try:
-            store.renew_lease(digest, holder, ttl)
-        except StoreError:
-            log.debug("tunecache: lease renewal failed", exc_info=True)
+        if not _renew(store, digest, holder, ttl, lost, kernel):
+            return
+
+
+def _renew(store: Store, digest: str, holder: str, ttl: float, lost: threading.Event, kernel: str) -> bool:
+    """Renew the lease; False once another process holds it (it judged ours expired or its holder
+    dead): then ``lost`` is set, counted and warned about once per kernel. A failed renewal (store
+    down) is not a loss: the lease may still be ours."""
+    try:
+        if store.renew_lease(digest, holder, ttl):
+            return True
+    except StoreError:
+        log.debug("tunecache: lease renewal failed", exc_info=True)
+        return True
+    lost.set()
+    _stats.count(None, None, leases_lost=1)
+    _warn_once(
+        kernel,
+        "lease-lost",
+        "tunecache: %s: lost the benchmark lease of %s to another process (renewals later than "
+        "TUNECACHE_LEASE_SECONDS?); finishing this benchmark, then launching that process's result if it stored one",
+        kernel,
+        digest[:12],
+    )
+    return False
 
 
 def _lock_dir(store: Store) -> Path | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import threading
 from collections import Counter, defaultdict
 from typing import Any
@@ -27,6 +28,7 @@ COUNTERS = (
     "bench_seconds",
     "saved_seconds",
     "lease_takeovers",
+    "leases_lost",
     "poisoned",
     "preloaded",
     "preload_skipped",
@@ -143,6 +145,25 @@ def flush() -> bool:
 def pending_puts() -> int:
     with _lock:
         return sum(len(v) for v in _pending_puts.values())
+
+
+def _after_fork_in_child() -> None:
+    """A forked child writes its own deferred items, exactly once, with a timer of its own.
+
+    The inherited timer object has no thread in the child (so nothing would be scheduled again),
+    and the inherited queue is the parent's to write: flushed by the child too, it is counted twice.
+    A lock a parent's thread held at the fork would stay taken.
+    """
+    global _lock, _timer
+    _lock = threading.Lock()
+    _timer = None
+    _pending_hits.clear()
+    _pending_stats.clear()
+    _pending_puts.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 @atexit.register

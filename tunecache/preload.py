@@ -29,6 +29,7 @@ import sys
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from tunecache import tritoncompat
 from tunecache.identity import wrappers
 from tunecache.model import LaunchSpec
 
@@ -75,8 +76,9 @@ def _matches(jf: Any, kernel: Any, config: Any) -> bool:
 
 def _serialize(jf: Any, key: str, kernel: Any, backend: Any) -> str:
     """Triton's own serialisation of a specialisation, as its ``jit_post_compile_hook`` gives it."""
-    from triton.runtime.jit import serialize_specialization_data
-
+    serialize_specialization_data = tritoncompat.serialize_specialization_data()
+    if serialize_specialization_data is None:
+        raise RuntimeError("this Triton has no serialize_specialization_data: nothing to record")
     md = kernel.metadata
     options = backend.parse_options({k: getattr(md, k) for k in md._fields if k != "target"})
     src = kernel.src

@@ -37,6 +37,7 @@ import re
 import sqlite3
 import threading
 import time
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -466,6 +467,57 @@ def _current_revision(conn: Connection) -> str | None:
 _alembic_lock = threading.Lock()
 
 
+class _SqliteForkGate:
+    """A fork waits for the SQLite write transactions in flight in this process, and new ones wait
+    for the fork.
+
+    SQLite keeps the lock state of all of a process's connections to a file in process memory. A
+    child forked in the middle of a write (a migration, a flush of hit counts) inherits a ghost
+    connection that holds the write lock forever: each of the child's writes then waits out the
+    busy timeout and fails. The wait is bounded (``FORK_WAIT_S``): a fork never hangs on it.
+    """
+
+    FORK_WAIT_S = 10.0
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._active = 0
+        self._forking = False
+
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[None]:
+        with self._cond:
+            while self._forking:
+                self._cond.wait()
+            self._active += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._active -= 1
+                self._cond.notify_all()
+
+    def before_fork(self) -> None:
+        deadline = time.monotonic() + self.FORK_WAIT_S
+        with self._cond:
+            self._forking = True
+            while self._active and (left := deadline - time.monotonic()) > 0:
+                self._cond.wait(left)
+
+    def after_fork_in_parent(self) -> None:
+        with self._cond:
+            self._forking = False
+            self._cond.notify_all()
+
+    def after_fork_in_child(self) -> None:
+        self.__init__()  # the writers it counted are the parent's threads
+
+
+_sqlite_fork_gate = _SqliteForkGate()
+_live_stores: weakref.WeakSet[Store] = weakref.WeakSet()
+_inherited_pools: list[Any] = []  # a forked child's copies of its parent's pools: never used, never closed
+
+
 class Store:
     """A connection to one tuning-results database. Thread-safe; cheap to keep for a process."""
 
@@ -475,6 +527,7 @@ class Store:
         self.readonly = readonly
         self.dialect = engine.dialect.name
         self._lock = threading.Lock()
+        _live_stores.add(self)
 
     # ---- lifecycle ------------------------------------------------------------------------
 
@@ -529,7 +582,8 @@ class Store:
     def _write(self, what: str) -> Iterator[Connection]:
         if self.readonly:
             raise StoreReadOnlyError(f"{what}: store {self.masked_url} is opened read-only")
-        with self._guard(what), self.engine.connect() as conn:
+        gate = _sqlite_fork_gate.writing() if self.dialect == "sqlite" else contextlib.nullcontext()
+        with gate, self._guard(what), self.engine.connect() as conn:
             conn.execution_options(tunecache_write=True)
             with conn.begin():
                 yield conn
@@ -997,9 +1051,10 @@ class Store:
     # ---- leases (one benchmark per key across hosts) --------------------------------------
 
     def try_lease(self, digest: str, holder: str, ttl: float) -> bool:
-        """Take the benchmark lease of a digest if it is free, expired, or held by a dead local pid."""
+        """Take the benchmark lease of a digest if it is free, expired, or held by a dead pid of this
+        very process namespace (see :func:`lease_host`)."""
         now = time.time()
-        host = hostname()
+        host = lease_host()
         with self._write("lease") as conn:
             values = {"digest": digest, "holder": holder, "host": host, "pid": os.getpid(), "expires_at": now + ttl}
             if self._inserted(conn, leases, values):
@@ -1037,6 +1092,37 @@ class Store:
     def release_lease(self, digest: str, holder: str) -> None:
         with self._write("release lease") as conn:
             conn.execute(sa.delete(leases).where(leases.c.digest == digest, leases.c.holder == holder))
+
+
+def process_namespace() -> str:
+    """This process's PID namespace, as ``<pid-ns inode>.<boot id>``; "" where the OS has none.
+
+    Containers with host networking share the hostname but not the PID space: a pid that does not
+    exist here may be a live process next door. The inode names the namespace; the boot id keeps
+    two machines (or two boots) apart, since the initial namespace has the same inode everywhere.
+    """
+    try:
+        ino = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return ""  # no PID namespaces here (e.g. macOS): the hostname identifies the pid space
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip().replace("-", "")[:16]
+    except OSError:
+        boot = ""
+    return f"{ino}.{boot}" if boot else str(ino)
+
+
+def lease_host() -> str:
+    """What a lease row records as its holder's host: the hostname and the PID namespace.
+
+    A lease whose holder pid is gone is taken over at once only when its row names this exact
+    string; otherwise (another container, another machine, a row of an older tunecache that wrote
+    the bare hostname) it is taken over when it expires.
+    """
+    ns = process_namespace()
+    suffix = f"#pidns={ns}" if ns else ""
+    return hostname()[: 255 - len(suffix)] + suffix  # leases.host is String(255)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -1230,6 +1316,36 @@ def shared_store(url: str | URL | None = None) -> Store:
         if s is None:
             s = _stores[key] = open_store(url)
         return s
+
+
+def _after_fork_in_child() -> None:
+    """A forked child starts with fresh locks and no connections of its parent.
+
+    A lock that a parent's thread held at the fork (the background prefetch opening a store holds
+    ``_stores_lock`` for up to the connect timeout, a migration ``_alembic_lock``) stays taken
+    forever in the child, whose copy of that thread does not exist. Pooled connections are the
+    parent's sockets: the child must neither use nor close them (closing one ends the parent's
+    session), so their pools are kept aside unreferenced by any engine and each engine gets an
+    empty pool. The parent's shared stores are forgotten: the child opens its own.
+    """
+    global _stores_lock, _alembic_lock
+    _sqlite_fork_gate.after_fork_in_child()
+    _stores_lock = threading.Lock()
+    _alembic_lock = threading.Lock()
+    for s in list(_live_stores):
+        s._lock = threading.Lock()
+        _inherited_pools.append(s.engine.pool)
+        with contextlib.suppress(Exception):
+            s.engine.dispose(close=False)
+    _stores.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(
+        before=_sqlite_fork_gate.before_fork,
+        after_in_parent=_sqlite_fork_gate.after_fork_in_parent,
+        after_in_child=_after_fork_in_child,
+    )
 
 
 def _reset_shared_stores() -> None:
