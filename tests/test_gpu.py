@@ -48,8 +48,12 @@ def run_add(n):
 
 
 def child(code: str, env: dict, tmp_path) -> dict:
+    """Run ``code`` in a fresh process with the kernels imported from a module of their own, as a
+    server imports its kernels: tunecache hashes a kernel in the background (and so preloads it) only
+    once its module has finished importing, which a script run as ``__main__`` never has."""
+    (tmp_path / "gpu_kernels.py").write_text(KERNELS)  # @triton.jit needs its source in a file
     script = tmp_path / f"child_{len(list(tmp_path.glob('child_*.py')))}.py"
-    script.write_text(KERNELS + textwrap.dedent(code))  # @triton.jit needs its source in a file
+    script.write_text("from gpu_kernels import *  # noqa: F403\n" + textwrap.dedent(code))
     return run_json([str(script)], env)
 
 
