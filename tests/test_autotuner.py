@@ -691,7 +691,8 @@ def test_a_call_that_fails_before_its_launch_marks_no_other_keys_winner(sqlite_u
     for n in (64, 100):
         tinykernels.launch(k, n)
     tunecache.reset_stats()
-    with pytest.raises(Exception, match="No valid autotuner configs"):
+    # Triton 3.5+ raises AutotunerError from the prune; 3.4 a ValueError from min() of no timings.
+    with pytest.raises(Exception, match="No valid autotuner configs|empty sequence"):
         tinykernels.launch(k, 7)
     assert tunecache.stats()["poisoned"] == 0
     for p in store.list(with_configs=True):
