@@ -86,7 +86,7 @@ import triton
 import triton.language as tl
 from tunecache.kernels import sparse_decode_sm90 as sm90
 
-from tunecache import autotune, buckets
+from tunecache import autotune, buckets, settings
 from tunecache.autotuner import TunecacheAutotuner
 from tunecache.buckets import SGLANG_CAPTURE_SIZES
 
@@ -377,7 +377,7 @@ def _has_e4m3_cvt(device: torch.device) -> bool:
 
 
 # Read once: the hot path does not consult the environment.
-_GLUON_ENABLED = os.environ.get("TUNECACHE_SPARSE_DECODE_GLUON", "1") != "0"
+_GLUON_ENABLED = settings.get("TUNECACHE_SPARSE_DECODE_GLUON")
 
 
 def _is_hopper(device: torch.device) -> bool:

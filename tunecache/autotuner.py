@@ -42,7 +42,7 @@ from triton.runtime.autotuner import Autotuner
 
 from tunecache import metrics as _stats
 from tunecache import preload as _preload
-from tunecache import tritoncompat
+from tunecache import settings, tritoncompat
 from tunecache.errors import CaptureMissError, StoreError
 from tunecache.identity import (
     CONFIG_FIELDS,
@@ -59,34 +59,21 @@ from tunecache.identity import (
     problem_digest,
     search_space_hash,
 )
-from tunecache.mode import current_mode
 from tunecache.model import ConfigResult, LaunchSpec, Problem, pick_winner
+from tunecache.settings import current_mode
 from tunecache.store import Store, shared_store
 
 log = logging.getLogger("tunecache")
 
 
-def _env_float(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    if not raw:
-        return default
-    try:
-        v = float(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r} is not a number") from None
-    if v < 0:
-        raise ValueError(f"{name}={raw!r} must be >= 0")
-    return v
-
-
 def lease_seconds() -> float:
     """How long a benchmark lease lives without renewal: a killed holder blocks others this long."""
-    return _env_float("TUNECACHE_LEASE_SECONDS", 30.0)
+    return settings.get("TUNECACHE_LEASE_SECONDS")
 
 
 def wait_seconds() -> float:
     """How long a process waits for another's benchmark before benchmarking itself."""
-    return _env_float("TUNECACHE_WAIT_SECONDS", 300.0)
+    return settings.get("TUNECACHE_WAIT_SECONDS")
 
 
 def winner_tolerance() -> float:
@@ -97,36 +84,23 @@ def winner_tolerance() -> float:
     kernels to compile on a fresh host and to load at a restart, and fewer winners that flip
     between two tuning runs of one GPU.
     """
-    v = _env_float("TUNECACHE_WINNER_TOLERANCE", 0.02)
-    if v >= 1:
-        raise ValueError(f"TUNECACHE_WINNER_TOLERANCE={v!r} must be a fraction below 1 (0.02 means 2%)")
-    return v
-
-
-def _env_on(name: str) -> bool:
-    """A switch that is on unless set to 0, false, off or no."""
-    return os.environ.get(name, "1").strip().lower() not in ("0", "false", "off", "no")
+    return settings.get("TUNECACHE_WINNER_TOLERANCE")
 
 
 def preload_enabled() -> bool:
     """``TUNECACHE_PRELOAD`` (default on): load stored winners' binaries once CUDA is up."""
-    return _env_on("TUNECACHE_PRELOAD")
+    return settings.get("TUNECACHE_PRELOAD")
 
 
 def driver_change_policy() -> int | None:
     """``TUNECACHE_ON_DRIVER_CHANGE``: ``retune`` (None) or ``topk:N`` (N)."""
-    raw = os.environ.get("TUNECACHE_ON_DRIVER_CHANGE", "retune").strip().lower()
-    if raw in ("", "retune"):
-        return None
-    if raw.startswith("topk:") and raw[5:].isdigit() and int(raw[5:]) > 0:
-        return int(raw[5:])
-    raise ValueError(f"TUNECACHE_ON_DRIVER_CHANGE={raw!r}: expected 'retune' or 'topk:N' with N >= 1")
+    return settings.get("TUNECACHE_ON_DRIVER_CHANGE")
 
 
 def cpu_do_bench(kernel_call: Callable[[], Any], quantiles: Sequence[float] = (0.5, 0.2, 0.8)) -> list[float]:
     """Wall-clock timer for the interpreter, where Triton's CUDA-event benchmarker cannot run."""
     kernel_call()  # warm-up (the interpreter rewrites the function on first use)
-    reps = max(1, int(os.environ.get("TUNECACHE_CPU_BENCH_REPS", "3")))
+    reps = settings.get("TUNECACHE_CPU_BENCH_REPS")
     times = []
     for _ in range(reps):
         t0 = time.perf_counter()
@@ -265,7 +239,7 @@ class TunecacheAutotuner(Autotuner):
         self._tc_specs: dict[str, list[LaunchSpec]] | None = None  # fetched, by target digest
         self._tc_autoload = False  # load_winners() once CUDA is up (see _preload_when_cuda_is_up)
         _tuners.add(self)
-        if current_mode() != "off" and _env_on("TUNECACHE_PREFETCH"):
+        if current_mode() != "off" and settings.get("TUNECACHE_PREFETCH"):
             # Open the store and fetch this kernel's problems while the server loads its weights,
             # so the first launch pays no query, imports or connection set-up. No CUDA calls here:
             # a server may still fork. The source is hashed no earlier than the first launch unless
@@ -489,7 +463,7 @@ class TunecacheAutotuner(Autotuner):
         # One warning per store and process: an outage fails reads, leases and writes alike, and
         # every kernel on that store falls back the same way (each failure is counted in stats()).
         arg = self._tc_store_arg
-        where = arg.masked_url if isinstance(arg, Store) else str(arg or os.environ.get("TUNECACHE_URL") or "")
+        where = arg.masked_url if isinstance(arg, Store) else str(arg or settings.raw("TUNECACHE_URL") or "")
         _warn_once(
             "",
             f"store-unavailable:{where}",
@@ -1137,7 +1111,7 @@ def _renew(store: Store, digest: str, holder: str, ttl: float, lost: threading.E
 
 
 def _lock_dir(store: Store) -> Path | None:
-    base = os.environ.get("TUNECACHE_LOCK_DIR")
+    base = settings.get("TUNECACHE_LOCK_DIR")
     if not base:
         import platformdirs
 

@@ -20,9 +20,10 @@ from typing import Any
 import click
 import orjson
 
+from tunecache import settings
 from tunecache.errors import StoreReadOnlyError, TunecacheError
-from tunecache.mode import current_mode
 from tunecache.model import Problem, utcnow
+from tunecache.settings import current_mode
 from tunecache.store import Store, connect, mask_raw, open_store
 
 log = logging.getLogger("tunecache")
@@ -41,11 +42,11 @@ def _remember_url(ctx: click.Context, param: click.Parameter, value: str | None)
         obj.setdefault("url", None)
 
 
-def url_option(*, envvar: str | None = None) -> click.Option:
-    """``--url``, accepted before and after every subcommand (``tunecache ls --url URL``)."""
+def url_option() -> click.Option:
+    """``--url``, accepted before and after every subcommand (``tunecache ls --url URL``); without it
+    the store comes from ``TUNECACHE_URL`` through :mod:`tunecache.settings`, like the library's."""
     return click.Option(
         ["--url"],
-        envvar=envvar,
         expose_value=False,
         callback=_remember_url,
         help="Store URL (SQLAlchemy), before or after the command; default $TUNECACHE_URL or per-user SQLite.",
@@ -176,15 +177,13 @@ def _config_label(cfg: dict[str, Any] | None) -> str:
     return f"{kw} {opts}{hook}".strip()
 
 
-@click.group(
-    cls=_Group, context_settings={"help_option_names": ["-h", "--help"]}, params=[url_option(envvar="TUNECACHE_URL")]
-)
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]}, params=[url_option()])
 @click.version_option(package_name="tunecache")
 @click.pass_context
 def main(ctx: click.Context) -> None:
     """tunecache: keep Triton autotuning results in a shared store."""
     ctx.ensure_object(dict)
-    current_mode()  # a bad TUNECACHE_MODE is refused by every command, as by the library
+    settings.check_all()  # a bad TUNECACHE_* value is refused by every command in one line, as by the library
 
 
 @main.command()

@@ -62,7 +62,6 @@ import ctypes
 import functools
 import hashlib
 import inspect
-import json
 import logging
 import math
 import os
@@ -77,6 +76,9 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 import orjson
+
+from tunecache import settings
+from tunecache.errors import ConfigurationError
 
 DIGEST_VERSION = 1
 
@@ -521,16 +523,14 @@ def _apply_override(t: Target) -> Target:
 
     For simulations and tests (e.g. "what does a driver upgrade miss?"), never for production.
     """
-    raw = os.environ.get("TUNECACHE_TARGET_OVERRIDE")
-    if not raw:
+    data = settings.get("TUNECACHE_TARGET_OVERRIDE")
+    if not data:
         return t
-    try:
-        data = json.loads(raw)
-    except ValueError as e:
-        raise ValueError(f"TUNECACHE_TARGET_OVERRIDE is not valid JSON: {e}") from None
-    unknown = set(data) - set(TARGET_FIELDS) if isinstance(data, dict) else {"<not an object>"}
+    unknown = set(data) - set(TARGET_FIELDS)
     if unknown:
-        raise ValueError(f"TUNECACHE_TARGET_OVERRIDE has unknown fields {sorted(unknown)}; known: {TARGET_FIELDS}")
+        raise ConfigurationError(
+            f"TUNECACHE_TARGET_OVERRIDE has unknown fields {sorted(unknown)}; known: {TARGET_FIELDS}"
+        )
     return replace(t, **{k: type(getattr(t, k))(v) for k, v in data.items()})
 
 
@@ -599,7 +599,7 @@ def _detect(device: int | None, interp: bool) -> Target:
 
 
 def hostname() -> str:
-    return os.environ.get("TUNECACHE_HOST_ID") or socket.gethostname()
+    return settings.get("TUNECACHE_HOST_ID") or socket.gethostname()
 
 
 # --------------------------------------------------------------------------------------------

@@ -11,8 +11,8 @@ pragma             value        why
 =================  ===========  ==================================================================
 journal_mode       WAL          readers never block the one writer, so 16 workers can read while
                                 one writes a benchmark result
-busy_timeout       30000 ms     a writer waits for the lock instead of failing (``TUNECACHE_SQLITE_
-                                BUSY_MS``)
+busy_timeout       30000 ms     a writer waits for the lock instead of failing
+                                (``TUNECACHE_SQLITE_BUSY_MS``)
 synchronous        NORMAL       durable at every checkpoint; a power cut can lose the last commits,
                                 never corrupt the file. Results can be re-measured, so the fsync per
                                 commit of FULL is not worth its cost
@@ -52,6 +52,7 @@ from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, SQLAlchemyError
 
 from tunecache import metrics as _stats
+from tunecache import settings
 from tunecache.errors import SchemaError, StoreError, StoreNotFoundError, StoreReadOnlyError
 from tunecache.identity import TARGET_FIELDS, Target, hostname, search_space_hash
 from tunecache.model import FAILED_STATUSES, STATUSES, ConfigResult, LaunchSpec, Problem, pick_winner, utcnow
@@ -206,7 +207,7 @@ def resolve_url(url: str | URL | None = None) -> URL:
     ``postgresql://`` and ``mysql://`` without a driver pick psycopg 3 and PyMySQL, the drivers the
     extras install.
     """
-    raw = url if url is not None else (os.environ.get("TUNECACHE_URL") or default_url())
+    raw = url if url is not None else (settings.get("TUNECACHE_URL") or default_url())
     try:
         u = raw if isinstance(raw, URL) else _parse_url(str(raw))
     except (ArgumentError, ValueError):  # ValueError: a port that is not a number
@@ -321,7 +322,7 @@ def _sqlite_os_cause(u: URL, reason: str) -> str:
 def _make_engine(u: URL, readonly: bool) -> Engine:
     if u.get_backend_name() == "sqlite":
         path = _sqlite_path(u)
-        busy_ms = int(os.environ.get("TUNECACHE_SQLITE_BUSY_MS", "30000"))
+        busy_ms = settings.get("TUNECACHE_SQLITE_BUSY_MS")
         if readonly and path is not None:
             uri = f"file:{path}?mode=ro&immutable=1"
             engine = sa.create_engine(
@@ -358,7 +359,7 @@ def _make_engine(u: URL, readonly: bool) -> Engine:
 
         return engine
     connect_args: dict[str, Any] = {}
-    timeout = int(os.environ.get("TUNECACHE_CONNECT_TIMEOUT", "5"))
+    timeout = settings.get("TUNECACHE_CONNECT_TIMEOUT")
     backend = u.get_backend_name()
     if backend == "postgresql":
         connect_args["connect_timeout"] = timeout
@@ -1294,7 +1295,7 @@ def open_store(
     cannot be reached.
     """
     if migrate is None:
-        migrate = os.environ.get("TUNECACHE_AUTO_MIGRATE", "1") not in ("0", "false", "no", "off")
+        migrate = settings.get("TUNECACHE_AUTO_MIGRATE")
     store = connect(url, readonly=readonly, create=create)
     try:
         if not create and store.revision() is None:

@@ -1,0 +1,141 @@
+"""Settings: every ``TUNECACHE_*`` variable is declared once, read only through tunecache.settings,
+documented in the README's table, and a bad value is refused in one line."""
+
+from __future__ import annotations
+
+import ast
+import doctest
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tunecache import settings
+from tunecache.errors import ConfigurationError
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCES = sorted((ROOT / "tunecache").rglob("*.py")) + sorted((ROOT / "kernels").rglob("*.py"))
+NAME = re.compile(r"\bTUNECACHE_[A-Z0-9_]+\b")
+
+
+def _env_reads(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, name) of every TUNECACHE_* variable read from the environment directly: os.environ.get,
+    os.getenv, os.environ[...], "..." in os.environ, and click's envvar=."""
+
+    def is_environ(node: ast.AST) -> bool:
+        return isinstance(node, ast.Attribute) and node.attr == "environ"
+
+    def literal(node: ast.AST | None) -> str | None:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("TUNECACHE_"):
+            return node.value
+        return None
+
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            f = node.func
+            reads = isinstance(f, ast.Attribute) and (
+                (f.attr in ("get", "pop", "setdefault") and is_environ(f.value)) or f.attr == "getenv"
+            )
+            if reads and node.args and literal(node.args[0]):
+                out.append((node.lineno, literal(node.args[0])))
+            for kw in node.keywords:
+                if kw.arg == "envvar" and literal(kw.value):
+                    out.append((node.lineno, literal(kw.value)))
+        elif isinstance(node, ast.Subscript) and is_environ(node.value) and isinstance(node.ctx, ast.Load):
+            if literal(node.slice):
+                out.append((node.lineno, literal(node.slice)))
+        elif isinstance(node, ast.Compare) and any(is_environ(c) for c in node.comparators) and literal(node.left):
+            out.append((node.lineno, literal(node.left)))
+    return out
+
+
+def test_no_module_but_settings_reads_a_tunecache_variable():
+    found = []
+    for path in SOURCES:
+        if path.name == "settings.py" and path.parent.name == "tunecache":
+            continue
+        found += [f"{path.relative_to(ROOT)}:{line}: {name}" for line, name in _env_reads(ast.parse(path.read_text()))]
+    assert found == [], "read these through tunecache.settings.get():\n" + "\n".join(found)
+
+
+def test_the_enforcing_scan_finds_direct_reads():
+    code = (
+        'import os, click\nos.environ.get("TUNECACHE_X")\nos.getenv("TUNECACHE_Y", "1")\n'
+        'os.environ["TUNECACHE_Z"]\n"TUNECACHE_W" in os.environ\nclick.Option(["--u"], envvar="TUNECACHE_V")\n'
+        'os.environ["TUNECACHE_OK"] = "1"\nos.environ.get("HOME")\n'
+    )
+    assert [n for _, n in _env_reads(ast.parse(code))] == [
+        "TUNECACHE_X",
+        "TUNECACHE_Y",
+        "TUNECACHE_Z",
+        "TUNECACHE_W",
+        "TUNECACHE_V",
+    ]
+
+
+def test_every_variable_named_in_the_code_is_a_declared_setting():
+    unknown = {
+        f"{path.relative_to(ROOT)}: {name}"
+        for path in SOURCES
+        for name in NAME.findall(path.read_text())
+        if name not in settings.SETTINGS
+    }
+    assert unknown == set(), "declare these in tunecache/settings.py (or fix the typo)"
+
+
+def _readme_table() -> dict[str, str]:
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Environment variables", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        m = re.match(r"\| `(TUNECACHE_[A-Z0-9_]+)` \| ([^|]*) \|", line)
+        if m:
+            rows[m.group(1)] = m.group(2).strip()
+    return rows
+
+
+def test_the_readme_table_is_the_settings_table():
+    rows = _readme_table()
+    assert sorted(rows) == sorted(settings.SETTINGS), "README's table and tunecache/settings.py list other variables"
+    for name, s in settings.SETTINGS.items():
+        if s.default is not None:
+            assert rows[name] == f"`{s.default}`", f"README: {name} defaults to {rows[name]}"
+        else:
+            assert rows[name], f"README says nothing of {name}'s behaviour when unset"
+
+
+@pytest.mark.parametrize("name", sorted(settings.SETTINGS))
+def test_every_default_parses_and_garbage_is_refused_naming_the_variable(name):
+    s = settings.SETTINGS[name]
+    assert settings.get(name, {}) == (None if s.default is None else s.parse(s.default))
+    if s.parse is settings._text:
+        return  # free text: any value is one
+    with pytest.raises(ConfigurationError, match=rf"^{name}='\[\]garbage'"):
+        settings.get(name, {name: "[]garbage"})
+
+
+def test_an_unknown_setting_is_a_key_error():
+    with pytest.raises(KeyError, match="TUNECACHE_NOPE is not a tunecache setting"):
+        settings.get("TUNECACHE_NOPE", {})
+
+
+def test_the_docstring_examples_run():
+    failures, tried = doctest.testmod(settings)
+    assert tried > 0 and failures == 0
+
+
+@pytest.mark.parametrize("name", ["TUNECACHE_LEASE_SECONDS", "TUNECACHE_ON_DRIVER_CHANGE", "TUNECACHE_PRELOAD"])
+def test_every_command_refuses_a_bad_value_in_one_line(name, sqlite_url):
+    r = subprocess.run(
+        [sys.executable, "-m", "tunecache.cli", "--url", sqlite_url, "ls"],
+        env={**__import__("os").environ, name: "bogus"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 1, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"tunecache: error: {name}='bogus' "), r.stderr

@@ -1,0 +1,199 @@
+"""Settings: every ``TUNECACHE_*`` environment variable, in one table.
+
+Each variable is read here and nowhere else (``tests/test_settings.py`` enforces it, and checks the
+README's table against :data:`SETTINGS`), so its name, default, accepted values and meaning are
+written once. Values are read when they are used, not cached at import: a process (or a test) may
+change its environment after importing tunecache, and none of these reads sits on the launch path.
+
+A bad value raises :class:`~tunecache.errors.ConfigurationError` naming the variable, what it
+holds and what is accepted; the CLI prints it as one line.
+
+>>> get("TUNECACHE_MODE", {"TUNECACHE_MODE": "READONLY"})
+'readonly'
+>>> get("TUNECACHE_LEASE_SECONDS", {})
+30.0
+>>> get("TUNECACHE_ON_DRIVER_CHANGE", {"TUNECACHE_ON_DRIVER_CHANGE": "topk:3"})
+3
+>>> get("TUNECACHE_PRELOAD", {"TUNECACHE_PRELOAD": "off"})
+False
+>>> get("TUNECACHE_WAIT_SECONDS", {"TUNECACHE_WAIT_SECONDS": "-1"})
+Traceback (most recent call last):
+...
+tunecache.errors.ConfigurationError: TUNECACHE_WAIT_SECONDS='-1' must be a number >= 0
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tunecache.errors import ConfigurationError
+
+MODES = ("readwrite", "readonly", "offline", "strict", "off")
+_FALSE = ("0", "false", "off", "no")
+_TRUE = ("1", "true", "on", "yes")
+
+
+class _Bad(ValueError):
+    """What a parser says is wrong with a value; :func:`get` adds the variable's name."""
+
+
+def _text(raw: str) -> str:
+    return raw
+
+
+def _switch(raw: str) -> bool:
+    v = raw.strip().lower()
+    if v in _TRUE:
+        return True
+    if v in _FALSE:
+        return False
+    raise _Bad(f"must be one of {', '.join(_TRUE + _FALSE)}")
+
+
+def _number(raw: str) -> float:
+    try:
+        v = float(raw)
+    except ValueError:
+        raise _Bad("must be a number >= 0") from None
+    if not v >= 0 or v == float("inf"):
+        raise _Bad("must be a number >= 0")
+    return v
+
+
+def _fraction(raw: str) -> float:
+    v = _number(raw)
+    if v >= 1:
+        raise _Bad("must be a fraction below 1 (0.02 means 2%)")
+    return v
+
+
+def _count(minimum: int) -> Callable[[str], int]:
+    def parse(raw: str) -> int:
+        try:
+            v = int(raw.strip())
+        except ValueError:
+            raise _Bad(f"must be an integer >= {minimum}") from None
+        if v < minimum:
+            raise _Bad(f"must be an integer >= {minimum}")
+        return v
+
+    return parse
+
+
+def _mode(raw: str) -> str:
+    v = raw.strip().lower() or "readwrite"
+    if v not in MODES:
+        raise _Bad(f"is not one of {', '.join(MODES)}; unset it for readwrite")
+    return v
+
+
+def _driver_policy(raw: str) -> int | None:
+    """``retune`` -> None; ``topk:N`` -> N."""
+    v = raw.strip().lower()
+    if v in ("", "retune"):
+        return None
+    if v.startswith("topk:") and v[5:].isdigit() and int(v[5:]) > 0:
+        return int(v[5:])
+    raise _Bad("is not 'retune' or 'topk:N' with N >= 1")
+
+
+def _json_object(raw: str) -> dict[str, Any]:
+    try:
+        v = json.loads(raw)
+    except ValueError as e:
+        raise _Bad(f"is not valid JSON: {e}") from None
+    if not isinstance(v, dict):
+        raise _Bad("must be a JSON object")
+    return v
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One variable: ``default`` is the raw text used when it is unset or empty (None: no value, and
+    the code that reads it decides, as documented in ``meaning``)."""
+
+    name: str
+    default: str | None
+    parse: Callable[[str], Any]
+    meaning: str
+
+
+SETTINGS: dict[str, Setting] = {
+    s.name: s
+    for s in (
+        Setting(
+            "TUNECACHE_URL", None, _text, "the store: any SQLAlchemy URL; unset: a SQLite file in the user cache dir"
+        ),
+        Setting("TUNECACHE_MODE", "readwrite", _mode, f"how the autotuner uses the store: {', '.join(MODES)}"),
+        Setting(
+            "TUNECACHE_ON_DRIVER_CHANGE",
+            "retune",
+            _driver_policy,
+            "a miss caused only by a new driver: retune all configs, or topk:N of the previous driver's best",
+        ),
+        Setting("TUNECACHE_LEASE_SECONDS", "30", _number, "how long a benchmark lease lives without renewal"),
+        Setting("TUNECACHE_WAIT_SECONDS", "300", _number, "how long to wait for another process's benchmark"),
+        Setting("TUNECACHE_LOCK_DIR", None, _text, "per-digest lock files of one host; unset: the user cache dir"),
+        Setting("TUNECACHE_AUTO_MIGRATE", "1", _switch, "apply schema migrations on first use"),
+        Setting("TUNECACHE_SQLITE_BUSY_MS", "30000", _count(0), "SQLite busy timeout, milliseconds"),
+        Setting("TUNECACHE_CONNECT_TIMEOUT", "5", _count(1), "seconds to wait for a database server"),
+        Setting("TUNECACHE_PRELOAD", "1", _switch, "load the stored winners' binaries once CUDA is up"),
+        Setting("TUNECACHE_PREFETCH", "1", _switch, "open the store and fetch a kernel's problems when it is defined"),
+        Setting(
+            "TUNECACHE_SPARSE_DECODE_GLUON", "1", _switch, "the bundled kernel's Hopper (Gluon) split stage; at import"
+        ),
+        Setting(
+            "TUNECACHE_WINNER_TOLERANCE",
+            "0.02",
+            _fraction,
+            "a config this close to the fastest that wins other keys is chosen",
+        ),
+        Setting("TUNECACHE_HOST_ID", None, _text, "the host recorded in rows; unset: the hostname"),
+        Setting("TUNECACHE_CPU_BENCH_REPS", "3", _count(1), "repetitions of the CPU timer under TRITON_INTERPRET=1"),
+        Setting(
+            "TUNECACHE_TARGET_OVERRIDE", None, _json_object, "JSON object replacing detected target fields (tests)"
+        ),
+    )
+}
+
+
+def raw(name: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """The variable's text as set (None when unset or empty), without parsing."""
+    env = os.environ if environ is None else environ
+    if name not in SETTINGS:
+        raise KeyError(f"{name} is not a tunecache setting; known: {', '.join(SETTINGS)}")
+    v = env.get(name)
+    return v if v is not None and v.strip() != "" else None
+
+
+def get(name: str, environ: Mapping[str, str] | None = None) -> Any:
+    """The parsed value of ``name`` (its default when unset or empty; None when it has none)."""
+    text = raw(name, environ)  # raises KeyError for an unknown name
+    s = SETTINGS[name]
+    if text is None:
+        if s.default is None:
+            return None
+        text = s.default
+    try:
+        return s.parse(text)
+    except _Bad as e:
+        raise ConfigurationError(f"{name}={text!r} {e}") from None
+
+
+def check_all(environ: Mapping[str, str] | None = None) -> None:
+    """Parse every variable that is set: the CLI calls it first, so a bad value is refused by every
+    command in one line, not only by the code path that happens to read it."""
+    for name in SETTINGS:
+        get(name, environ)
+
+
+def current_mode() -> str:
+    """``TUNECACHE_MODE``, checked: raises :class:`ConfigurationError` for a value not in :data:`MODES`."""
+    return get("TUNECACHE_MODE")
+
+
+__all__ = ["MODES", "SETTINGS", "Setting", "check_all", "current_mode", "get", "raw"]
