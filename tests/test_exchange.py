@@ -28,7 +28,17 @@ from tunecache.cli import main
 from tunecache.errors import ImportFormatError, StoreError, StoreReadOnlyError
 from tunecache.exchange import FORMAT_VERSION, export, import_, importer, validate
 from tunecache.identity import Target, canonical_key, config_hash_of, problem_digest
-from tunecache.model import CONFIG_ROW_FIELDS, PROBLEM_FIELDS, ConfigResult, LaunchSpec, Problem
+from tunecache.model import (
+    CONFIG_ROW_FIELDS,
+    PROBLEM_FIELDS,
+    ConfigResult,
+    LaunchSpec,
+    Problem,
+    launch_spec_from_json,
+    launch_spec_to_json,
+    problem_from_json,
+    problem_to_json,
+)
 from tunecache.store import Store, open_store
 
 H200 = Target("cuda", "sm90", "NVIDIA H200", 132, 232448, 32, "13000", "580.159.04", "13.0", "3.5")
@@ -899,3 +909,47 @@ def test_import_memory_does_not_grow_with_a_compressed_bomb(tmp_path):
         out, peak = _import_peak_mb(url, bomb, *args)
         assert "64 launch specs, 0 added" in out, out
         assert peak < base + 64, f"import {args} peaked at {peak:.0f} MB, one spec line at {base:.0f} MB"
+
+
+# ---- one shape: the format stays byte for byte, export and the model agree ---------------------
+
+DATA = Path(__file__).parent / "data"
+
+
+def _header_and_body(data: bytes) -> tuple[dict[str, Any], int, bytes]:
+    head, body = data.split(b"\n", 1)
+    header = orjson.loads(head)
+    del header["created_at"]  # the time of the export
+    return header, len(head), body
+
+
+@pytest.mark.parametrize("name", ["export_v2.jsonl", "export_v1.jsonl"])
+def test_export_is_byte_for_byte_the_format_written_before_the_exchange_package(store_url, tmp_path, name):
+    """tests/data/export_v*.jsonl were written by the single-module exchange (before issue 16's split)
+    from fill_specs() plus a problem without configs and a config with maxnreg, pre_hook and
+    ir_override. Imported and exported again, every byte but the header's created_at is the same."""
+    golden = (DATA / name).read_bytes()
+    specs = name == "export_v2.jsonl"
+    store = open_store(store_url)
+    import_(store, DATA / name, with_launch_specs=specs)
+    export(store, tmp_path / "again.jsonl", with_launch_specs=specs)
+    assert _header_and_body((tmp_path / "again.jsonl").read_bytes()) == _header_and_body(golden)
+
+
+def test_export_lines_are_the_model_json_shape(store_url, tmp_path):
+    """Export builds lines from rows by offsets; the model converts objects: both give one shape."""
+    store = fill_specs(store_url)
+    export(store, tmp_path / "x.jsonl")
+    lines = (tmp_path / "x.jsonl").read_bytes().splitlines()
+    n = orjson.loads(lines[0])["problems"]
+    for line in lines[1 : 1 + n]:
+        obj = orjson.loads(line)
+        stored = store.get(obj["digest"])
+        stored.configs.sort(key=lambda r: r.config_hash)  # export's order
+        assert orjson.loads(orjson.dumps(problem_to_json(stored))) == obj
+        assert problem_from_json(obj) == stored
+    for line in lines[1 + n :]:
+        obj = orjson.loads(line)
+        kernel, source_hash, target_digest, sp = launch_spec_from_json(obj)
+        assert sp in store.get_specs(source_hash)[target_digest]
+        assert launch_spec_to_json(kernel, source_hash, target_digest, sp) == obj
