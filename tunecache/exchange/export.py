@@ -1,7 +1,7 @@
 """Export: a store's problems, with every config row and the winners' launch specs, as one file.
 
 The format is :mod:`tunecache.exchange.format`'s; each line is :mod:`tunecache.model`'s JSON shape,
-built here straight from the rows (by the named offsets of the model's field lists) rather than
+built here straight from the rows (by named offsets into the model's column lists) rather than
 through :class:`~tunecache.model.Problem` objects: an export of 100k problems, 1.2M config rows,
 spends most of its time in exactly this loop (docs/benchmarks.md).
 """
@@ -40,11 +40,9 @@ from tunecache.exchange.format import (
 from tunecache.identity import TARGET_FIELDS
 from tunecache.model import (
     CONFIG_ROW_COLUMNS,
-    CONFIG_ROW_FIELDS,
     LAUNCH_SPEC_COLUMNS,
     LAUNCH_SPEC_FIELDS,
     PROBLEM_COLUMNS,
-    PROBLEM_FIELDS,
     TIMESTAMP_FIELDS,
     utcnow,
 )
@@ -52,15 +50,21 @@ from tunecache.store import Store, configs, filter_clauses, launch_specs, proble
 
 log = logging.getLogger("tunecache")
 
-# The columns export reads, in the order of the fields they become. A problem's: its columns but
-# the target's digest (the file has the target itself); named offsets into them.
+# The columns export reads: a problem's but the target's digest (the file has the target itself);
+# a config row's, then its digest. Lines are built by these named offsets, as dict literals: at
+# 1.2M config rows, dict(zip(fields, row)) plus conversions costs 5% of the export (measured).
 _P_READ = tuple(c for c in PROBLEM_COLUMNS if c != "target_digest")
-_P_TARGET = slice(_P_READ.index(TARGET_FIELDS[0]), _P_READ.index(TARGET_FIELDS[-1]) + 1)
-_P_KEY = _P_READ.index("key_json")
-_P_TIMESTAMPS = tuple(i for i, c in enumerate(_P_READ) if c in TIMESTAMP_FIELDS)
-# A config row's: its columns, then the digest, which zip(CONFIG_ROW_FIELDS, row) leaves out.
 _C_READ = (*CONFIG_ROW_COLUMNS, "digest")
-_C_DIGEST = _C_READ.index("digest")
+_P = {c: i for i, c in enumerate(_P_READ)}
+_C = {c: i for i, c in enumerate(_C_READ)}
+_P_DIGEST, _P_KERNEL, _P_SOURCE, _P_KEY = _P["digest"], _P["kernel"], _P["source_hash"], _P["key_json"]
+_P_TARGET = slice(_P[TARGET_FIELDS[0]], _P[TARGET_FIELDS[-1]] + 1)
+_P_BUCKET, _P_WINNER, _P_WINNER_MS = _P["batch_bucket"], _P["winner_config_hash"], _P["winner_ms"]
+_P_SPACE, _P_TUNING, _P_HOST = _P["search_space_hash"], _P["tuning_seconds"], _P["host"]
+_P_CREATED, _P_UPDATED, _P_HITS, _P_LAST_HIT = _P["created_at"], _P["updated_at"], _P["hit_count"], _P["last_hit_at"]
+_C_HASH, _C_CONFIG, _C_STATUS, _C_DIGEST = _C["config_hash"], _C["config_json"], _C["status"], _C["digest"]
+_C_MEDIAN, _C_P20, _C_P80, _C_SAMPLES = _C["median_ms"], _C["p20_ms"], _C["p80_ms"], _C["samples"]
+_C_FAILURE, _C_HOST, _C_MEASURED = _C["failure"], _C["host"], _C["measured_at"]
 _S_HASH, _S_KERNEL = LAUNCH_SPEC_COLUMNS.index("spec_hash"), LAUNCH_SPEC_COLUMNS.index("kernel")
 
 
@@ -265,36 +269,62 @@ def _write_body(
             ).all()
             if not prows:
                 break
-            first, last = prows[0][0], prows[-1][0]
+            first, last = prows[0][_P_DIGEST], prows[-1][_P_DIGEST]
             # Unfiltered, every digest in [first, last] is in this batch: one range scan. Filtered, a
             # batch may be spread over the whole key space: an IN list.
-            cond = configs.c.digest.in_([r[0] for r in prows]) if where else configs.c.digest.between(first, last)
+            cond = (
+                configs.c.digest.in_([r[_P_DIGEST] for r in prows]) if where else configs.c.digest.between(first, last)
+            )
             crows = conn.execute(
                 sa.select(*c_select).where(cond).order_by(configs.c.digest, configs.c.config_hash)
             ).all()
             by_digest: dict[str, list[dict[str, Any]]] = {}
             for c in crows:
-                d = dict(zip(CONFIG_ROW_FIELDS, c))
-                d["config"] = fragment(d["config"])
-                if (f := d["failure"]) is not None:
-                    d["failure"] = fragment(f)
-                d["measured_at"] = ts(d["measured_at"])
                 lst = by_digest.get(c[_C_DIGEST])
                 if lst is None:
                     lst = by_digest[c[_C_DIGEST]] = []
-                lst.append(d)
+                f = c[_C_FAILURE]
+                lst.append(
+                    {  # CONFIG_ROW_FIELDS, in order (tests/test_exchange.py checks it)
+                        "config_hash": c[_C_HASH],
+                        "config": fragment(c[_C_CONFIG]),
+                        "status": c[_C_STATUS],
+                        "median_ms": c[_C_MEDIAN],
+                        "p20_ms": c[_C_P20],
+                        "p80_ms": c[_C_P80],
+                        "samples": c[_C_SAMPLES],
+                        "failure": None if f is None else fragment(f),
+                        "host": c[_C_HOST],
+                        "measured_at": ts(c[_C_MEASURED]),
+                    }
+                )
             for r in prows:
-                rows = by_digest.get(r[0], [])
-                v = list(r)
-                for i in _P_TIMESTAMPS:
-                    v[i] = ts(v[i])
-                v[_P_KEY] = fragment(v[_P_KEY])
-                v[_P_TARGET] = [dict(zip(TARGET_FIELDS, v[_P_TARGET]))]
-                v.append(rows)
-                line = dumps(dict(zip(PROBLEM_FIELDS, v)), option=newline)
+                rows = by_digest.get(r[_P_DIGEST], [])
+                line = dumps(
+                    {  # PROBLEM_FIELDS, in order (tests/test_exchange.py checks it)
+                        "digest": r[_P_DIGEST],
+                        "kernel": r[_P_KERNEL],
+                        "source_hash": r[_P_SOURCE],
+                        "target": dict(zip(TARGET_FIELDS, r[_P_TARGET])),
+                        "key": fragment(r[_P_KEY]),
+                        "batch_bucket": r[_P_BUCKET],
+                        "winner_config_hash": r[_P_WINNER],
+                        "winner_ms": r[_P_WINNER_MS],
+                        "search_space_hash": r[_P_SPACE],
+                        "tuning_seconds": r[_P_TUNING],
+                        "host": r[_P_HOST],
+                        "created_at": ts(r[_P_CREATED]),
+                        "updated_at": ts(r[_P_UPDATED]),
+                        "hit_count": r[_P_HITS],
+                        "last_hit_at": ts(r[_P_LAST_HIT]),
+                        "configs": rows,
+                    },
+                    option=newline,
+                )
                 if len(line) > MAX_LINE_BYTES:
                     raise TunecacheError(
-                        f"problem {r[0][:16]} ({r[1]}) has {len(rows)} config rows, a {len(line)}-byte line; "
+                        f"problem {r[_P_DIGEST][:16]} ({r[_P_KERNEL]}) has {len(rows)} config rows, a "
+                        f"{len(line)}-byte line; "
                         f"import accepts at most {MAX_LINE_BYTES}. Export it with a filter that leaves it out "
                         "(--kernel) or delete its stale configs."
                     )
