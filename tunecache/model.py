@@ -200,8 +200,11 @@ CONFIG_ROW_COLUMNS = column_names(CONFIG_ROW_FIELDS)
 CONFIG_COLUMNS = ("digest", *CONFIG_ROW_COLUMNS)
 #: The columns of a launch spec line's fields (``launch_specs`` adds who recorded it, and when).
 LAUNCH_SPEC_COLUMNS = column_names(LAUNCH_SPEC_FIELDS)
-_CONFIG_JSON = CONFIG_ROW_COLUMNS.index("config_json")
-_FAILURE = CONFIG_ROW_COLUMNS.index("failure")
+# Named offsets into a config row (CONFIG_ROW_COLUMNS order), for config_from_row's positional path.
+_C = {c: i for i, c in enumerate(CONFIG_ROW_COLUMNS)}
+_C_HASH, _C_CONFIG, _C_STATUS, _C_MEDIAN = _C["config_hash"], _C["config_json"], _C["status"], _C["median_ms"]
+_C_P20, _C_P80, _C_SAMPLES, _C_FAILURE = _C["p20_ms"], _C["p80_ms"], _C["samples"], _C["failure"]
+_C_HOST, _C_MEASURED = _C["host"], _C["measured_at"]
 _NOT_PROBLEM_ATTRS = frozenset({"target_digest", *TARGET_FIELDS})
 
 
@@ -307,10 +310,18 @@ def config_row(digest: str, r: ConfigResult) -> dict[str, Any]:
 def config_from_row(row: Sequence[Any]) -> ConfigResult:
     """A ``configs`` row, its values in :data:`CONFIG_ROW_COLUMNS` order, as a ConfigResult.
 
-    Positional, by the offsets of :data:`CONFIG_ROW_COLUMNS`: a warm start converts thousands.
+    Positional, by named offsets into :data:`CONFIG_ROW_COLUMNS`: a warm start converts thousands.
     """
-    values = list(row[: len(CONFIG_ROW_COLUMNS)])
-    values[_CONFIG_JSON] = orjson.loads(values[_CONFIG_JSON])
-    failure = values[_FAILURE]
-    values[_FAILURE] = orjson.loads(failure) if failure else None
-    return ConfigResult(*values)
+    loads, failure = orjson.loads, row[_C_FAILURE]
+    return ConfigResult(
+        row[_C_HASH],
+        loads(row[_C_CONFIG]),
+        row[_C_STATUS],
+        row[_C_MEDIAN],
+        row[_C_P20],
+        row[_C_P80],
+        row[_C_SAMPLES],
+        loads(failure) if failure else None,
+        row[_C_HOST],
+        row[_C_MEASURED],
+    )
