@@ -23,12 +23,22 @@ import sqlalchemy as sa
 from click.testing import CliRunner, Result
 from realcli import cli_process, one_line_error
 
-from tunecache import exchange
+from tunecache import bulk, exchange
 from tunecache.cli import main
 from tunecache.errors import ImportFormatError, StoreError, StoreReadOnlyError
-from tunecache.exchange import FORMAT_VERSION, export, import_
+from tunecache.exchange import FORMAT_VERSION, export, import_, importer, validate
 from tunecache.identity import Target, canonical_key, config_hash_of, problem_digest
-from tunecache.model import ConfigResult, LaunchSpec, Problem
+from tunecache.model import (
+    CONFIG_ROW_FIELDS,
+    PROBLEM_FIELDS,
+    ConfigResult,
+    LaunchSpec,
+    Problem,
+    launch_spec_from_json,
+    launch_spec_to_json,
+    problem_from_json,
+    problem_to_json,
+)
 from tunecache.store import Store, open_store
 
 H200 = Target("cuda", "sm90", "NVIDIA H200", 132, 232448, 32, "13000", "580.159.04", "13.0", "3.5")
@@ -221,10 +231,10 @@ def test_file_format_is_the_documented_one(sqlite_url, tmp_path):
     assert header["problems"] == 2 == len(lines) - 1  # the two add_kernel problems only
     assert header["body_sha256"] == hashlib.sha256(b"".join(lines[1:])).hexdigest()
     p = orjson.loads(lines[1])
-    assert list(p) == list(exchange._PROBLEM_FIELDS)
+    assert list(p) == list(PROBLEM_FIELDS)
     assert p["key"] in ([["N", n], ["x.dtype", "torch.float16"]] for n in (1024, 3072))
     assert p["target"] == H200.as_dict()
-    assert [list(c) for c in p["configs"]] == [list(exchange._CONFIG_ROW_FIELDS)] * 4
+    assert [list(c) for c in p["configs"]] == [list(CONFIG_ROW_FIELDS)] * 4
     assert [c["config_hash"] for c in p["configs"]] == sorted(c["config_hash"] for c in p["configs"])
 
 
@@ -359,10 +369,10 @@ def test_failure_while_writing_rolls_everything_back(store_url, tmp_path, monkey
     store = open_store(store_url)
     store.put(make_problem(1024), make_results(9.0))
     before = content(store_url)
-    monkeypatch.setattr(exchange, "_WRITE_BATCH", 4)  # several batches: the first ones are written
-    monkeypatch.setattr(exchange, "_PG_FK_REBUILD_MIN", 0)  # PostgreSQL: the dropped foreign key comes back
+    monkeypatch.setattr(importer, "WRITE_BATCH", 4)  # several batches: the first ones are written
+    monkeypatch.setattr(bulk, "PG_FK_REBUILD_MIN", 0)  # PostgreSQL: the dropped foreign key comes back
     calls = []
-    real = exchange._Writer.write if store.dialect != "postgresql" else exchange._PgWriter.write
+    real = bulk.BulkWriter.write if store.dialect != "postgresql" else bulk.PgBulkWriter.write
 
     def failing(self, p_rows, c_rows):
         calls.append(len(c_rows))
@@ -370,7 +380,7 @@ def test_failure_while_writing_rolls_everything_back(store_url, tmp_path, monkey
             raise StoreError("disk full (simulated)")
         real(self, p_rows, c_rows)
 
-    monkeypatch.setattr(exchange._PgWriter if store.dialect == "postgresql" else exchange._Writer, "write", failing)
+    monkeypatch.setattr(bulk.PgBulkWriter if store.dialect == "postgresql" else bulk.BulkWriter, "write", failing)
     res = cli(store_url, "import", str(tmp_path / "x.jsonl"), "--on-conflict", "replace")
     assert res.exit_code == 1 and "disk full (simulated)" in res.stderr
     assert len(calls) == 3
@@ -392,7 +402,7 @@ def test_postgresql_bulk_path_restores_the_foreign_key(pg_url, tmp_path, monkeyp
     src = f"sqlite:///{tmp_path / 'src.sqlite3'}"
     fill(src, n=4).close()
     export(open_store(src), tmp_path / "x.jsonl")
-    monkeypatch.setattr(exchange, "_PG_FK_REBUILD_MIN", 0)
+    monkeypatch.setattr(bulk, "PG_FK_REBUILD_MIN", 0)
     store = open_store(pg_url)
     assert import_(store, tmp_path / "x.jsonl").new == 4
     assert content(pg_url) == content(src)
@@ -662,14 +672,14 @@ def test_unsupported_policy_and_version_messages(sqlite_url, good_lines, tmp_pat
 def test_file_rewritten_between_the_passes_is_rolled_back(store_url, good_lines, tmp_path, monkeypatch):
     path = tmp_path / "x.jsonl"
     path.write_bytes(assemble(good_lines))
-    real_scan = exchange._scan
+    real_scan = validate.scan
 
     def scan_then_rewrite(*args: Any, **kw: Any) -> Any:
         scan = real_scan(*args, **kw)
         path.write_bytes(assemble([*good_lines[:2], good_lines[2].replace(b"tuner-1", b"tuner-9"), *good_lines[3:]]))
         return scan
 
-    monkeypatch.setattr(exchange, "_scan", scan_then_rewrite)
+    monkeypatch.setattr(validate, "scan", scan_then_rewrite)
     store = open_store(store_url)
     with pytest.raises(ImportFormatError, match="changed while it was being imported"):
         import_(store, path)
@@ -899,3 +909,47 @@ def test_import_memory_does_not_grow_with_a_compressed_bomb(tmp_path):
         out, peak = _import_peak_mb(url, bomb, *args)
         assert "64 launch specs, 0 added" in out, out
         assert peak < base + 64, f"import {args} peaked at {peak:.0f} MB, one spec line at {base:.0f} MB"
+
+
+# ---- one shape: the format stays byte for byte, export and the model agree ---------------------
+
+DATA = Path(__file__).parent / "data"
+
+
+def _header_and_body(data: bytes) -> tuple[dict[str, Any], int, bytes]:
+    head, body = data.split(b"\n", 1)
+    header = orjson.loads(head)
+    del header["created_at"]  # the time of the export
+    return header, len(head), body
+
+
+@pytest.mark.parametrize("name", ["export_v2.jsonl", "export_v1.jsonl"])
+def test_export_is_byte_for_byte_the_format_written_before_the_exchange_package(store_url, tmp_path, name):
+    """tests/data/export_v*.jsonl were written by the single-module exchange (before issue 16's split)
+    from fill_specs() plus a problem without configs and a config with maxnreg, pre_hook and
+    ir_override. Imported and exported again, every byte but the header's created_at is the same."""
+    golden = (DATA / name).read_bytes()
+    specs = name == "export_v2.jsonl"
+    store = open_store(store_url)
+    import_(store, DATA / name, with_launch_specs=specs)
+    export(store, tmp_path / "again.jsonl", with_launch_specs=specs)
+    assert _header_and_body((tmp_path / "again.jsonl").read_bytes()) == _header_and_body(golden)
+
+
+def test_export_lines_are_the_model_json_shape(store_url, tmp_path):
+    """Export builds lines from rows by offsets; the model converts objects: both give one shape."""
+    store = fill_specs(store_url)
+    export(store, tmp_path / "x.jsonl")
+    lines = (tmp_path / "x.jsonl").read_bytes().splitlines()
+    n = orjson.loads(lines[0])["problems"]
+    for line in lines[1 : 1 + n]:
+        obj = orjson.loads(line)
+        stored = store.get(obj["digest"])
+        stored.configs.sort(key=lambda r: r.config_hash)  # export's order
+        assert orjson.loads(orjson.dumps(problem_to_json(stored))) == obj
+        assert problem_from_json(obj) == stored
+    for line in lines[1 + n :]:
+        obj = orjson.loads(line)
+        kernel, source_hash, target_digest, sp = launch_spec_from_json(obj)
+        assert sp in store.get_specs(source_hash)[target_digest]
+        assert launch_spec_to_json(kernel, source_hash, target_digest, sp) == obj

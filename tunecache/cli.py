@@ -22,7 +22,7 @@ import orjson
 
 from tunecache import settings
 from tunecache.errors import StoreReadOnlyError, TunecacheError
-from tunecache.model import Problem, utcnow
+from tunecache.model import Problem, config_to_json, problem_to_json, utcnow
 from tunecache.settings import current_mode
 from tunecache.store import Store, connect, mask_raw, open_store
 
@@ -146,26 +146,10 @@ def _filters(kernel: str | None, arch: str | None, device: str | None, driver: s
 
 
 def problem_summary(p: Problem) -> dict[str, Any]:
-    """The JSON shape of one problem in ``ls --json``, ``show --json`` and exports."""
+    """One problem in ``ls --json``, ``show --json`` and ``invalidate --json``: the export shape
+    (:func:`tunecache.model.problem_to_json`) without its config rows, plus the winner's config."""
     win = p.winner
-    return {
-        "digest": p.digest,
-        "kernel": p.kernel,
-        "source_hash": p.source_hash,
-        "target": p.target.as_dict(),
-        "key": orjson.loads(p.key_json),
-        "batch_bucket": p.batch_bucket,
-        "winner": win.config if win else None,
-        "winner_config_hash": p.winner_config_hash,
-        "winner_ms": p.winner_ms,
-        "search_space_hash": p.search_space_hash,
-        "tuning_seconds": p.tuning_seconds,
-        "host": p.host,
-        "created_at": p.created_at,
-        "updated_at": p.updated_at,
-        "hit_count": p.hit_count,
-        "last_hit_at": p.last_hit_at,
-    }
+    return {**problem_to_json(p, configs=False), "winner": win.config if win else None}
 
 
 def _config_label(cfg: dict[str, Any] | None) -> str:
@@ -329,21 +313,7 @@ def show(ctx: click.Context, digest_prefix: str, as_json: bool) -> None:
         _json_out(
             {
                 **problem_summary(p),
-                "configs": [
-                    {
-                        "config_hash": r.config_hash,
-                        "config": r.config,
-                        "status": r.status,
-                        "median_ms": r.median_ms,
-                        "p20_ms": r.p20_ms,
-                        "p80_ms": r.p80_ms,
-                        "samples": r.samples,
-                        "failure": r.failure,
-                        "host": r.host,
-                        "measured_at": r.measured_at,
-                    }
-                    for r in rows
-                ],
+                "configs": [config_to_json(r) for r in rows],
             }
         )
         return

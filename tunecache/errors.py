@@ -51,3 +51,10 @@ class ImportFormatError(TunecacheError):
         super().__init__(
             f"lines {line}-{last}: {reason}" if last is not None and last > line else f"line {line}: {reason}"
         )
+
+
+def driver_message(exc: BaseException) -> str:
+    """The first line of a database driver's message (SQLAlchemy wraps it in ``orig``): the part that says why."""
+    orig = getattr(exc, "orig", None) or exc
+    lines = [ln.strip() for ln in str(orig).strip().splitlines() if ln.strip()]
+    return lines[0] if lines else type(orig).__name__

@@ -4,16 +4,25 @@ A :class:`Problem` is one tuning problem (kernel source x target x tuning key) w
 :class:`ConfigResult` rows, failed configs included; a :class:`LaunchSpec` is one compiled
 specialisation of a winner, enough for Triton to load it again without compiling.
 :func:`pick_winner` is the one rule every host applies to choose among config rows.
+
+Each has ONE JSON shape, the export file's (:mod:`tunecache.exchange.format` documents it field by
+field), which ``ls --json`` and ``show --json`` print too: :data:`PROBLEM_FIELDS`,
+:data:`CONFIG_ROW_FIELDS` and :data:`LAUNCH_SPEC_FIELDS` list it, :func:`problem_to_json` and
+friends convert. The store's columns are the same fields (:func:`column_names`): a target is its
+digest and its fields, and JSON values (a key, a config, a spec) are text in ``<field>_json``.
+Bulk paths (export, import, a warm start's fetch) index rows by the offsets these lists give.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tunecache.identity import Target
+import orjson
+
+from tunecache.identity import TARGET_FIELDS, Target, canonical_json
 
 STATUSES = ("ok", "out_of_resources", "compile_error", "runtime_error", "pruned")
 FAILED_STATUSES = ("out_of_resources", "compile_error", "runtime_error")
@@ -110,3 +119,209 @@ class LaunchSpec:
     kernel_hash: str  # Triton's compile-cache hash of the binary: a preload must reproduce it
     spec_json: str  # Triton's serialize_specialization_data output
     triton_version: str
+
+
+# --------------------------------------------------------------------------------------------
+# The one JSON shape (the export format's) and the one row shape (the store's columns)
+# --------------------------------------------------------------------------------------------
+
+#: A problem's fields, in the order export writes them.
+PROBLEM_FIELDS = (
+    "digest",
+    "kernel",
+    "source_hash",
+    "target",
+    "key",
+    "batch_bucket",
+    "winner_config_hash",
+    "winner_ms",
+    "search_space_hash",
+    "tuning_seconds",
+    "host",
+    "created_at",
+    "updated_at",
+    "hit_count",
+    "last_hit_at",
+    "configs",
+)
+#: A config row's fields, in the order export writes them: :class:`ConfigResult`'s fields, in its order.
+CONFIG_ROW_FIELDS = (
+    "config_hash",
+    "config",
+    "status",
+    "median_ms",
+    "p20_ms",
+    "p80_ms",
+    "samples",
+    "failure",
+    "host",
+    "measured_at",
+)
+#: A launch spec line's fields: where it belongs (kernel, source, target), then the :class:`LaunchSpec`.
+LAUNCH_SPEC_FIELDS = (
+    "kernel",
+    "source_hash",
+    "target_digest",
+    "spec_hash",
+    "config_hash",
+    "kernel_hash",
+    "triton_version",
+    "spec",
+)
+#: Fields holding a naive UTC datetime (ISO 8601 text in JSON).
+TIMESTAMP_FIELDS = frozenset({"created_at", "updated_at", "last_hit_at", "measured_at"})
+#: Fields holding a JSON value that the store keeps as text in a column ``<field>_json``.
+JSON_TEXT_FIELDS = frozenset({"key", "config", "spec"})
+
+
+def column_names(fields: Sequence[str]) -> tuple[str, ...]:
+    """The store's columns that hold these JSON fields, in order.
+
+    ``target`` is ``target_digest`` then every :class:`Target` field; ``key``, ``config`` and
+    ``spec`` are JSON text in ``key_json``, ``config_json``, ``spec_json``; ``configs`` is a table
+    of its own. Every other field is a column of its name.
+    """
+    out: list[str] = []
+    for f in fields:
+        if f == "target":
+            out += ["target_digest", *TARGET_FIELDS]
+        elif f in JSON_TEXT_FIELDS:
+            out.append(f + "_json")
+        elif f != "configs":
+            out.append(f)
+    return tuple(out)
+
+
+#: The ``problems`` table's columns, in its order.
+PROBLEM_COLUMNS = column_names(PROBLEM_FIELDS)
+#: A config row's columns in the ``configs`` table, without the ``digest`` that leads it there.
+CONFIG_ROW_COLUMNS = column_names(CONFIG_ROW_FIELDS)
+#: The ``configs`` table's columns, in its order.
+CONFIG_COLUMNS = ("digest", *CONFIG_ROW_COLUMNS)
+#: The columns of a launch spec line's fields (``launch_specs`` adds who recorded it, and when).
+LAUNCH_SPEC_COLUMNS = column_names(LAUNCH_SPEC_FIELDS)
+# Named offsets into a config row (CONFIG_ROW_COLUMNS order), for config_from_row's positional path.
+_C = {c: i for i, c in enumerate(CONFIG_ROW_COLUMNS)}
+_C_HASH, _C_CONFIG, _C_STATUS, _C_MEDIAN = _C["config_hash"], _C["config_json"], _C["status"], _C["median_ms"]
+_C_P20, _C_P80, _C_SAMPLES, _C_FAILURE = _C["p20_ms"], _C["p80_ms"], _C["samples"], _C["failure"]
+_C_HOST, _C_MEASURED = _C["host"], _C["measured_at"]
+_NOT_PROBLEM_ATTRS = frozenset({"target_digest", *TARGET_FIELDS})
+
+
+def _iso(v: Any) -> Any:
+    return v.isoformat() if isinstance(v, dt.datetime) else v
+
+
+def parse_timestamp(v: str | None) -> dt.datetime | None:
+    """ISO 8601 text as the naive UTC datetime the store keeps (an offset, if any, is applied)."""
+    if v is None:
+        return None
+    t = dt.datetime.fromisoformat(v)
+    return t.astimezone(dt.timezone.utc).replace(tzinfo=None) if t.tzinfo is not None else t
+
+
+def json_text(v: Any) -> str:
+    """A JSON value as the canonical text the store keeps (sorted keys): one config, one text."""
+    return orjson.dumps(v, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def config_to_json(r: ConfigResult) -> dict[str, Any]:
+    """A config row in the export shape (JSON types only)."""
+    return {f: _iso(getattr(r, f)) for f in CONFIG_ROW_FIELDS}
+
+
+def config_from_json(obj: Mapping[str, Any]) -> ConfigResult:
+    """The inverse of :func:`config_to_json` (of a row that import validated)."""
+    r = ConfigResult(*(obj[f] for f in CONFIG_ROW_FIELDS))
+    r.measured_at = parse_timestamp(obj["measured_at"])
+    return r
+
+
+def problem_to_json(p: Problem, *, configs: bool = True) -> dict[str, Any]:
+    """A problem in the export shape (JSON types only); ``configs=False`` leaves its config rows out."""
+    out: dict[str, Any] = {}
+    for f in PROBLEM_FIELDS:
+        if f == "target":
+            out[f] = p.target.as_dict()
+        elif f == "key":
+            out[f] = orjson.loads(p.key_json)
+        elif f == "configs":
+            if configs:
+                out[f] = [config_to_json(r) for r in p.configs]
+        else:
+            out[f] = _iso(getattr(p, f))
+    return out
+
+
+def problem_from_json(obj: Mapping[str, Any]) -> Problem:
+    """The inverse of :func:`problem_to_json` (of a line that import validated)."""
+    plain = {f: obj[f] for f in PROBLEM_FIELDS if f not in ("target", "key", "configs")}
+    plain.update({f: parse_timestamp(plain[f]) for f in TIMESTAMP_FIELDS if f in plain})
+    return Problem(
+        target=Target(**obj["target"]),
+        key_json=canonical_json(obj["key"]),
+        configs=[config_from_json(r) for r in obj.get("configs", ())],
+        **plain,
+    )
+
+
+def launch_spec_to_json(kernel: str, source_hash: str, target_digest: str, spec: LaunchSpec) -> dict[str, Any]:
+    """A launch spec line: where the spec belongs, then the spec."""
+    where = {"kernel": kernel, "source_hash": source_hash, "target_digest": target_digest}
+    return {f: where[f] if f in where else getattr(spec, c) for f, c in zip(LAUNCH_SPEC_FIELDS, LAUNCH_SPEC_COLUMNS)}
+
+
+def launch_spec_from_json(obj: Mapping[str, Any]) -> tuple[str, str, str, LaunchSpec]:
+    """The inverse of :func:`launch_spec_to_json`: (kernel, source_hash, target_digest, spec)."""
+    spec = LaunchSpec(obj["spec_hash"], obj["config_hash"], obj["kernel_hash"], obj["spec"], obj["triton_version"])
+    return obj["kernel"], obj["source_hash"], obj["target_digest"], spec
+
+
+def launch_spec_row(kernel: str, source_hash: str, target_digest: str, spec: LaunchSpec) -> dict[str, Any]:
+    """A launch spec as a ``launch_specs`` row, without the host and time the store stamps on it."""
+    return dict(zip(LAUNCH_SPEC_COLUMNS, launch_spec_to_json(kernel, source_hash, target_digest, spec).values()))
+
+
+def problem_row(p: Problem) -> dict[str, Any]:
+    """A problem as a ``problems`` row: column -> value (datetimes as datetimes, the key as its JSON text)."""
+    t = p.target
+    return {
+        c: t.digest if c == "target_digest" else getattr(t, c) if c in TARGET_FIELDS else getattr(p, c)
+        for c in PROBLEM_COLUMNS
+    }
+
+
+def problem_from_row(row: Sequence[Any]) -> Problem:
+    """A ``problems`` row, its values in :data:`PROBLEM_COLUMNS` order, as a Problem (without configs)."""
+    values = dict(zip(PROBLEM_COLUMNS, row))
+    target = Target(**{f: values[f] for f in TARGET_FIELDS})
+    return Problem(target=target, **{c: v for c, v in values.items() if c not in _NOT_PROBLEM_ATTRS})
+
+
+def config_row(digest: str, r: ConfigResult) -> dict[str, Any]:
+    """A config row as a ``configs`` row: column -> value, the config and failure as canonical JSON text."""
+    row = {c: getattr(r, c) for c in CONFIG_ROW_FIELDS}
+    row["config_json"] = json_text(row.pop("config"))
+    row["failure"] = json_text(r.failure) if r.failure else None
+    row["digest"] = digest
+    return row
+
+
+def config_from_row(row: Sequence[Any]) -> ConfigResult:
+    """A ``configs`` row, its values in :data:`CONFIG_ROW_COLUMNS` order, as a ConfigResult.
+
+    Positional, by named offsets into :data:`CONFIG_ROW_COLUMNS`: a warm start converts thousands.
+    """
+    loads, failure = orjson.loads, row[_C_FAILURE]
+    return ConfigResult(
+        row[_C_HASH],
+        loads(row[_C_CONFIG]),
+        row[_C_STATUS],
+        row[_C_MEDIAN],
+        row[_C_P20],
+        row[_C_P80],
+        row[_C_SAMPLES],
+        loads(failure) if failure else None,
+        row[_C_HOST],
+        row[_C_MEASURED],
+    )

@@ -53,9 +53,26 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, SQLAlch
 
 from tunecache import metrics as _stats
 from tunecache import settings
+from tunecache.bulk import BulkWriter, bulk_writer
 from tunecache.errors import SchemaError, StoreError, StoreNotFoundError, StoreReadOnlyError
-from tunecache.identity import TARGET_FIELDS, Target, hostname, search_space_hash
-from tunecache.model import FAILED_STATUSES, STATUSES, ConfigResult, LaunchSpec, Problem, pick_winner, utcnow
+from tunecache.errors import driver_message as _reason
+from tunecache.identity import hostname, search_space_hash
+from tunecache.model import (
+    CONFIG_ROW_COLUMNS,
+    FAILED_STATUSES,
+    PROBLEM_COLUMNS,
+    STATUSES,
+    ConfigResult,
+    LaunchSpec,
+    Problem,
+    config_from_row,
+    config_row,
+    launch_spec_row,
+    pick_winner,
+    problem_from_row,
+    problem_row,
+    utcnow,
+)
 
 log = logging.getLogger("tunecache")
 
@@ -187,7 +204,8 @@ launch_specs = sa.Table(
     sa.Column("created_at", Timestamp, nullable=False),
 )
 
-_P_NAMES = [c.name for c in problems.c]
+if tuple(c.name for c in problems.c) != PROBLEM_COLUMNS or tuple(c.name for c in configs.c)[1:] != CONFIG_ROW_COLUMNS:
+    raise AssertionError("the tables' columns must be tunecache.model's row shape, in its order")  # pragma: no cover
 
 # --------------------------------------------------------------------------------------------
 # URLs and errors
@@ -265,12 +283,6 @@ def _scrub(text: str, u: URL) -> str:
         for spelling in sorted({pw, quote(pw, safe=""), quote(pw)}, key=len, reverse=True):
             text = text.replace(spelling, "***")
     return text
-
-
-def _reason(exc: BaseException) -> str:
-    orig = getattr(exc, "orig", None) or exc
-    lines = [ln.strip() for ln in str(orig).strip().splitlines() if ln.strip()]
-    return lines[0] if lines else type(orig).__name__
 
 
 # --------------------------------------------------------------------------------------------
@@ -703,37 +715,19 @@ class Store:
         per-row mapping lookups cost more than the query itself.
         """
         out: dict[str, Problem] = {}
-        n = len(_P_NAMES)
-        loads = orjson.loads
+        n = len(PROBLEM_COLUMNS)
         rows = result.all() if hasattr(result, "all") else list(result)
         for r in rows:
             d = r[0]
             p = out.get(d)
             if p is None:
-                p = out[d] = _problem_from(dict(zip(_P_NAMES, r[:n])))
+                p = out[d] = problem_from_row(r[:n])
             if len(r) > n and r[n] is not None:
-                ch, cj, st, med, p20, p80, samples, fail, measured, host = r[n : n + 10]
-                p.configs.append(
-                    ConfigResult(
-                        ch, loads(cj), st, med, p20, p80, samples, loads(fail) if fail else None, host, measured
-                    )
-                )
+                p.configs.append(config_from_row(r[n:]))
         return list(out.values())
 
     def _select_full(self) -> sa.Select:
-        c = configs.c
-        cfg_cols = [
-            c.config_hash,
-            c.config_json,
-            c.status,
-            c.median_ms,
-            c.p20_ms,
-            c.p80_ms,
-            c.samples,
-            c.failure,
-            c.measured_at,
-            c.host.label("config_host"),
-        ]
+        cfg_cols = [configs.c[n].label(f"config_{n}") for n in CONFIG_ROW_COLUMNS]  # labels: both tables have host
         return sa.select(*self._problem_cols, *cfg_cols).select_from(
             problems.outerjoin(configs, configs.c.digest == problems.c.digest)
         )
@@ -768,8 +762,8 @@ class Store:
             return self._rows_to_problems(conn.execute(q))
 
     def list(self, *, with_configs: bool = False, limit: int | None = None, **filters: Any) -> list[Problem]:
-        """Problems matching filters (see :func:`_where`), newest first."""
-        where = _where(**filters)
+        """Problems matching filters (see :func:`filter_clauses`), newest first."""
+        where = filter_clauses(**filters)
         with self._read("list") as conn:
             if with_configs:
                 q = self._select_full().where(*where).order_by(problems.c.updated_at.desc(), problems.c.digest)
@@ -785,7 +779,7 @@ class Store:
 
     def iter_problems(self, batch: int = 2000, **filters: Any) -> Iterator[Problem]:
         """Every matching problem with its configs, streamed in digest order (for export)."""
-        where = _where(**filters)
+        where = filter_clauses(**filters)
         last = ""
         while True:
             with self._read("export") as conn:
@@ -807,7 +801,7 @@ class Store:
             last = ids[-1]
 
     def counts(self, **filters: Any) -> dict[str, int]:
-        where = _where(**filters)
+        where = filter_clauses(**filters)
         with self.snapshot("counts") as conn:  # four counts of one state
             n_problems = conn.execute(sa.select(sa.func.count()).select_from(problems).where(*where)).scalar_one()
             sub = sa.select(problems.c.digest).where(*where)
@@ -921,7 +915,7 @@ class Store:
 
     def delete(self, *, dry_run: bool = False, **filters: Any) -> list[Problem]:
         """Delete matching problems with their config rows; return what was (or would be) deleted."""
-        where = _where(**filters)
+        where = filter_clauses(**filters)
         if not where:
             raise ValueError("refusing to delete every problem without a filter")
         found = self.list(**filters)
@@ -1017,27 +1011,30 @@ class Store:
         how many were new."""
         if not specs:
             return 0
-        rows = [
-            {
-                "source_hash": source_hash,
-                "target_digest": target_digest,
-                "spec_hash": sp.spec_hash,
-                "kernel": kernel[:255],
-                "config_hash": sp.config_hash,
-                "kernel_hash": sp.kernel_hash,
-                "triton_version": sp.triton_version,
-                "spec_json": sp.spec_json,
-            }
-            for sp in specs
-        ]
+        rows = [launch_spec_row(kernel[:255], source_hash, target_digest, sp) for sp in specs]
         with self._write("record launch specs") as conn:
-            return self._add_specs(conn, rows)
+            return self.add_specs(conn, rows)
 
-    def _add_specs(self, conn: Connection, rows: Sequence[dict[str, Any]]) -> int:
+    def add_specs(self, conn: Connection, rows: Sequence[dict[str, Any]]) -> int:
         """Insert launch_specs rows (without host and created_at, stamped here) inside the caller's
-        transaction; a spec already stored is kept. Returns how many were new."""
+        transaction, e.g. a :meth:`bulk_load`'s; a spec already stored is kept. Returns how many were new."""
         now, host = utcnow(), hostname()
         return sum(self._inserted(conn, launch_specs, {**r, "host": host, "created_at": now}) for r in rows)
+
+    @contextlib.contextmanager
+    def bulk_load(self, what: str) -> Iterator[BulkWriter]:
+        """One write transaction for loading many rows, through the database's fastest path (see
+        :mod:`tunecache.bulk`); its ``conn`` reads and deletes inside the same transaction."""
+        dbapi_error = getattr(self.engine.dialect.dbapi, "Error", ())
+        with self._write(what) as conn:
+            try:
+                writer = bulk_writer(conn, self.dialect)  # takes its locks before the caller reads
+                try:
+                    yield writer
+                finally:
+                    writer.close()
+            except dbapi_error as e:  # raw driver calls (COPY) bypass SQLAlchemy's error wrapping
+                raise StoreError(f"{what} failed on {self.masked_url}: {_scrub(_reason(e), self.url)}") from None
 
     def get_specs(self, source_hash: str) -> dict[str, list[LaunchSpec]]:
         """Every recorded specialisation of one kernel, by target digest, in one query."""
@@ -1145,7 +1142,7 @@ def _like_escape(v: str) -> str:
     return v.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
-def _where(
+def filter_clauses(
     *,
     kernel: str | None = None,
     arch: str | None = None,
@@ -1160,7 +1157,7 @@ def _where(
     key_json: str | None = None,
     digests: Sequence[str] | None = None,
 ) -> list[Any]:
-    """Filters shared by ls, export, invalidate and gc. Every value is a bound parameter."""
+    """SQL conditions on ``problems`` shared by ls, export, invalidate and gc; every value is a bound parameter."""
     w: list[Any] = []
     if kernel:
         # Full name, or the function name / qualname at the end of it.
@@ -1191,64 +1188,23 @@ def _where(
 
 
 def _problem_values(p: Problem, host: str, now: dt.datetime) -> dict[str, Any]:
-    t = p.target
+    """A new problem's row: the winner is chosen by :meth:`Store.put` once its configs are in."""
     return {
-        "digest": p.digest,
+        **problem_row(p),
         "kernel": p.kernel[:255],
-        "source_hash": p.source_hash,
-        "target_digest": t.digest,
-        **{f: getattr(t, f) for f in TARGET_FIELDS},
-        "key_json": p.key_json,
-        "batch_bucket": p.batch_bucket,
         "winner_config_hash": None,
         "winner_ms": None,
         "search_space_hash": p.search_space_hash or "",
-        "tuning_seconds": p.tuning_seconds,
         "host": host,
         "created_at": p.created_at or now,
         "updated_at": p.updated_at or now,
-        "hit_count": p.hit_count,
-        "last_hit_at": p.last_hit_at,
     }
 
 
 def _config_values(digest: str, r: ConfigResult, host: str, now: dt.datetime) -> dict[str, Any]:
     if r.status not in STATUSES:
         raise ValueError(f"unknown config status {r.status!r}; expected one of {STATUSES}")
-    return {
-        "digest": digest,
-        "config_hash": r.config_hash,
-        "config_json": orjson.dumps(r.config, option=orjson.OPT_SORT_KEYS).decode(),
-        "status": r.status,
-        "median_ms": r.median_ms,
-        "p20_ms": r.p20_ms,
-        "p80_ms": r.p80_ms,
-        "samples": r.samples,
-        "failure": orjson.dumps(r.failure, option=orjson.OPT_SORT_KEYS).decode() if r.failure else None,
-        "host": r.host or host,
-        "measured_at": r.measured_at or now,
-    }
-
-
-def _problem_from(m: Mapping[str, Any]) -> Problem:
-    target = Target(**{f: m[f] for f in TARGET_FIELDS})
-    return Problem(
-        digest=m["digest"],
-        kernel=m["kernel"],
-        source_hash=m["source_hash"],
-        target=target,
-        key_json=m["key_json"],
-        batch_bucket=m["batch_bucket"],
-        winner_config_hash=m["winner_config_hash"],
-        winner_ms=m["winner_ms"],
-        search_space_hash=m["search_space_hash"],
-        tuning_seconds=m["tuning_seconds"],
-        host=m["host"],
-        created_at=m["created_at"],
-        updated_at=m["updated_at"],
-        hit_count=m["hit_count"],
-        last_hit_at=m["last_hit_at"],
-    )
+    return {**config_row(digest, r), "host": r.host or host, "measured_at": r.measured_at or now}
 
 
 _stores: dict[tuple[str, int], Store] = {}

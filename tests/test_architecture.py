@@ -1,0 +1,143 @@
+"""Rules of the code's shape that a reviewer would otherwise have to remember (issue 16).
+
+No module imports another module's private names: a leading underscore means "free to change
+without telling anyone", which holds only if no other module depends on it. Checked on the
+source with :mod:`ast`, for every module of the installed package (``tunecache/`` and
+``kernels/``, which installs as ``tunecache.kernels``).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+#: directory -> the package name it installs as (pyproject's package-dir)
+PACKAGES = {"tunecache": "tunecache", "kernels": "tunecache.kernels"}
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _modules() -> list[tuple[str, Path]]:
+    out = []
+    for directory, package in PACKAGES.items():
+        for path in sorted((ROOT / directory).rglob("*.py")):
+            parts = list(path.relative_to(ROOT / directory).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            out.append((".".join([package, *parts]), path))
+    return out
+
+
+def _absolute(module: str, is_package: bool, node: ast.ImportFrom) -> str:
+    """The absolute module name of ``from <node.module> import ...`` written in ``module``."""
+    if not node.level:
+        return node.module or ""
+    base = module.split(".")
+    base = base[: len(base) - node.level + (1 if is_package else 0)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _class_privates(tree: ast.Module) -> set[str]:
+    """Private methods and attributes a module's classes define (``def _x`` in a class, ``self._x = ...``)."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef) and _private(item.name):
+                    names.add(item.name)
+                elif isinstance(item, ast.Assign | ast.AnnAssign):
+                    targets = item.targets if isinstance(item, ast.Assign) else [item.target]
+                    names.update(t.id for t in targets if isinstance(t, ast.Name) and _private(t.id))
+        elif (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.ctx, ast.Store)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "self"
+            and _private(node.attr)
+        ):
+            names.add(node.attr)
+    return names
+
+
+def _dotted(node: ast.expr, aliases: dict[str, str]) -> str | None:
+    """The module an expression such as ``alias`` or ``tunecache.store`` names, if any."""
+    if isinstance(node, ast.Name):
+        return aliases.get(node.id)
+    if isinstance(node, ast.Attribute):
+        head = _dotted(node.value, aliases)
+        return f"{head}.{node.attr}" if head else None
+    return None
+
+
+def violations() -> list[str]:
+    """Every place a module reaches into another module's private names."""
+    modules = _modules()
+    trees = {name: ast.parse(path.read_text(), str(path)) for name, path in modules}
+    paths = dict(modules)
+    own_class_privates = {name: _class_privates(tree) for name, tree in trees.items()}
+    out: list[str] = []
+    for name, tree in trees.items():
+        where = paths[name].relative_to(ROOT)
+        is_package = paths[name].name == "__init__.py"
+        aliases: dict[str, str] = {}  # local name -> tunecache module it is bound to
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name.split(".")[0] == "tunecache":
+                        aliases[a.asname or "tunecache"] = a.name if a.asname else "tunecache"
+            elif isinstance(node, ast.ImportFrom):
+                src = _absolute(name, is_package, node)
+                if not (src == "tunecache" or src.startswith("tunecache.")):
+                    continue
+                for a in node.names:
+                    if src != name and _private(a.name):
+                        out.append(f"{where}:{node.lineno}: from {src} import {a.name}")
+                    if f"{src}.{a.name}" in trees:  # a module, bound to a local name
+                        aliases[a.asname or a.name] = f"{src}.{a.name}"
+        # Names defined privately by this module's own classes may be used on any object here.
+        foreign = set().union(*(p for m, p in own_class_privates.items() if m != name)) - own_class_privates[name]
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Attribute) or not _private(node.attr):
+                continue
+            base = node.value
+            module = _dotted(base, aliases)
+            if module in trees and module != name:
+                out.append(f"{where}:{node.lineno}: {ast.unparse(node)} ({module})")
+            elif node.attr in foreign and not (isinstance(base, ast.Name) and base.id in ("self", "cls")):
+                # e.g. store._write(...): a private method of another module's class, on its object
+                out.append(f"{where}:{node.lineno}: {ast.unparse(node)} (a private name of another module's class)")
+    return out
+
+
+def test_no_module_imports_another_modules_private_names():
+    found = violations()
+    assert not found, "modules reaching into other modules' private names:\n" + "\n".join(found)
+
+
+def test_the_check_sees_private_imports(tmp_path, monkeypatch):
+    """The check itself: it must flag each kind of reach it claims to, and a module's own privates not."""
+    pkg = tmp_path / "tunecache"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text(
+        "class Store:\n    def _write(self): ...\n    def put(self):\n        return self._write()\n_hidden = 1\n"
+    )
+    (pkg / "b.py").write_text(
+        "from tunecache.a import _hidden\n"
+        "from tunecache import a as _a\n"
+        "from . import a\n"
+        "import tunecache.a\n"
+        "def f(store):\n    return _a._hidden, a._hidden, tunecache.a._hidden, store._write()\n"
+    )
+    monkeypatch.setitem(globals(), "ROOT", tmp_path)
+    monkeypatch.setitem(globals(), "PACKAGES", {"tunecache": "tunecache"})
+    found = violations()
+    assert any("from tunecache.a import _hidden" in v for v in found), found
+    assert any("_a._hidden" in v for v in found), found
+    assert any(": a._hidden" in v for v in found), found
+    assert any("tunecache.a._hidden" in v for v in found), found
+    assert any("store._write" in v for v in found), found
+    assert not any("a.py" in v for v in found), found

@@ -1,0 +1,34 @@
+"""Export and import: move tuning results between stores as one versioned file.
+
+The format, field by field, is :mod:`tunecache.exchange.format`'s docstring. This package's public
+API is re-exported here: :func:`export`, :func:`import_` and what they take and return.
+"""
+
+from tunecache.exchange.export import export
+from tunecache.exchange.format import (
+    CONFLICT_POLICIES,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    GZIP_LEVEL,
+    MAX_FAILURE_DEPTH,
+    MAX_LINE_BYTES,
+    READABLE_VERSIONS,
+    Progress,
+    Source,
+)
+from tunecache.exchange.importer import ImportSummary, import_
+
+__all__ = [
+    "CONFLICT_POLICIES",
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+    "GZIP_LEVEL",
+    "MAX_FAILURE_DEPTH",
+    "MAX_LINE_BYTES",
+    "READABLE_VERSIONS",
+    "ImportSummary",
+    "Progress",
+    "Source",
+    "export",
+    "import_",
+]

@@ -1,0 +1,354 @@
+"""Export: a store's problems, with every config row and the winners' launch specs, as one file.
+
+The format is :mod:`tunecache.exchange.format`'s; each line is :mod:`tunecache.model`'s JSON shape,
+built here straight from the rows (by named offsets into the model's column lists) rather than
+through :class:`~tunecache.model.Problem` objects: an export of 100k problems, 1.2M config rows,
+spends most of its time in exactly this loop (docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import gzip
+import hashlib
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+import orjson
+import sqlalchemy as sa
+
+from tunecache.errors import TunecacheError
+from tunecache.exchange.format import (
+    BATCH,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    GZIP_LEVEL,
+    MAX_LINE_BYTES,
+    Progress,
+    Source,
+    is_stream,
+    tunecache_version,
+)
+from tunecache.identity import TARGET_FIELDS
+from tunecache.model import (
+    CONFIG_ROW_COLUMNS,
+    LAUNCH_SPEC_COLUMNS,
+    LAUNCH_SPEC_FIELDS,
+    PROBLEM_COLUMNS,
+    TIMESTAMP_FIELDS,
+    utcnow,
+)
+from tunecache.store import Store, configs, filter_clauses, launch_specs, problems
+
+log = logging.getLogger("tunecache")
+
+# The columns export reads: a problem's but the target's digest (the file has the target itself);
+# a config row's, then its digest. Lines are built by these named offsets, as dict literals: at
+# 1.2M config rows, dict(zip(fields, row)) plus conversions costs 5% of the export (measured).
+_P_READ = tuple(c for c in PROBLEM_COLUMNS if c != "target_digest")
+_C_READ = (*CONFIG_ROW_COLUMNS, "digest")
+_P = {c: i for i, c in enumerate(_P_READ)}
+_C = {c: i for i, c in enumerate(_C_READ)}
+_P_DIGEST, _P_KERNEL, _P_SOURCE, _P_KEY = _P["digest"], _P["kernel"], _P["source_hash"], _P["key_json"]
+_P_TARGET = slice(_P[TARGET_FIELDS[0]], _P[TARGET_FIELDS[-1]] + 1)
+_P_BUCKET, _P_WINNER, _P_WINNER_MS = _P["batch_bucket"], _P["winner_config_hash"], _P["winner_ms"]
+_P_SPACE, _P_TUNING, _P_HOST = _P["search_space_hash"], _P["tuning_seconds"], _P["host"]
+_P_CREATED, _P_UPDATED, _P_HITS, _P_LAST_HIT = _P["created_at"], _P["updated_at"], _P["hit_count"], _P["last_hit_at"]
+_C_HASH, _C_CONFIG, _C_STATUS, _C_DIGEST = _C["config_hash"], _C["config_json"], _C["status"], _C["digest"]
+_C_MEDIAN, _C_P20, _C_P80, _C_SAMPLES = _C["median_ms"], _C["p20_ms"], _C["p80_ms"], _C["samples"]
+_C_FAILURE, _C_HOST, _C_MEASURED = _C["failure"], _C["host"], _C["measured_at"]
+_S_HASH, _S_KERNEL = LAUNCH_SPEC_COLUMNS.index("spec_hash"), LAUNCH_SPEC_COLUMNS.index("kernel")
+
+
+def export(
+    store: Store,
+    out: Source,
+    *,
+    kernel: str | None = None,
+    arch: str | None = None,
+    device: str | None = None,
+    driver: str | None = None,
+    since: dt.datetime | None = None,
+    compress: bool | None = None,
+    progress: Progress | None = None,
+    with_launch_specs: bool = True,
+) -> dict[str, Any]:
+    """Write the matching problems, with every config row, to ``out`` (a path, ``"-"`` or a binary file).
+
+    With ``with_launch_specs`` (version 2) the winners' launch specs of the exported kernels and
+    targets follow the problems, so that the importing store preloads them at its first start;
+    without, the file is version 1, which every tunecache imports.
+
+    The header needs the counts and the body's hash. A path gets a header line reserved at its
+    start, filled in (padded with spaces) once the body is written; a stream gets the body through
+    a temporary file first. A path is written next to itself and renamed into place, so an
+    interrupted export never leaves a half file under the real name. ``compress`` defaults to
+    "the path ends in .gz". Returns a summary: problems, configs, bytes, body_sha256, seconds.
+    """
+    t0 = time.perf_counter()
+    filters = {"kernel": kernel, "arch": arch, "device": device, "driver": driver, "since": since}
+    created = utcnow().isoformat()
+    version = FORMAT_VERSION if with_launch_specs else 1
+
+    def header(n_problems: int, n_configs: int, n_specs: int, sha: str) -> bytes:
+        h = {
+            "format": FORMAT_NAME,
+            "version": version,
+            "tunecache": tunecache_version(),
+            "problems": n_problems,
+            "configs": n_configs,
+            "body_sha256": sha,
+            "created_at": created,
+            "filters": {k: (v.isoformat() if isinstance(v, dt.datetime) else v) for k, v in filters.items()},
+        }
+        if with_launch_specs:
+            h["launch_specs"] = n_specs
+        return orjson.dumps(h)
+
+    path = None if is_stream(out) else Path(os.fspath(out))  # type: ignore[arg-type]
+    if compress is None:
+        compress = path is not None and path.suffix == ".gz"
+    if path is None:
+        with tempfile.TemporaryFile(prefix=".tunecache-export-") as body:
+            n_problems, n_configs, n_specs, sha = _write_body(store, body, filters, progress, with_launch_specs)
+            body.seek(0)
+            target = sys.stdout.buffer if out == "-" else out
+            line = header(n_problems, n_configs, n_specs, sha) + b"\n"
+            size = _emit(target, line, body, compress)  # type: ignore[arg-type]
+        where = "-" if out == "-" else str(getattr(out, "name", "<stream>"))
+    else:
+        if not path.parent.is_dir():
+            raise TunecacheError(f"cannot export to {path}: directory {path.parent} does not exist")
+        slot = len(header(2**63 - 1, 2**63 - 1, 2**63 - 1, "0" * 64)) + 1  # no final header can be longer
+        fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            os.fchmod(fd, 0o666 & ~_umask())  # mkstemp's 0600 would make the export private to its writer
+            with os.fdopen(fd, "w+b") as f:
+                reserved = _header_block(b"", slot, compress)
+                f.write(reserved)
+                if compress:
+                    with gzip.GzipFile(filename="", fileobj=f, mode="wb", compresslevel=GZIP_LEVEL, mtime=0) as gz:
+                        n_problems, n_configs, n_specs, sha = _write_body(
+                            store,
+                            gz,  # type: ignore[arg-type]
+                            filters,
+                            progress,
+                            with_launch_specs,
+                        )
+                else:
+                    n_problems, n_configs, n_specs, sha = _write_body(store, f, filters, progress, with_launch_specs)
+                size = f.tell()
+                block = _header_block(header(n_problems, n_configs, n_specs, sha), slot, compress)
+                if len(block) != len(reserved):  # pragma: no cover - stored deflate blocks have fixed sizes
+                    raise TunecacheError("internal error: the export header does not fit its reserved space")
+                f.seek(0)
+                f.write(block)
+            os.replace(tmp_name, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp_name)
+            raise
+        where = str(path)
+    summary = {
+        "path": where,
+        "problems": n_problems,
+        "configs": n_configs,
+        "launch_specs": n_specs,
+        "version": version,
+        "bytes": size,
+        "compressed": compress,
+        "body_sha256": sha,
+        "seconds": round(time.perf_counter() - t0, 3),
+    }
+    log.info("tunecache: exported %d problems (%d configs) to %s", n_problems, n_configs, where)
+    return summary
+
+
+def _header_block(header: bytes, slot: int, compress: bool) -> bytes:
+    """The header line padded with spaces to ``slot`` bytes; gzip'd as stored blocks (a fixed size)."""
+    line = header + b" " * (slot - 1 - len(header)) + b"\n"
+    return gzip.compress(line, compresslevel=0, mtime=0) if compress else line
+
+
+def _umask() -> int:
+    """The process umask, read without changing it where Linux shows it (other threads create files too)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _emit(f: IO[bytes], header: bytes, body: IO[bytes], compress: bool) -> int:
+    """Header line then body into ``f`` (through gzip if asked); return the bytes written."""
+    counter = _CountingWriter(f)
+    if compress:
+        with gzip.GzipFile(filename="", fileobj=counter, mode="wb", compresslevel=GZIP_LEVEL, mtime=0) as gz:  # type: ignore[arg-type]
+            gz.write(header)
+            shutil.copyfileobj(body, gz, 1 << 20)
+    else:
+        counter.write(header)
+        shutil.copyfileobj(body, counter, 1 << 20)
+    counter.flush()
+    return counter.count
+
+
+class _CountingWriter:
+    """A write-only stream that counts what passes through (the size of a compressed export)."""
+
+    def __init__(self, f: IO[bytes]) -> None:
+        self.f = f
+        self.count = 0
+
+    def write(self, b: Any) -> int:
+        n = self.f.write(b)
+        n = len(b) if n is None else n
+        self.count += n
+        return n
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def _select_cols(table: sa.Table, names: Sequence[str], raw_timestamps: bool) -> list[Any]:
+    """Columns to export; on SQLite the timestamps come as stored text (see :func:`_iso_from_sqlite`)."""
+    cols = [table.c[n] for n in names]
+    if raw_timestamps:
+        cols = [sa.type_coerce(c, sa.String).label(c.name) if c.name in TIMESTAMP_FIELDS else c for c in cols]
+    return cols
+
+
+def _iso_from_sqlite(v: str | None) -> str | None:
+    """SQLAlchemy's SQLite text ``YYYY-MM-DD HH:MM:SS.ffffff`` as orjson writes the datetime it holds.
+
+    Parsing 1.3M timestamps into datetimes only to print them again costs 15% of SQLite's export;
+    the output is byte-identical to PostgreSQL's, whose driver returns datetimes.
+    """
+    if v is None:
+        return None
+    if len(v) == 26 and v[10] == " " and v[19] == ".":
+        return f"{v[:10]}T{v[11:19]}" if v.endswith(".000000") else f"{v[:10]}T{v[11:]}"
+    return dt.datetime.fromisoformat(v).isoformat()  # any other form SQLite may hold
+
+
+def _write_body(
+    store: Store, body: IO[bytes], filters: dict[str, Any], progress: Progress | None, with_specs: bool
+) -> tuple[int, int, int, str]:
+    """Stream problems in digest order, a batch at a time with its config rows, as JSON lines.
+
+    Keyset pagination (digest > last) over the primary keys: no per-problem query, no server-side
+    cursor, and every batch is one indexed range (or IN list when filtered). The whole export
+    reads in one transaction, a consistent snapshot on SQLite (WAL), PostgreSQL and MySQL.
+    """
+    where = filter_clauses(**filters)
+    sha = hashlib.sha256()
+    n_problems = n_configs = 0
+    dumps, fragment, newline = orjson.dumps, orjson.Fragment, orjson.OPT_APPEND_NEWLINE
+    sqlite = store.dialect == "sqlite"
+    ts: Callable[[Any], Any] = _iso_from_sqlite if sqlite else (lambda v: v)
+    p_select, c_select = _select_cols(problems, _P_READ, sqlite), _select_cols(configs, _C_READ, sqlite)
+    with store.snapshot("export") as conn:
+        total = conn.execute(sa.select(sa.func.count()).select_from(problems).where(*where)).scalar_one()
+        last = ""
+        while True:
+            prows = conn.execute(
+                sa.select(*p_select).where(*where, problems.c.digest > last).order_by(problems.c.digest).limit(BATCH)
+            ).all()
+            if not prows:
+                break
+            first, last = prows[0][_P_DIGEST], prows[-1][_P_DIGEST]
+            # Unfiltered, every digest in [first, last] is in this batch: one range scan. Filtered, a
+            # batch may be spread over the whole key space: an IN list.
+            cond = (
+                configs.c.digest.in_([r[_P_DIGEST] for r in prows]) if where else configs.c.digest.between(first, last)
+            )
+            crows = conn.execute(
+                sa.select(*c_select).where(cond).order_by(configs.c.digest, configs.c.config_hash)
+            ).all()
+            by_digest: dict[str, list[dict[str, Any]]] = {}
+            for c in crows:
+                lst = by_digest.get(c[_C_DIGEST])
+                if lst is None:
+                    lst = by_digest[c[_C_DIGEST]] = []
+                f = c[_C_FAILURE]
+                lst.append(
+                    {  # CONFIG_ROW_FIELDS, in order (tests/test_exchange.py checks it)
+                        "config_hash": c[_C_HASH],
+                        "config": fragment(c[_C_CONFIG]),
+                        "status": c[_C_STATUS],
+                        "median_ms": c[_C_MEDIAN],
+                        "p20_ms": c[_C_P20],
+                        "p80_ms": c[_C_P80],
+                        "samples": c[_C_SAMPLES],
+                        "failure": None if f is None else fragment(f),
+                        "host": c[_C_HOST],
+                        "measured_at": ts(c[_C_MEASURED]),
+                    }
+                )
+            for r in prows:
+                rows = by_digest.get(r[_P_DIGEST], [])
+                line = dumps(
+                    {  # PROBLEM_FIELDS, in order (tests/test_exchange.py checks it)
+                        "digest": r[_P_DIGEST],
+                        "kernel": r[_P_KERNEL],
+                        "source_hash": r[_P_SOURCE],
+                        "target": dict(zip(TARGET_FIELDS, r[_P_TARGET])),
+                        "key": fragment(r[_P_KEY]),
+                        "batch_bucket": r[_P_BUCKET],
+                        "winner_config_hash": r[_P_WINNER],
+                        "winner_ms": r[_P_WINNER_MS],
+                        "search_space_hash": r[_P_SPACE],
+                        "tuning_seconds": r[_P_TUNING],
+                        "host": r[_P_HOST],
+                        "created_at": ts(r[_P_CREATED]),
+                        "updated_at": ts(r[_P_UPDATED]),
+                        "hit_count": r[_P_HITS],
+                        "last_hit_at": ts(r[_P_LAST_HIT]),
+                        "configs": rows,
+                    },
+                    option=newline,
+                )
+                if len(line) > MAX_LINE_BYTES:
+                    raise TunecacheError(
+                        f"problem {r[_P_DIGEST][:16]} ({r[_P_KERNEL]}) has {len(rows)} config rows, a "
+                        f"{len(line)}-byte line; "
+                        f"import accepts at most {MAX_LINE_BYTES}. Export it with a filter that leaves it out "
+                        "(--kernel) or delete its stale configs."
+                    )
+                body.write(line)
+                sha.update(line)
+                n_configs += len(rows)
+            n_problems += len(prows)
+            if progress is not None:
+                progress("export", n_problems, total)
+        n_specs = 0
+        if with_specs:
+            # The specs of every (kernel source, target) that has an exported problem, in key order.
+            s = launch_specs.c
+            of_exported = sa.exists().where(
+                problems.c.source_hash == s.source_hash, problems.c.target_digest == s.target_digest, *where
+            )
+            q = sa.select(*(s[c] for c in LAUNCH_SPEC_COLUMNS)).where(of_exported)
+            for row in conn.execute(q.order_by(s.source_hash, s.target_digest, s.spec_hash)):
+                line = dumps(dict(zip(LAUNCH_SPEC_FIELDS, row)), option=newline)
+                if len(line) > MAX_LINE_BYTES:  # pragma: no cover - a spec is a few KiB
+                    raise TunecacheError(
+                        f"launch spec {row[_S_HASH][:16]} of {row[_S_KERNEL]} is a {len(line)}-byte line"
+                    )
+                body.write(line)
+                sha.update(line)
+                n_specs += 1
+    return n_problems, n_configs, n_specs, sha.hexdigest()

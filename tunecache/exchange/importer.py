@@ -1,0 +1,351 @@
+"""Import: an export file into a store, all of it or nothing (the format: :mod:`tunecache.exchange.format`).
+
+Pass 1 (:func:`tunecache.exchange.validate.scan`) validates the whole file; pass 2 re-reads it and
+turns each problem line into rows of the store's tables, written through the store's bulk load
+(:meth:`tunecache.store.Store.bulk_load`) in one transaction.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from functools import partial
+from operator import itemgetter
+from typing import Any
+
+import orjson
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from tunecache.bulk import BulkWriter
+from tunecache.errors import ImportFormatError, StoreReadOnlyError
+from tunecache.exchange import validate
+from tunecache.exchange.format import CONFLICT_POLICIES, MAX_LINE_BYTES, Progress, Rewind, Source, open_source
+from tunecache.exchange.validate import Invalid, Scan, check_spec
+from tunecache.identity import TARGET_FIELDS, Target, canonical_json
+from tunecache.model import CONFIG_COLUMNS, PROBLEM_COLUMNS, PROBLEM_FIELDS, TIMESTAMP_FIELDS
+from tunecache.store import Store, configs, misses, problems
+
+log = logging.getLogger("tunecache")
+
+WRITE_BATCH = 5000  # config rows per executemany / COPY flush
+_SPEC_BATCH_BYTES = 8 << 20  # launch-spec text per batch of inserts (a spec line may be 4 MiB)
+_LOOKUP_CHUNK = 2000  # digests per IN (...) when checking what the store already has
+
+# A validated problem line, once _rows has added its columns to it, as a problems row and a config
+# row as a configs row: by name, in the tables' order (tunecache.model's row shape).
+_PROBLEM_ROW = itemgetter(*PROBLEM_COLUMNS)
+_CONFIG_ROW = itemgetter(*CONFIG_COLUMNS)
+_PROBLEM_TIMESTAMPS = tuple(c for c in PROBLEM_COLUMNS if c in TIMESTAMP_FIELDS)
+if set(TARGET_FIELDS) & set(PROBLEM_FIELDS):  # pragma: no cover - _rows adds the target's fields to a problem's
+    raise AssertionError("a target field is also a problem field")
+
+
+@dataclass
+class ImportSummary:
+    """What an import did (or, with ``dry_run``, would do). ``problems``/``configs`` count the file."""
+
+    new: int = 0
+    updated: int = 0
+    skipped: int = 0
+    conflicts: int = 0
+    problems: int = 0
+    configs: int = 0
+    launch_specs: int = 0  # in the file (version 2)
+    launch_specs_new: int = 0  # of those, not stored before
+    dry_run: bool = False
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def import_(
+    store: Store,
+    src: Source,
+    *,
+    dry_run: bool = False,
+    on_conflict: str = "keep",
+    progress: Progress | None = None,
+    max_line_bytes: int = MAX_LINE_BYTES,
+    with_launch_specs: bool = False,
+) -> ImportSummary:
+    """Import an export file (path, ``"-"`` or binary file) into ``store``: all of it, or nothing.
+
+    Every line is validated before anything is written (see the module docstring); a bad file
+    raises :class:`ImportFormatError` naming the line and leaves the store as it was.
+    ``on_conflict`` handles digests the store already has: ``keep`` (skip), ``replace``, or
+    ``faster`` (replace when the incoming winner is faster). ``dry_run`` validates and counts.
+    ``with_launch_specs`` also adds the file's launch specs (validated either way): they steer
+    which specialisations Triton compiles and loads at the next start, so only for a file trusted
+    like the store itself (your own export, e.g. during an image build).
+    """
+    if on_conflict not in CONFLICT_POLICIES:
+        raise ValueError(f"on_conflict must be one of {', '.join(CONFLICT_POLICIES)}, not {on_conflict!r}")
+    if store.readonly and not dry_run:  # say so before minutes of validation, not after
+        raise StoreReadOnlyError(f"import: store {store.masked_url} is opened read-only")
+    t0 = time.perf_counter()
+    with open_source(src) as (reader, gz):
+        scan = validate.scan(reader, gz, max_line_bytes, progress)
+        log.debug("tunecache: import validated %d lines in %.2fs", scan.lines, time.perf_counter() - t0)
+        summary = ImportSummary(
+            problems=len(scan.problems), configs=scan.configs, launch_specs=scan.specs, dry_run=dry_run
+        )
+        if dry_run:
+            with store.snapshot("import (dry run)") as conn:
+                _decide(conn, scan, on_conflict, summary)
+        else:
+            with store.bulk_load("import") as writer:  # it takes its locks before _decide reads
+                conn = writer.conn
+                write, delete = _decide(conn, scan, on_conflict, summary)
+                add_specs: Callable[[list[dict[str, Any]]], int] | None = None
+                if with_launch_specs and scan.specs:  # additive, whatever the conflict policy
+                    add_specs = partial(store.add_specs, conn)
+                summary.launch_specs_new = _apply(
+                    conn, writer, reader, gz, max_line_bytes, scan, write, delete, add_specs, progress
+                )
+                t_commit = time.perf_counter()
+            log.debug("tunecache: import committed in %.2fs", time.perf_counter() - t_commit)
+    summary.seconds = round(time.perf_counter() - t0, 3)
+    log.info(
+        "tunecache: import%s of %d problems: %d new, %d updated, %d skipped, %d conflicts",
+        " (dry run)" if dry_run else "",
+        summary.problems,
+        summary.new,
+        summary.updated,
+        summary.skipped,
+        summary.conflicts,
+    )
+    return summary
+
+
+def _decide(conn: Connection, scan: Scan, on_conflict: str, summary: ImportSummary) -> tuple[set[str], list[str]]:
+    """Which incoming digests to write and which stored ones to delete first, from what is stored."""
+    stored: dict[str, tuple[str | None, float | None]] = {}
+    if conn.execute(sa.select(problems.c.digest).limit(1)).first() is not None:
+        digests = [p[0] for p in scan.problems]
+        for i in range(0, len(digests), _LOOKUP_CHUNK):
+            q = sa.select(problems.c.digest, problems.c.winner_config_hash, problems.c.winner_ms).where(
+                problems.c.digest.in_(digests[i : i + _LOOKUP_CHUNK])
+            )
+            stored.update((d, (w, ms)) for d, w, ms in conn.execute(q))
+    write: set[str] = set()
+    delete: list[str] = []
+    for digest, winner, winner_ms, _ in scan.problems:
+        old = stored.get(digest)
+        if old is None:
+            summary.new += 1
+            write.add(digest)
+            continue
+        if old[0] != winner:
+            summary.conflicts += 1
+        take = on_conflict == "replace" or (
+            on_conflict == "faster" and winner_ms is not None and (old[1] is None or winner_ms < old[1])
+        )
+        if take:
+            summary.updated += 1
+            write.add(digest)
+            delete.append(digest)
+        else:
+            summary.skipped += 1
+    return write, delete
+
+
+def _apply(
+    conn: Connection,
+    writer: BulkWriter,
+    reader: Rewind,
+    gz: bool,
+    max_line: int,
+    scan: Scan,
+    write: set[str],
+    delete: list[str],
+    add_specs: Callable[[list[dict[str, Any]]], int] | None,
+    progress: Progress | None,
+) -> int:
+    """Pass 2, inside the import's transaction: delete what is replaced, insert, drop resolved misses,
+    and with ``add_specs`` add the launch specs. Returns how many launch specs were new."""
+    for i in range(0, len(delete), _LOOKUP_CHUNK):
+        chunk = delete[i : i + _LOOKUP_CHUNK]
+        conn.execute(sa.delete(configs).where(configs.c.digest.in_(chunk)))
+        conn.execute(sa.delete(problems).where(problems.c.digest.in_(chunk)))
+    missed = set(conn.execute(sa.select(misses.c.digest)).scalars()) & write
+    if missed:
+        conn.execute(sa.delete(misses).where(misses.c.digest.in_(sorted(missed))))
+    t0 = time.perf_counter()
+    specs_new = 0
+    if write or add_specs is not None:
+        writer.prepare(sum(n for digest, _, _, n in scan.problems if digest in write))
+        sha = hashlib.sha256()
+
+        def put(p_rows: list[tuple[Any, ...]], c_rows: list[tuple[Any, ...]], s_rows: list[dict[str, Any]]) -> None:
+            nonlocal specs_new
+            writer.write(p_rows, c_rows)
+            if s_rows and add_specs is not None:
+                specs_new += add_specs(s_rows)
+
+        n = len(scan.problems)
+        pairs = scan.pairs if add_specs is not None else None
+        with _Pipeline(put, threaded=writer.threaded) as pipe:
+            for done, p_rows, c_rows, s_rows in _row_batches(
+                reader.lines(gz, max_line), write, writer.timestamp, sha, n, pairs
+            ):
+                pipe.put(p_rows, c_rows, s_rows)
+                if progress is not None:
+                    progress("write", min(done, n), n)
+        if sha.hexdigest() != scan.sha:
+            raise ImportFormatError(1, "the file changed while it was being imported; nothing was written")
+    t1 = time.perf_counter()
+    writer.finish()
+    log.debug("tunecache: import wrote rows in %.2fs, finished in %.2fs", t1 - t0, time.perf_counter() - t1)
+    return specs_new
+
+
+def _row_batches(
+    lines: Iterator[tuple[int, bytes]],
+    write: set[str],
+    ts: Callable[[str | None], Any],
+    sha: Any,
+    n_problems: int,
+    spec_pairs: set[tuple[str, str]] | None,
+) -> Iterator[tuple[int, list[tuple[Any, ...]], list[tuple[Any, ...]], list[dict[str, Any]]]]:
+    """Database rows of the problems to write, in batches; every line (valid: pass 1) goes into ``sha``,
+    the launch-spec lines after the ``n_problems`` problems too. With ``spec_pairs`` (the problems'
+    kernels and targets) those lines become launch_specs rows, in batches of at most
+    ``_SPEC_BATCH_BYTES`` of spec text: memory stays a few lines whatever the file holds.
+
+    Timings go in as parsed (an int in a Double column reads back as a float); JSON columns get
+    canonical JSON, the form ``Store.put`` writes.
+    """
+    next(lines)  # the header, validated in pass 1
+    loads = orjson.loads
+    targets: dict[tuple[Any, ...], str] = {}
+    canon: dict[str, str] = {}
+    p_rows: list[tuple[Any, ...]] = []
+    c_rows: list[tuple[Any, ...]] = []
+    s_rows: list[dict[str, Any]] = []
+    s_bytes = 0
+    done = 0
+    for lineno, line in lines:
+        sha.update(line)
+        done += 1
+        try:
+            if done > n_problems:
+                if spec_pairs is None:
+                    continue
+                s_rows.append(check_spec(loads(line), spec_pairs, None))
+                s_bytes += len(line)
+                if s_bytes >= _SPEC_BATCH_BYTES or len(s_rows) >= WRITE_BATCH:
+                    yield done, p_rows, c_rows, s_rows
+                    p_rows, c_rows, s_rows, s_bytes = [], [], [], 0
+                continue
+            if not write:
+                continue
+            obj = loads(line)
+            digest = obj["digest"]
+            if digest not in write:
+                continue
+            p_row, c_row = _rows(obj, digest, ts, targets, canon)
+        except (ValueError, KeyError, TypeError, AttributeError, Invalid):  # valid in pass 1: rewritten since
+            raise ImportFormatError(
+                lineno, "the file changed while it was being imported; nothing was written"
+            ) from None
+        p_rows.append(p_row)
+        c_rows.extend(c_row)
+        if len(c_rows) >= WRITE_BATCH or len(p_rows) >= WRITE_BATCH:
+            yield done, p_rows, c_rows, s_rows
+            p_rows, c_rows, s_rows, s_bytes = [], [], [], 0
+    if p_rows or s_rows:
+        yield done, p_rows, c_rows, s_rows
+
+
+def _rows(
+    obj: dict[str, Any],
+    digest: str,
+    ts: Callable[[str | None], Any],
+    targets: dict[tuple[Any, ...], str],
+    canon: dict[str, str],
+) -> tuple[tuple[Any, ...], list[tuple[Any, ...]]]:
+    """One problem line (validated) as a problems row and its configs rows, in the tables' column order.
+
+    The line's dicts get the columns that are not fields (the target's, the JSON texts) and are read
+    by name with itemgetters: as fast as tuples written out by hand, 1.2M rows per 100k problems.
+    """
+    t = obj["target"]
+    tkey = tuple(t[f] for f in TARGET_FIELDS)
+    tdigest = targets.get(tkey)
+    if tdigest is None:
+        tdigest = targets[tkey] = Target(**t).digest
+    obj.update(t)
+    obj["target_digest"] = tdigest
+    obj["key_json"] = canonical_json(obj["key"])
+    for f in _PROBLEM_TIMESTAMPS:
+        obj[f] = ts(obj[f])
+    dumps, sort, row_of = orjson.dumps, orjson.OPT_SORT_KEYS, _CONFIG_ROW
+    c_rows = []
+    for r in obj["configs"]:
+        h = r["config_hash"]  # pass 1 checked it is the hash of this config
+        cjs = canon.get(h)
+        if cjs is None:
+            cjs = dumps(r["config"], option=sort).decode()
+            if len(canon) < 100_000:
+                canon[h] = cjs
+        f = r["failure"]
+        if f is not None:
+            r["failure"] = dumps(f, option=sort).decode()
+        r["digest"], r["config_json"], r["measured_at"] = digest, cjs, ts(r["measured_at"])
+        c_rows.append(row_of(r))
+    return _PROBLEM_ROW(obj), c_rows
+
+
+class _Pipeline:
+    """Build rows in this thread while another writes the previous batch.
+
+    psycopg waits for the server with the GIL released, so on two cores parsing the next batch
+    overlaps with PostgreSQL inserting this one. The queue is short: memory stays at a few batches.
+    The connection is used by the writer thread only until ``__exit__`` joins it. sqlite3 takes
+    the GIL back after every row, which turns a second thread into a convoy: SQLite writes inline.
+    """
+
+    def __init__(self, write: Callable[..., None], threaded: bool) -> None:
+        self.write = write
+        self.queue: queue.Queue[tuple[Any, ...] | None] = queue.Queue(maxsize=2)
+        self.error: BaseException | None = None
+        self.thread = (
+            threading.Thread(target=self._run, name="tunecache-import-writer", daemon=True) if threaded else None
+        )
+
+    def _run(self) -> None:
+        while (item := self.queue.get()) is not None:
+            if self.error is None:
+                try:
+                    self.write(*item)
+                except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+                    self.error = e
+
+    def put(self, *batch: Any) -> None:
+        """Hand one batch (the arguments of ``write``) to the writer."""
+        if self.thread is None:
+            self.write(*batch)
+            return
+        if self.error is not None:
+            raise self.error
+        self.queue.put(batch)
+
+    def __enter__(self) -> _Pipeline:
+        if self.thread is not None:
+            self.thread.start()
+        return self
+
+    def __exit__(self, exc_type: Any, *_: Any) -> None:
+        if self.thread is None:
+            return
+        self.queue.put(None)
+        self.thread.join()  # before any rollback: the writer must be off the connection
+        if self.error is not None and exc_type is None:
+            raise self.error
