@@ -128,16 +128,21 @@ def miss_bars(labels: Sequence[str], capture: Sequence[int], offline: Sequence[i
     return _svg(fig)
 
 
-def fleet_strip(hosts: Sequence[str], ratios: Sequence[Sequence[float]], threshold: float, outliers: set[str]) -> str:
-    """Each host's time relative to its peers' median, one dot per key; the threshold dashed."""
+def fleet_strip(
+    hosts: Sequence[str],
+    ratios: Sequence[Sequence[float]],
+    threshold: float,
+    outliers: set[str],
+    medians: Sequence[float],
+) -> str:
+    """Each host's time relative to its peers' median, one dot per key (as given: the caller samples);
+    the host's median over all its keys as a bar; the threshold dashed."""
     fig = _fig(7.0, 0.9 + 0.45 * len(hosts))
     ax = fig.add_subplot()
     for y, (host, rs) in enumerate(zip(hosts, ratios)):
         jitter = [y + ((k * 0.618) % 1 - 0.5) * 0.5 for k in range(len(rs))]
         ax.scatter(rs, jitter, s=9, alpha=0.6, color="#c62828" if host in outliers else "#1565c0")
-        if rs:
-            med = sorted(rs)[len(rs) // 2]
-            ax.plot([med, med], [y - 0.35, y + 0.35], color="black", linewidth=2)
+        ax.plot([medians[y]] * 2, [y - 0.35, y + 0.35], color="black", linewidth=2)
     ax.axvline(1.0, color="#616161", linewidth=1)
     ax.axvline(1.0 + threshold, color="#c62828", linestyle="--", linewidth=1, label=f"threshold {1 + threshold:.2f}x")
     ax.set_yticks(range(len(hosts)), hosts, fontsize=8)

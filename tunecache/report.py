@@ -33,6 +33,7 @@ MAX_CONFIGS = 40  # heat-map rows per group
 MAX_MISSES = 40  # miss bars
 MAX_FLEET_KEYS = 100_000  # keys the fleet analysis reads (in digest order: a hash, so an unbiased sample)
 FLEET_BATCH = 500
+MAX_DOTS = 1500  # fleet plot: dots per host
 
 
 @dataclass
@@ -395,9 +396,19 @@ def _fleet_section(a: fleet.FleetAnalysis, plots: Any, max_keys: int) -> str:
             f"over {a.min_keys}+ keys.</p>"
         )
     names = [h.host for h in a.hosts]
+    dots = {n: _spread(a.ratios[n], MAX_DOTS) for n in names}  # the medians and the table use every key
+    if any(len(dots[n]) < len(a.ratios[n]) for n in names):
+        out.append(f'<p class="note">The plot draws at most {MAX_DOTS} keys per host; its bars use them all.</p>')
     out.append(
         _plot(
-            plots.fleet_strip(names, [a.ratios[n] for n in names], a.threshold, {h.host for h in a.outliers}), "fleet"
+            plots.fleet_strip(
+                names,
+                [dots[n] for n in names],
+                a.threshold,
+                {h.host for h in a.outliers},
+                [h.median_ratio for h in a.hosts],
+            ),
+            "fleet",
         )
     )
     rows = [
