@@ -716,6 +716,76 @@ class _ExchangeProgress:
             click.echo("", err=True)
 
 
+def _report_filters(kernel: str | None, target: str | None, since: str | None) -> Any:
+    from tunecache.report import Filters
+
+    return Filters(kernel=kernel, target=target, since=parse_since(since) if since else None)
+
+
+def fleet_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The filters and the outlier rule shared by ``report`` and ``hosts``."""
+    from tunecache.fleet import DEFAULT_MIN_KEYS, DEFAULT_THRESHOLD
+
+    for opt in reversed(
+        [
+            click.option("--kernel", help="Kernel name (full module.qualname, or its last part)."),
+            click.option("--target", help="Target: arch (sm90), device name ('NVIDIA H200') or target digest."),
+            click.option("--since", help="Only problems updated in the last DAYS days (or 12h, or since an ISO date)."),
+            click.option(
+                "--threshold",
+                type=click.FloatRange(min=0),
+                default=DEFAULT_THRESHOLD,
+                show_default=True,
+                help="Outlier: slower than its peers' median by more than this fraction...",
+            ),
+            click.option(
+                "--min-keys",
+                type=click.IntRange(min=1),
+                default=DEFAULT_MIN_KEYS,
+                show_default=True,
+                help="...over at least this many keys timed by other hosts too.",
+            ),
+        ]
+    ):
+        fn = opt(fn)
+    return fn
+
+
+@main.command()
+@click.option("-o", "--output", default="report.html", show_default=True, help="The HTML file to write.")
+@fleet_options
+@json_option
+@click.pass_context
+def report(ctx: click.Context, output: str, threshold: float, min_keys: int, as_json: bool, **filters: Any) -> None:
+    """One self-contained HTML page of the store: configs x keys, winners, failures, time saved,
+    misses, and hosts slower than their peers (needs the report extra: pip install 'tunecache[report]')."""
+    from tunecache.report import write_report
+
+    out = write_report(_open(ctx), output, _report_filters(**filters), threshold, min_keys)
+    if as_json:
+        _json_out(out)
+    else:
+        click.echo(f"wrote {out['path']} ({out['bytes']} bytes, {out['plots']} plots)")
+
+
+@main.command()
+@fleet_options
+@json_option
+@click.pass_context
+def hosts(ctx: click.Context, threshold: float, min_keys: int, as_json: bool, **filters: Any) -> None:
+    """Hosts that time identical problems slower than their peers (a degraded GPU); exit 1 if any."""
+    from tunecache.fleet import explain
+    from tunecache.report import hosts as fleet_hosts
+
+    analysis = fleet_hosts(_open(ctx), _report_filters(**filters), threshold, min_keys)
+    if as_json:
+        _json_out(analysis.as_dict())
+    else:
+        click.echo("\n".join(explain(analysis)))
+    if analysis.outliers:
+        ctx.exit(1)
+
+
 @main.command()
 @click.option("--buckets", "bucket_list", default=None, help="Comma-separated batch buckets (default: per device).")
 @json_option

@@ -186,6 +186,25 @@ kernel_stats = sa.Table(
     sa.Column("updated_at", Timestamp, nullable=False),
 )
 
+# Every host's own timings of identical problems (same digest: same kernel source, target and key),
+# which ``configs`` cannot hold: it keeps one row per config, the first measured. One row per
+# (digest, host, config), replaced when that host measures again, ok rows only: at most the ok
+# config rows times the hosts that benchmarked each problem. ``tunecache hosts`` compares hosts on
+# it (tunecache.fleet). No foreign key: an import that replaces a problem keeps the fleet's history;
+# delete() (invalidate, gc) removes a problem's rows with it.
+measurements = sa.Table(
+    "measurements",
+    metadata,
+    sa.Column("digest", Digest, primary_key=True),
+    sa.Column("host", sa.String(255), primary_key=True),
+    sa.Column("config_hash", sa.String(32), primary_key=True),
+    sa.Column("median_ms", sa.Double, nullable=False),
+    sa.Column("p20_ms", sa.Double, nullable=True),
+    sa.Column("p80_ms", sa.Double, nullable=True),
+    sa.Column("samples", sa.Integer, nullable=False, default=0),
+    sa.Column("measured_at", Timestamp, nullable=False),
+)
+
 # What Triton compiled each winner with (see tunecache.preload): a restart hands these to
 # JITFunction.preload while the server loads its weights. Per kernel source and target, not per
 # problem: one binary serves many batch buckets.
@@ -449,7 +468,7 @@ def _alembic_config(conn: Connection | None = None) -> Any:
 #: The migrations this code knows, oldest first (tests check it against Alembic's script directory).
 #: Kept as constants so that opening an up-to-date store, on every server start, needs no Alembic
 #: import (about 0.3 s): Alembic is loaded only when there is something to migrate.
-SCHEMA_REVISIONS = ("0001", "0002", "0003")
+SCHEMA_REVISIONS = ("0001", "0002", "0003", "0004")
 SCHEMA_HEAD = SCHEMA_REVISIONS[-1]
 
 
@@ -857,6 +876,7 @@ class Store:
                         )
                     )
                 conn.execute(self._insert_ignore(configs), rows)
+                self._add_measurements(conn, problem.digest, rows)
             stored = self._rows_to_problems(
                 conn.execute(self._select_full().where(problems.c.digest == problem.digest))
             )[0]
@@ -881,6 +901,19 @@ class Store:
             return self._rows_to_problems(conn.execute(self._select_full().where(problems.c.digest == problem.digest)))[
                 0
             ]
+
+    def _add_measurements(self, conn: Connection, digest: str, rows: Sequence[dict[str, Any]]) -> None:
+        """Record each host's ok timings of this put (config value rows) in ``measurements``, replacing
+        that host's earlier timing of the same config: kept even when ``configs`` keeps another host's."""
+        ok = [r for r in rows if r["status"] == "ok" and r["median_ms"] is not None]
+        if not ok:
+            return
+        m = measurements.c
+        for host in sorted({r["host"] for r in ok}):
+            hashes = [r["config_hash"] for r in ok if r["host"] == host]
+            conn.execute(sa.delete(measurements).where(m.digest == digest, m.host == host, m.config_hash.in_(hashes)))
+        keys = ("config_hash", "median_ms", "p20_ms", "p80_ms", "samples", "measured_at", "host")
+        conn.execute(sa.insert(measurements), [{"digest": digest, **{k: r[k] for k in keys}} for r in ok])
 
     def mark_config(self, digest: str, config_hash: str, status: str, failure: dict[str, Any]) -> None:
         """Record that a stored config failed after all (a poisoned winner), and re-pick the winner."""
@@ -926,6 +959,7 @@ class Store:
             for i in range(0, len(digests), 500):
                 chunk = digests[i : i + 500]
                 conn.execute(sa.delete(configs).where(configs.c.digest.in_(chunk)))
+                conn.execute(sa.delete(measurements).where(measurements.c.digest.in_(chunk)))
                 conn.execute(sa.delete(problems).where(problems.c.digest.in_(chunk)))
             orphan = ~sa.exists().where(
                 problems.c.source_hash == launch_specs.c.source_hash,

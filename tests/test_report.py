@@ -1,0 +1,224 @@
+"""``tunecache report`` and ``tunecache hosts``: a store with known figures, the page's content, the
+outlier analysis, and the page opened in a real headless Chromium."""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import re
+
+import pytest
+from chromium import Chromium, find_chromium
+from click.testing import CliRunner
+
+from tunecache import fleet, report
+from tunecache.cli import main
+from tunecache.identity import Target, problem_digest
+from tunecache.model import ConfigResult, Problem
+from tunecache.store import measurements, open_store
+
+H200 = Target("cuda", "sm90", "NVIDIA H200", 132, 232448, 32, "13000", "580.159.04", "13.0", "3.6")
+KERNEL = "models.mla.decode_kernel"
+KEYS = 30
+SLOW = 1.20  # the slow host's factor on every key
+
+
+def cfg(block: int, stages: int = 2) -> dict:
+    return {"kwargs": {"BLOCK_T": block}, "num_warps": 4, "num_stages": stages}
+
+
+def times(bucket: int) -> dict[str, float]:
+    """Known figures: c16 wins buckets 1..15, c32 wins 16..30, c64 is 2-3x off everywhere."""
+    return {
+        "c16": 0.1 * bucket + (0.0 if bucket <= 15 else 1.0),
+        "c32": 0.1 * bucket + 0.5,
+        "c64": 0.1 * bucket + 2.0,
+    }
+
+
+def fill(url: str, factor_b: float, keys: int = KEYS) -> None:
+    """Host gpu-a tunes every key; host gpu-b then times the same keys ``factor_b`` times as long."""
+    s = open_store(url)
+    for b in range(1, keys + 1):
+        key = json.dumps([["B", b], ["q.dtype", "torch.bfloat16"]])
+        p = Problem(problem_digest("src1", H200, key), KERNEL, "src1", H200, key, batch_bucket=b, tuning_seconds=2.0)
+        for host, f in (("gpu-a", 1.0), ("gpu-b", factor_b)):
+            rows = [
+                ConfigResult(h, cfg(int(h[1:])), median_ms=t * f, samples=50, host=host) for h, t in times(b).items()
+            ]
+            rows.append(
+                ConfigResult(
+                    "c128",
+                    cfg(128, 4),
+                    status="out_of_resources",
+                    failure={"resource": "shared memory", "required": 262144, "limit": 232448},
+                    host=host,
+                )
+            )
+            rows.append(
+                ConfigResult("c8", cfg(8, 1), status="compile_error", failure={"message": "tl.dot needs 16"}, host=host)
+            )
+            s.put(Problem(**{**p.__dict__, "host": host, "configs": []}), rows)
+    s.record_hits({problem_digest("src1", H200, json.dumps([["B", 1], ["q.dtype", "torch.bfloat16"]])): 7})
+    s.close()
+
+
+@pytest.fixture
+def skewed(store_url: str) -> str:
+    fill(store_url, SLOW)
+    return store_url
+
+
+def test_the_store_keeps_every_hosts_timing_of_an_identical_problem(sqlite_url):
+    """configs keeps one row per config (the first host's); measurements keeps each host's."""
+    fill(sqlite_url, SLOW, keys=1)
+    s = open_store(sqlite_url)
+    p = s.list(with_configs=True)[0]
+    assert {c.host for c in p.configs} == {"gpu-a"}  # what configs alone could show
+    with s.snapshot("t") as conn:
+        rows = conn.execute(measurements.select()).mappings().all()
+    got = {(r["host"], r["config_hash"]): r["median_ms"] for r in rows}
+    assert got == {(h, c): t * (SLOW if h == "gpu-b" else 1.0) for h in ("gpu-a", "gpu-b") for c, t in times(1).items()}
+    s.delete(kernel=KERNEL)  # invalidate/gc take a problem's measurements with it
+    with s.snapshot("t") as conn:
+        assert conn.execute(measurements.select()).all() == []
+
+
+def test_peer_median_flags_a_host_20_percent_slower_even_with_two_hosts():
+    ks = []
+    for i in range(KEYS):
+        ratios, t = fleet.compare_key([("a", "c1", 1.0 + i), ("b", "c1", (1.0 + i) * SLOW), ("a", "c2", 3.0)])
+        ks.append(fleet.KeyComparison(f"d{i}", "k", "[]", "H200", ratios, t))
+    a = fleet.analyse(ks)
+    assert [h.host for h in a.outliers] == ["b"]
+    b = a.outliers[0]
+    assert b.keys == KEYS and b.median_ratio == pytest.approx(SLOW) and b.slower_share == 1.0
+    assert fleet.analyse(ks, threshold=0.25).outliers == []  # 20% is within a 25% threshold
+    assert fleet.analyse(ks[:9], min_keys=10).outliers == []  # too few keys is no evidence
+
+
+def test_hosts_exits_1_on_the_skewed_store_and_names_the_slow_host(skewed):
+    r = CliRunner().invoke(main, ["--url", skewed, "hosts"])
+    assert r.exit_code == 1, r.output
+    assert "gpu-b" in r.output and "OUTLIER" in r.output and "1.20" in r.output
+    j = CliRunner().invoke(main, ["--url", skewed, "hosts", "--json"])
+    assert j.exit_code == 1
+    out = json.loads(j.output)
+    assert out["outliers"] == ["gpu-b"] and out["keys_compared"] == KEYS
+    worst = out["hosts"][0]["worst"][0]
+    assert worst["ratio"] == pytest.approx(SLOW) and worst["kernel"] == KERNEL
+    assert CliRunner().invoke(main, ["--url", skewed, "hosts", "--threshold", "0.3"]).exit_code == 0
+
+
+def test_hosts_exits_0_on_an_even_store(store_url):
+    fill(store_url, 1.02)  # 2%: noise, not a slow GPU
+    r = CliRunner().invoke(main, ["--url", store_url, "hosts"])
+    assert r.exit_code == 0, r.output
+    assert "OUTLIER" not in r.output and "30 keys" in r.output
+
+
+def test_hosts_with_one_host_has_nothing_to_compare(sqlite_url):
+    s = open_store(sqlite_url)
+    with s.snapshot("t") as conn:
+        assert conn.execute(measurements.select()).all() == []
+    r = CliRunner().invoke(main, ["--url", sqlite_url, "hosts"])
+    assert r.exit_code == 0 and "nothing to compare" in r.output
+
+
+def _text(page: str) -> str:
+    return html.unescape(re.sub(r"<[^>]+>", " ", page))
+
+
+def test_report_names_the_outlier_the_winners_and_the_failure_reasons(skewed, tmp_path):
+    out = tmp_path / "r.html"
+    r = CliRunner().invoke(main, ["--url", skewed, "report", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    page = out.read_text()
+    text = _text(page)
+    assert "Outlier: gpu-b" in text and "1.20x its peers" in text
+    assert "gpu-a" in text  # the peer, not an outlier
+    # Winners per key, in bucket order: c16 up to bucket 15, c32 from 16.
+    rows = re.findall(r"<tr><td>b(\d+)</td><td>([^<]*)</td><td>([^<]*)</td></tr>", page)
+    assert len(rows) == KEYS
+    for bucket, winner, ms in rows:
+        b = int(bucket)
+        best = min(times(b), key=times(b).get)
+        assert winner == report.config_label(cfg(int(best[1:]))), (b, winner)
+        assert float(ms) == pytest.approx(times(b)[best], rel=1e-3)
+    assert [int(b) for b, _, _ in rows] == sorted(int(b) for b, _, _ in rows)
+    # Failures with their reasons: OutOfResources with what it needs and the limit.
+    assert "shared memory: needs 262144, limit 232448" in text
+    assert "tl.dot needs 16" in text and "compile_error" in text
+    # Plots: one heat map and one winner line per group, fleet, time saved; all inline SVG.
+    assert page.count('<figure class="plot"') == page.count("<svg") == 4
+    assert "Sampled" not in text  # 30 keys fit
+    # Time saved: 7 hits x 2 s on bucket 1.
+    assert "14.0" in text
+
+
+def test_report_samples_a_large_store_and_says_so(sqlite_url, tmp_path, monkeypatch):
+    fill(sqlite_url, SLOW)
+    monkeypatch.setattr(report, "MAX_KEYS", 8)
+    monkeypatch.setattr(report, "MAX_CONFIGS", 2)
+    page = report.render(open_store(sqlite_url))
+    text = _text(page)
+    assert "Sampled: 8 of 30 keys" in text and "2 of 5 configs" in text
+    buckets = [int(b) for b in re.findall(r"<tr><td>b(\d+)</td>", page)]
+    assert len(buckets) == 8 and buckets[0] == 1 and buckets[-1] == KEYS  # spread over every bucket
+
+
+def test_report_filters_by_kernel_and_target(skewed, tmp_path):
+    s = open_store(skewed)
+    none = report.render(s, report.Filters(kernel="other_kernel"))
+    assert "No problems match" in none and "nothing to compare" in _text(none)
+    by_name = report.render(s, report.Filters(kernel="decode_kernel", target="sm90"))
+    assert "Outlier: gpu-b" in _text(by_name)
+
+
+def test_report_loads_nothing_from_outside(skewed, tmp_path):
+    page = report.render(open_store(skewed))
+    # No script, no link, no external reference: every src/href/url() is absent or a data: URI.
+    assert "<script" not in page and "<link" not in page
+    for ref in re.findall(r"""(?:src|href)\s*=\s*["']([^"']+)""", page) + re.findall(r"url\(([^)]+)\)", page):
+        assert ref.startswith(("data:", "#")), ref
+
+
+@pytest.mark.skipif(
+    find_chromium() is None and not os.environ.get("CI"), reason="no chromium (scripts/test installs it)"
+)
+def test_report_in_headless_chromium(skewed, tmp_path):
+    """A real browser: the page loads with no console error, every plot has a size, no request leaves
+    the file (inline data: images are the SVGs' own rasters), and a screenshot is taken."""
+    path = tmp_path / "report.html"
+    report.write_report(open_store(skewed), str(path))
+    shot = tmp_path / "report.png"
+    with Chromium() as browser:
+        got = browser.open_page(path, screenshot=shot)
+    assert got["console_errors"] == []
+    assert len(got["plot_sizes"]) == 4
+    assert all(w > 50 and h > 50 for w, h in got["plot_sizes"]), got["plot_sizes"]
+    assert got["requests"][0] == path.resolve().as_uri()
+    outside = [u for u in got["requests"] if u != got["url"] and not u.startswith("data:")]
+    assert outside == []
+    png = shot.read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    # Height of the PNG (IHDR): the whole page, not one viewport.
+    assert int.from_bytes(png[20:24], "big") > 900
+
+
+def test_browser_test_sees_console_errors_and_outside_requests(tmp_path):
+    """The browser check can fail: a page with a script error and a remote image is caught."""
+    if find_chromium() is None and not os.environ.get("CI"):
+        pytest.skip("no chromium")
+    bad = tmp_path / "bad.html"
+    bad.write_text(
+        '<html><body><figure class="plot"><svg width="0" height="0"></svg></figure>'
+        '<img src="http://127.0.0.1:9/x.png"><script>console.error("boom"); undefinedFn()</script></body></html>'
+    )
+    with Chromium(timeout=30) as browser:
+        got = browser.open_page(bad)
+    assert any("boom" in e for e in got["console_errors"])
+    assert any("undefinedFn" in e or "Uncaught" in e for e in got["console_errors"])
+    assert "http://127.0.0.1:9/x.png" in got["requests"]
+    assert got["plot_sizes"] == [[0, 0]]
