@@ -189,6 +189,13 @@ def run_procs(cmd: str, nprocs: int, env: dict | None = None, timeout: float = 3
     return results
 
 
+@pytest.fixture(params=["sqlite", "postgresql", "pgbouncer"])
+def fleet_url(request: pytest.FixtureRequest) -> str:
+    """The multi-process cases: the embedded SQLite, the real PostgreSQL, and that PostgreSQL through
+    PgBouncer in transaction mode with a pool of 10 (issue 18)."""
+    return request.getfixturevalue({"sqlite": "sqlite_url", "postgresql": "pg_url"}.get(request.param, "bouncer_url"))
+
+
 @pytest.fixture
 def make_readonly(tmp_path: Path):
     """Returns ``freeze(files) -> dir``: a directory holding copies of ``files`` that nobody can write.

@@ -13,7 +13,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import psycopg
 import pytest
@@ -80,9 +79,7 @@ print("READY " + json.dumps(tunecache.stats()), flush=True); sys.stdin.readline(
 
 
 @pytest.mark.parametrize("through", ["direct", "pgbouncer"])
-def test_a_worker_holds_no_server_connection_across_a_benchmark_nor_after_its_start(
-    request, pg_url, tmp_path, through
-):
+def test_a_worker_holds_no_server_connection_across_a_benchmark_nor_after_its_start(request, pg_url, tmp_path, through):
     url = pg_url if through == "direct" else request.getfixturevalue("pgbouncer").through(pg_url)
     open_store(url).close()
     script = tmp_path / "worker.py"
@@ -119,3 +116,75 @@ def test_a_worker_holds_no_server_connection_across_a_benchmark_nor_after_its_st
 
 def pgbouncer_pool(request) -> int:
     return request.getfixturevalue("pgbouncer").pool_size
+
+
+def test_every_command_works_through_pgbouncer(pgbouncer, pg_url, tmp_path):
+    """Every leaf command of the CLI, in a real process, with TUNECACHE_URL at PgBouncer: exit 0."""
+    from test_cli_process import fill, leaf_commands, tc, write_warm_module
+
+    url = pgbouncer.through(pg_url)
+    env = {"TUNECACHE_URL": url, "PYTHONPATH": str(tmp_path)}
+    write_warm_module(tmp_path)
+    export = tmp_path / "all.jsonl"
+    steps: list[tuple[str, ...]] = [
+        ("db", "upgrade"),
+        ("db", "current"),
+        ("info",),
+        ("warm", "mywarm"),  # tunes 3 keys through PgBouncer: leases, puts, specs
+        ("ls",),
+        ("stats",),
+        ("misses",),
+        ("export", str(export)),
+        ("import", str(export), "--on-conflict", "replace", "--launch-specs"),
+        ("invalidate", "--kernel", "tests.add", "--dry-run"),
+        ("invalidate", "--kernel", "tests.add"),
+        ("gc", "--days", "3650"),
+        ("demo", "--url", url, "--buckets", "1", "--json"),  # the bundled kernel, twice, in fresh processes
+    ]
+    assert {" ".join(s[:2]) if s[0] == "db" else s[0] for s in steps} | {"show"} == set(leaf_commands())
+    done: dict[str, subprocess.CompletedProcess] = {}
+    for i, step in enumerate(steps):
+        if step[0] == "ls":
+            fill(url, 4)
+        r = tc(*step, env=env)
+        assert r.returncode == 0 and "error" not in r.stderr.lower(), (step, r.stdout[-2000:], r.stderr[-2000:])
+        done[" ".join(step[:2])] = r
+        if step[0] == "ls":
+            digest = next(p.digest for p in open_store(url).list())
+            r = tc("show", digest[:12], env=env)
+            assert r.returncode == 0 and digest[:12] in r.stdout, r.stderr[-2000:]
+        assert i < 1 or open_store(url).revision() is not None
+    assert len(export.read_text().splitlines()) > 1  # a header and the problems
+    demo = json.loads(done["demo --url"].stdout)
+    assert demo["runs"][0]["benchmarks"] > 0 and demo["runs"][1]["benchmarks"] == 0, demo
+    assert demo["runs"][1]["hits"] > 0 and demo["winners_differ"] == 0, demo
+
+
+def test_200_concurrent_simulated_starts_through_pgbouncer_pool_10(pgbouncer, pg_url):
+    """200 worker starts at the same moment (scripts/bench_fleet.py's simulated start: a start's
+    store calls, replayed) through PgBouncer with a pool of 10: all complete, 0 errors, and the
+    server never sees more than the pool's 10 connections to the database."""
+    sys.path.insert(0, str(SCRIPTS))
+    import bench_fleet
+    from test_cli_process import fill
+
+    fill(pg_url, 4)
+    s = open_store(pg_url)
+    p = s.list()[0]
+    s.close()
+    plan = [
+        ["get_kernel_problems", [p.kernel]],
+        ["get_many", [p.source_hash]],
+        ["get_specs", [p.source_hash]],
+        ["record_hits", [{p.digest: 1}]],
+        ["bump_stats", [{p.kernel: {"hits": 1, "saved_seconds": 2.5}}]],
+    ]
+    args = {"mode": "start", "url": pgbouncer.through(pg_url), "plan": plan, "starts": 200, "threads": 200}
+    admin = resolve_url(PG_URL).set(database="postgres").render_as_string(hide_password=False)
+    with bench_fleet.Monitor(admin, resolve_url(pg_url).database) as mon:
+        outs = bench_fleet.run_children({**args, "start_at": time.time() + 5, "max_seconds": 120}, 4, 240)
+    errors = [e for o in outs for e in o["errors"]]
+    assert errors == [], errors[:3]
+    assert sum(len(o["times"]) for o in outs) == 200
+    assert 1 <= mon.peak <= pgbouncer.pool_size, mon.peak
+    assert open_store(pg_url).get(p.digest).hit_count == 200
