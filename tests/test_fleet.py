@@ -17,9 +17,9 @@ import time
 import psycopg
 import pytest
 import sqlalchemy as sa
-from conftest import HERE, PG_URL
+from conftest import HERE, PG_URL, run_procs
 
-from tunecache.store import open_store, resolve_url
+from tunecache.store import head_revision, open_store, resolve_url
 
 SCRIPTS = HERE.parent / "scripts"
 
@@ -188,3 +188,13 @@ def test_200_concurrent_simulated_starts_through_pgbouncer_pool_10(pgbouncer, pg
     assert sum(len(o["times"]) for o in outs) == 200
     assert 1 <= mon.peak <= pgbouncer.pool_size, mon.peak
     assert open_store(pg_url).get(p.digest).hit_count == 200
+
+
+def test_eight_processes_migrate_a_fresh_database_through_pgbouncer_once(pgbouncer, pg_url):
+    """The migration lock is pg_advisory_xact_lock inside the migration's transaction: it holds
+    through a transaction pooler, where a session-level lock would be taken on one server connection
+    and released (or leaked) on another."""
+    out = run_procs("open", 8, url=pgbouncer.through(pg_url))
+    assert [r["revision"] for r in out] == [head_revision()] * 8
+    with sa.create_engine(resolve_url(pg_url), poolclass=sa.pool.NullPool).connect() as c:
+        assert c.exec_driver_sql("SELECT count(*) FROM alembic_version").scalar() == 1
