@@ -84,6 +84,29 @@ def mysql_url():
     yield from _fresh_database("mysql")
 
 
+@pytest.fixture(scope="session")
+def pgbouncer():
+    """A private PgBouncer (transaction pooling, 10 server connections per database) in front of the
+    test PostgreSQL, for the whole session; installed first if missing (tests/pgbouncer.py)."""
+    from pgbouncer import PgBouncer
+
+    from tunecache.store import resolve_url
+
+    u = resolve_url(PG_URL)
+    try:
+        bouncer = PgBouncer(u.host or "127.0.0.1", u.port or 5432, pool_size=10).start()
+    except RuntimeError as e:
+        pytest.fail(f"cannot start PgBouncer: {e}")
+    yield bouncer
+    bouncer.stop()
+
+
+@pytest.fixture
+def bouncer_url(pgbouncer, pg_url) -> str:
+    """A fresh PostgreSQL database, reached through PgBouncer in transaction mode."""
+    return pgbouncer.through(pg_url)
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
 def store_url(request: pytest.FixtureRequest) -> str:
     """Parametrises a test over the embedded SQLite and the real PostgreSQL."""
@@ -104,6 +127,7 @@ def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
         "TUNECACHE_HOST_ID",
         "TUNECACHE_WINNER_TOLERANCE",
         "TUNECACHE_PREFETCH",
+        "TUNECACHE_POOL_SIZE",
     ):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("TUNECACHE_CPU_BENCH_REPS", "1")
@@ -163,6 +187,13 @@ def run_procs(cmd: str, nprocs: int, env: dict | None = None, timeout: float = 3
         assert line, f"worker printed no result:\n{out[-2000:]}\n{err[-2000:]}"
         results.append({**json.loads(line[-1][7:]), "stderr": err})
     return results
+
+
+@pytest.fixture(params=["sqlite", "postgresql", "pgbouncer"])
+def fleet_url(request: pytest.FixtureRequest) -> str:
+    """The multi-process cases: the embedded SQLite, the real PostgreSQL, and that PostgreSQL through
+    PgBouncer in transaction mode with a pool of 10 (issue 18)."""
+    return request.getfixturevalue({"sqlite": "sqlite_url", "postgresql": "pg_url"}.get(request.param, "bouncer_url"))
 
 
 @pytest.fixture

@@ -605,7 +605,8 @@ def test_winner_within_tolerance_of_the_fastest_reuses_another_keys_winner(sqlit
 
 
 @pytest.mark.slow
-def test_sixteen_processes_warm_36_buckets_once(store_url):
+def test_sixteen_processes_warm_36_buckets_once(fleet_url):
+    store_url = fleet_url
     sizes = list(tunecache.buckets.SGLANG_CAPTURE_SIZES)
     open_store(store_url).close()
     t0 = time.time()
@@ -620,8 +621,10 @@ def test_sixteen_processes_warm_36_buckets_once(store_url):
     print(f"16 workers x {len(sizes)} buckets: {time.time() - t0:.1f}s")
 
 
-def test_kill_9_of_the_benchmarking_process_is_recovered(sqlite_url, tmp_path):
+@pytest.mark.parametrize("kind", ["sqlite", "pgbouncer"])
+def test_kill_9_of_the_benchmarking_process_is_recovered(request, kind, tmp_path):
     """The holder is killed mid-benchmark; another process completes the key within lease + 10 s."""
+    url = request.getfixturevalue("sqlite_url" if kind == "sqlite" else "bouncer_url")
     slow = tmp_path / "slowbench.py"
     slow.write_text(
         textwrap.dedent("""
@@ -637,7 +640,7 @@ def test_kill_9_of_the_benchmarking_process_is_recovered(sqlite_url, tmp_path):
         print(json.dumps({"stats": tunecache.stats()}))
     """)
     )
-    env = {**os.environ, "TUNECACHE_URL": sqlite_url, "PYTHONPATH": str(HERE), "TUNECACHE_LEASE_SECONDS": "5"}
+    env = {**os.environ, "TUNECACHE_URL": url, "PYTHONPATH": str(HERE), "TUNECACHE_LEASE_SECONDS": "5"}
     holder = subprocess.Popen([sys.executable, str(slow)], env={**env, "HANG": "1"}, stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "BENCHING"
     waiter = subprocess.Popen([sys.executable, str(slow)], env=env, stdout=subprocess.PIPE, text=True)
@@ -649,7 +652,7 @@ def test_kill_9_of_the_benchmarking_process_is_recovered(sqlite_url, tmp_path):
     holder.wait()
     assert elapsed <= 5 + 10
     assert json.loads(out.strip().splitlines()[-1])["stats"]["benchmarks"] == 2
-    assert open_store(sqlite_url).counts()["problems"] == 1
+    assert open_store(url).counts()["problems"] == 1
 
 
 def _first_config_wins(kernel_call, quantiles):

@@ -141,6 +141,12 @@ SETTINGS: dict[str, Setting] = {
         Setting("TUNECACHE_AUTO_MIGRATE", "1", _switch, "apply schema migrations on first use"),
         Setting("TUNECACHE_SQLITE_BUSY_MS", "30000", _count(0), "SQLite busy timeout, milliseconds"),
         Setting("TUNECACHE_CONNECT_TIMEOUT", "5", _count(1), "seconds to wait for a database server"),
+        Setting(
+            "TUNECACHE_POOL_SIZE",
+            "0",
+            _count(0),
+            "database server connections a process keeps open between operations; 0: none (connect per operation)",
+        ),
         Setting("TUNECACHE_PRELOAD", "1", _switch, "load the stored winners' binaries once CUDA is up"),
         Setting("TUNECACHE_PREFETCH", "1", _switch, "open the store and fetch a kernel's problems when it is defined"),
         Setting(

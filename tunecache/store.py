@@ -395,10 +395,25 @@ def _make_engine(u: URL, readonly: bool) -> Engine:
     if backend == "postgresql":
         connect_args["connect_timeout"] = timeout
         connect_args["application_name"] = "tunecache"
+        if u.get_driver_name() == "psycopg":
+            # No server-side prepared statements: psycopg prepares a query after 5 runs on a
+            # connection, and behind a transaction pooler (PgBouncer before 1.21) the next
+            # transaction may run on a server connection where it does not exist. A store
+            # runs few queries per connection, so preparing saves nothing worth that.
+            connect_args["prepare_threshold"] = None
     elif backend in ("mysql", "mariadb"):
         connect_args["connect_timeout"] = timeout
+    # Connections kept between operations. 0 (the default): none; each operation connects and
+    # closes, so a worker holds no server connection once its start is done nor across a
+    # benchmark, and a fleet costs connections only while it queries (see docs/scaling.md).
+    pool_size = settings.get("TUNECACHE_POOL_SIZE")
+    pool: dict[str, Any] = (
+        {"poolclass": sa.pool.NullPool}
+        if pool_size == 0
+        else {"pool_size": pool_size, "max_overflow": 4, "pool_pre_ping": True}
+    )
     try:
-        return sa.create_engine(u, pool_pre_ping=True, pool_size=2, max_overflow=4, connect_args=connect_args)
+        return sa.create_engine(u, connect_args=connect_args, **pool)
     except (NoSuchModuleError, ModuleNotFoundError) as e:
         raise _driver_error(u, e) from None
 

@@ -1,0 +1,520 @@
+#!/usr/bin/env python3
+"""Fleet load on one PostgreSQL (issue 18): simulated worker starts, directly and through PgBouncer.
+
+    python scripts/bench_fleet.py [--starts 1000] [--concurrency 200] [--procs 4] [--json out.json]
+
+A simulated worker start issues exactly the store calls a real start of the bundled kernel makes:
+the bench records them from a real warm start (``tunecache.demo``'s child, bucket 1, with the Store
+methods wrapped: open the store and check the schema, prefetch each kernel's problems and launch
+specs, then the deferred flush of hit counts and per-kernel counters) and replays them with the same
+arguments. ``--no-prove`` skips the proof: one untraced real start and one simulated start against
+a private PostgreSQL with ``pg_stat_statements`` preloaded, whose statements and call counts
+(including the driver's first-connect queries and BEGIN/COMMIT/ROLLBACK) must be equal.
+
+Everything is loopback and bounded: a private cluster (tests/faults/pgcluster.py: initdb on a free
+port, PostgreSQL's default ``max_connections = 100``), a private PgBouncer (tests/pgbouncer.py:
+transaction mode, pool 10), at most ``--starts`` starts per run and ``--max-seconds`` per phase.
+
+Reported per target (direct with no pool, direct with the pool every worker used to keep open,
+PgBouncer): starts per second, p50/p99 store time per start, peak server connections
+(pg_stat_activity), errors, server CPU per start (the cluster's processes, from /proc), and bytes
+per start (PgBouncer's SHOW STATS). Then the rolling-restart storm: every simulated worker misses
+one new key at once and runs the autotuner's single flight against the store (host lock per
+``--gpus-per-host``, lease, polling with the autotuner's back-off); exactly one must benchmark.
+The load generator shares this machine's CPUs with the server: absolute rates are this machine's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "faults"))
+
+#: The store calls a start makes, recorded by :func:`traced_start` (its schema check is open_store's).
+TRACED = ("get", "get_many", "get_kernel_problems", "get_specs", "record_hits", "bump_stats", "record_miss")
+
+# The autotuner's waiting loop (tunecache/autotuner.py, _single_flight): first poll, growth, cap.
+POLL_FIRST_S, POLL_GROWTH, POLL_CAP_S = 0.05, 1.5, 0.5
+
+
+# ---- the simulated worker (runs in child processes) -------------------------------------------------
+
+
+def simulated_start(url: str, plan: list[list[Any]], keep: list[Any] | None = None) -> float:
+    """One worker start's store traffic, replaying ``plan`` (the calls a real start made, in order,
+    with their arguments); returns its wall time. ``keep``: leave the store open (a live process
+    keeps its pool: TUNECACHE_POOL_SIZE > 0)."""
+    from tunecache.store import open_store
+
+    t0 = time.perf_counter()
+    store = open_store(url)  # shared_store: connect and check the schema
+    for method, args in plan:
+        getattr(store, method)(*args)
+    elapsed = time.perf_counter() - t0
+    if keep is None:
+        store.engine.dispose()  # a process exits (no SQL)
+    else:
+        keep.append(store)
+    return elapsed
+
+
+TRACER = """
+import json, sys
+from tunecache import demo, store as S
+calls, depth = [], [0]
+def wrap(name):
+    f = getattr(S.Store, name)
+    def w(self, *a, **k):
+        if depth[0] == 0:
+            calls.append([name, [dict(x) if isinstance(x, dict) else x for x in a]])
+        depth[0] += 1
+        try:
+            return f(self, *a, **k)
+        finally:
+            depth[0] -= 1
+    setattr(S.Store, name, w)
+for n in sys.argv[2].split(","):
+    wrap(n)
+out = demo._child(sys.argv[1], [1])
+print(json.dumps({"start": out, "plan": calls}))
+"""
+
+
+def traced_start(url: str) -> tuple[dict, list[list[Any]]]:
+    """A real warm start of the bundled kernel (``tunecache.demo``'s child, bucket 1) with the store
+    calls it makes recorded (wrapping Store methods changes no SQL)."""
+    env = {**os.environ, "TUNECACHE_URL": url, "TRITON_INTERPRET": "1"}
+    r = subprocess.run(
+        [sys.executable, "-c", TRACER, url, ",".join(TRACED)], env=env, capture_output=True, text=True, timeout=600
+    )
+    if r.returncode != 0:
+        raise RuntimeError(f"traced start failed: {r.stderr[-3000:]}")
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    return out["start"], out["plan"]
+
+
+def storm_worker(url: str, digest: str, host_lock: threading.Lock, bench_s: float, deadline: float) -> dict:
+    """One worker missing ``digest``: the autotuner's single flight, call for call (host file lock,
+    lease, re-check, benchmark, put, release; or poll with back-off until the result is stored)."""
+    from tunecache.identity import hostname
+    from tunecache.model import ConfigResult
+    from tunecache.store import open_store
+
+    store = open_store(url)
+    t0 = time.perf_counter()
+    holder = f"{hostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    benched = 0
+    poll = POLL_FIRST_S
+    p = store.get(digest)  # the lookup after the prefetch: tuned by another process since?
+    while p is None or p.winner_config_hash is None:
+        if host_lock.acquire(blocking=False):
+            try:
+                if store.try_lease(digest, holder, 30.0):
+                    try:
+                        p = store.get(digest)  # someone may have finished while we took the lease
+                        if p is None or p.winner_config_hash is None:
+                            time.sleep(bench_s)  # the benchmark: no connection held
+                            benched = 1
+                            problem = _storm_problem(digest)
+                            p = store.put(problem, [ConfigResult("c0", {"kwargs": {"B": 1}}, median_ms=1.0)])
+                    finally:
+                        store.release_lease(digest, holder)
+                    break
+            finally:
+                host_lock.release()
+        if time.time() > deadline:
+            raise TimeoutError("storm: the result did not arrive before the deadline")
+        time.sleep(poll)
+        poll = min(poll * POLL_GROWTH, POLL_CAP_S)
+        p = store.get(digest)
+    store.engine.dispose()
+    return {"seconds": time.perf_counter() - t0, "benchmarks": benched}
+
+
+def _storm_problem(digest: str) -> Any:
+    from tunecache.identity import Target
+    from tunecache.model import Problem
+
+    t = Target("cuda", "sm90", "NVIDIA H200", 132, 232448, 32, "13100", "590.1", "13.1", "3.6")
+    return Problem(digest, "bench.storm", "f" * 64, t, '[["B", 1]]', batch_bucket=1)
+
+
+def child(args: dict) -> dict:
+    """Run ``args['threads']`` simulated workers in this process; one JSON result."""
+    os.environ["TUNECACHE_POOL_SIZE"] = str(args.get("pool_size", 0))
+    import tunecache.store  # noqa: F401 - imported before the start signal, as a worker has it loaded
+
+    times: list[float] = []
+    errors: list[str] = []
+    results: list[dict] = []
+    lock = threading.Lock()
+    keep: list[Any] | None = [] if args.get("pool_size", 0) else None
+    counter = iter(range(args["starts"]))
+    host_locks = [threading.Lock() for _ in range(max(1, args["threads"] // args.get("gpus_per_host", 8)))]
+    stop_at = args["start_at"] + args["max_seconds"]
+
+    def run(i: int) -> None:
+        while time.time() < args["start_at"]:
+            time.sleep(0.002)
+        if args["mode"] == "storm":
+            try:
+                r = storm_worker(args["url"], args["digest"], host_locks[i % len(host_locks)], args["bench_s"], stop_at)
+                with lock:
+                    results.append(r)
+            except Exception as e:  # noqa: BLE001 - counted and reported
+                with lock:
+                    errors.append(f"{type(e).__name__}: {e}"[:300])
+            return
+        while time.time() < stop_at:
+            with lock:
+                n = next(counter, None)
+            if n is None:
+                return
+            try:
+                t = simulated_start(args["url"], args["plan"], keep)
+                with lock:
+                    times.append(t)
+            except Exception as e:  # noqa: BLE001 - counted and reported
+                with lock:
+                    errors.append(f"{type(e).__name__}: {e}"[:300])
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(args["threads"])]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    t_end = time.time()
+    for s in keep or []:
+        s.engine.dispose()
+    return {"times": times, "errors": errors, "results": results, "end": t_end}
+
+
+# ---- the driver --------------------------------------------------------------------------------------
+
+
+def run_children(args: dict, procs: int, timeout: float) -> list[dict]:
+    """``procs`` processes sharing ``args['starts']`` starts (or storm workers) and ``threads``."""
+    out = []
+    ps = []
+    for i in range(procs):
+        a = {**args, "threads": args["threads"] // procs + (i < args["threads"] % procs)}
+        a["starts"] = args["starts"] // procs + (i < args["starts"] % procs)
+        env = {**os.environ, "PYTHONPATH": str(ROOT / "tests")}
+        ps.append(
+            subprocess.Popen(
+                [sys.executable, __file__, "--child", json.dumps(a)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    for p in ps:
+        try:
+            so, se = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            so, se = p.communicate()
+        if p.returncode != 0:
+            out.append({"times": [], "errors": [f"child exit {p.returncode}: {se[-500:]}"], "results": []})
+            continue
+        out.append(json.loads(so.strip().splitlines()[-1]))
+    return out
+
+
+class Monitor:
+    """Samples the server's connections to one database (pg_stat_activity) every 20 ms."""
+
+    def __init__(self, admin_url: str, database: str) -> None:
+        import sqlalchemy as sa
+
+        self.engine = sa.create_engine(admin_url, pool_size=1)
+        self.database = database
+        self.peak = 0
+        self.samples: list[int] = []
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        import sqlalchemy as sa
+
+        q = sa.text("SELECT count(*) FROM pg_stat_activity WHERE datname = :d")
+        with self.engine.connect() as c:
+            c.execution_options(isolation_level="AUTOCOMMIT")
+            while not self._stop.is_set():
+                n = c.execute(q, {"d": self.database}).scalar()
+                self.samples.append(n)
+                self.peak = max(self.peak, n)
+                time.sleep(0.02)
+
+    def __enter__(self) -> Monitor:
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._t.join()
+        self.engine.dispose()
+
+
+def cluster_cpu_s(postmaster_pid: int | None, extra_pids: tuple[int, ...] = ()) -> float:
+    """CPU seconds used so far by a PostgreSQL cluster (the postmaster, its reaped children, its live
+    children) and ``extra_pids`` (PgBouncer): continuous across backends that exit."""
+    if postmaster_pid is None:
+        return float("nan")
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def stat(pid: int) -> list[str] | None:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            return None
+
+    total = 0
+    s = stat(postmaster_pid)
+    if s:
+        total += sum(int(x) for x in s[11:15])  # utime stime cutime cstime
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            c = stat(int(d))
+            if c and int(c[1]) == postmaster_pid:
+                total += int(c[11]) + int(c[12])
+    for pid in extra_pids:
+        c = stat(pid)
+        if c:
+            total += int(c[11]) + int(c[12])
+    return total / tick
+
+
+def pct(xs: list[float], q: float) -> float:
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def statements(admin_url: str, dbname: str) -> dict[str, int]:
+    """pg_stat_statements of one database: normalized query -> calls."""
+    import sqlalchemy as sa
+
+    e = sa.create_engine(admin_url, poolclass=sa.pool.NullPool)
+    with e.connect() as c:
+        rows = c.execute(
+            sa.text(
+                "SELECT s.query, s.calls FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid "
+                "WHERE d.datname = :d"
+            ),
+            {"d": dbname},
+        ).all()
+    e.dispose()
+    out: dict[str, int] = {}
+    for q, n in rows:
+        out[" ".join(q.split())] = out.get(" ".join(q.split()), 0) + int(n)
+    return out
+
+
+def reset_statements(admin_url: str) -> None:
+    import sqlalchemy as sa
+
+    e = sa.create_engine(admin_url, poolclass=sa.pool.NullPool, isolation_level="AUTOCOMMIT")
+    with e.connect() as c:
+        c.exec_driver_sql("SELECT pg_stat_statements_reset()")
+    e.dispose()
+
+
+def real_start(url: str) -> dict:
+    env = {**os.environ, "TUNECACHE_URL": url, "TRITON_INTERPRET": "1"}
+    r = subprocess.run(
+        [sys.executable, "-m", "tunecache.demo", json.dumps({"url": url, "buckets": [1]})],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if r.returncode != 0:
+        raise RuntimeError(f"real start failed: {r.stderr[-3000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--starts", type=int, default=1000, help="simulated starts per target")
+    ap.add_argument("--concurrency", type=int, default=200, help="simulated workers starting at once")
+    ap.add_argument("--procs", type=int, default=4, help="load-generator processes")
+    ap.add_argument("--storm-workers", type=int, default=200)
+    ap.add_argument("--gpus-per-host", type=int, default=8)
+    ap.add_argument("--bench-seconds", type=float, default=3.0, help="the storm's benchmark")
+    ap.add_argument("--max-seconds", type=float, default=120.0, help="bound per phase")
+    ap.add_argument("--pool-size", type=int, default=10, help="PgBouncer server pool")
+    ap.add_argument("--no-prove", action="store_true")
+    ap.add_argument("--json", help="write the results here too")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.child:
+        print(json.dumps(child(json.loads(a.child))))
+        return
+
+    from pgbouncer import PgBouncer
+    from pgcluster import PgCluster, private_cluster_available
+
+    from tunecache.store import resolve_url
+
+    why = private_cluster_available()
+    if why:
+        sys.exit(f"bench_fleet needs a private PostgreSQL cluster: {why}")
+    cluster = PgCluster()
+    bouncer = None
+    report: dict[str, Any] = {"machine": f"{os.cpu_count()} CPUs (load generator, PgBouncer and PostgreSQL share them)"}
+    try:
+        cluster.init()
+        with open(cluster.data / "postgresql.conf", "a") as f:
+            f.write("shared_preload_libraries = 'pg_stat_statements'\nmax_connections = 100\n")
+        cluster.start()
+        postmaster = int((cluster.data / "postmaster.pid").read_text().split()[0])
+        url = cluster.create_database()
+        dbname = resolve_url(url).database
+        admin = cluster.url("postgres")
+        import sqlalchemy as sa
+
+        e = sa.create_engine(admin, isolation_level="AUTOCOMMIT", poolclass=sa.pool.NullPool)
+        with e.connect() as c:  # its view, in the admin database, covers every database
+            c.exec_driver_sql("CREATE EXTENSION pg_stat_statements")
+        e.dispose()
+        bouncer = PgBouncer("127.0.0.1", cluster.port, pool_size=a.pool_size).start()
+        bouncer_pid = int((bouncer.base / "pgbouncer.pid").read_text().split()[0])
+        burl = bouncer.through(url)
+
+        print("seeding: one real start of the bundled kernel tunes bucket 1 ...", file=sys.stderr)
+        seed = real_start(url)
+        warm, plan = traced_start(url)
+        report["seed"] = {"benchmarks": seed["benchmarks"], "warm_benchmarks": warm["benchmarks"]}
+        report["plan"] = [m for m, _ in plan]
+
+        if not a.no_prove:
+            reset_statements(admin)
+            real_start(url)  # untraced
+            real = statements(admin, dbname)
+            reset_statements(admin)
+            one = {"mode": "start", "url": url, "plan": plan, "starts": 1, "threads": 1}
+            run_children({**one, "start_at": time.time(), "max_seconds": 60}, 1, 120)
+            sim = statements(admin, dbname)
+            report["prove"] = {
+                "statements": len(real),
+                "calls": sum(real.values()),
+                "equal": real == sim,
+                "only_real": {q: n for q, n in real.items() if sim.get(q) != n},
+                "only_simulated": {q: n for q, n in sim.items() if real.get(q) != n},
+                "real": real,
+            }
+            print(f"prove: real start == simulated start: {real == sim}", file=sys.stderr)
+
+        targets = [
+            ("direct, no pool (TUNECACHE_POOL_SIZE=0)", url, 0),
+            ("direct, pool kept (TUNECACHE_POOL_SIZE=2, as before)", url, 2),
+            (f"PgBouncer transaction mode, pool {a.pool_size}", burl, 0),
+        ]
+        report["starts"] = []
+        for name, turl, pool in targets:
+            print(f"load: {name} ...", file=sys.stderr)
+            stats0 = _bouncer_totals(bouncer)
+            cpu0 = cluster_cpu_s(postmaster, (bouncer_pid,))
+            args = {
+                "mode": "start",
+                "url": turl,
+                "plan": plan,
+                "starts": a.starts,
+                "threads": a.concurrency,
+                "pool_size": pool,
+                "start_at": time.time() + 4.0,
+                "max_seconds": a.max_seconds,
+            }
+            with Monitor(admin, dbname) as mon:
+                outs = run_children(args, a.procs, a.max_seconds + 60)
+            cpu = cluster_cpu_s(postmaster, (bouncer_pid,)) - cpu0
+            stats1 = _bouncer_totals(bouncer)
+            times = [t for o in outs for t in o["times"]]
+            errors = [e for o in outs for e in o["errors"]]
+            wall = max((o.get("end", 0) for o in outs), default=0) - args["start_at"]
+            row = {
+                "target": name,
+                "starts": len(times),
+                "errors": len(errors),
+                "first_errors": sorted(set(errors))[:3],
+                "starts_per_s": round(len(times) / wall, 1) if wall > 0 else None,
+                "p50_ms": round(pct(times, 0.5) * 1e3, 1),
+                "p99_ms": round(pct(times, 0.99) * 1e3, 1),
+                "peak_server_connections": mon.peak,
+                "server_cpu_ms_per_start": round(cpu / max(1, len(times)) * 1e3, 2),
+            }
+            if turl == burl and len(times):
+                row["bytes_per_start"] = round((stats1 - stats0) / len(times))
+            report["starts"].append(row)
+            print(json.dumps(row), file=sys.stderr)
+
+        report["storm"] = []
+        for name, turl in (("direct", url), (f"PgBouncer pool {a.pool_size}", burl)):
+            print(f"storm: {name} ...", file=sys.stderr)
+            digest = uuid.uuid4().hex + uuid.uuid4().hex
+            reset_statements(admin)
+            args = {
+                "mode": "storm",
+                "url": turl,
+                "digest": digest,
+                "starts": a.storm_workers,
+                "threads": a.storm_workers,
+                "gpus_per_host": a.gpus_per_host,
+                "bench_s": a.bench_seconds,
+                "start_at": time.time() + 4.0,
+                "max_seconds": a.max_seconds,
+            }
+            with Monitor(admin, dbname) as mon:
+                outs = run_children(args, a.procs, a.max_seconds + 60)
+            calls = statements(admin, dbname)
+            res = [r for o in outs for r in o["results"]]
+            errors = [e for o in outs for e in o["errors"]]
+            row = {
+                "target": name,
+                "workers": a.storm_workers,
+                "hosts": max(1, a.storm_workers // a.gpus_per_host),
+                "benchmarks": sum(r["benchmarks"] for r in res),
+                "served": len(res),
+                "errors": len(errors),
+                "first_errors": sorted(set(errors))[:3],
+                "bench_seconds": a.bench_seconds,
+                "last_served_s": round(max((r["seconds"] for r in res), default=float("nan")), 2),
+                "statements": sum(calls.values()),  # BEGIN/COMMIT/ROLLBACK included
+                "statements_per_worker": round(sum(calls.values()) / max(1, len(res)), 1),
+                "peak_server_connections": mon.peak,
+            }
+            report["storm"].append(row)
+            print(json.dumps(row), file=sys.stderr)
+    finally:
+        if bouncer is not None:
+            bouncer.stop()
+        cluster.destroy()
+    text = json.dumps(report, indent=2, default=str)
+    print(text)
+    if a.json:
+        Path(a.json).write_text(text + "\n")
+
+
+def _bouncer_totals(bouncer: Any) -> int:
+    """Bytes PgBouncer received from and sent to clients so far, all databases but its own."""
+    rows = bouncer.show("STATS")
+    return sum(int(r["total_received"]) + int(r["total_sent"]) for r in rows if r["database"] != "pgbouncer")
+
+
+if __name__ == "__main__":
+    main()
