@@ -140,6 +140,8 @@ def test_every_command_works_through_pgbouncer(pgbouncer, pg_url, tmp_path):
         ("invalidate", "--kernel", "tests.add"),
         ("gc", "--days", "3650"),
         ("demo", "--url", url, "--buckets", "1", "--json"),  # the bundled kernel, twice, in fresh processes
+        ("report", "-o", str(tmp_path / "report.html")),
+        ("hosts", "--json"),
     ]
     assert {" ".join(s[:2]) if s[0] == "db" else s[0] for s in steps} | {"show"} == set(leaf_commands())
     done: dict[str, subprocess.CompletedProcess] = {}
