@@ -108,13 +108,13 @@ def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("TUNECACHE_CPU_BENCH_REPS", "1")
     import tunecache
-    from tunecache import autotuner, metrics
+    from tunecache import autotuner, counters, writeback
     from tunecache.store import _reset_shared_stores
 
     tunecache.reset_stats()
-    autotuner._warned.clear()
+    counters.reset_warnings()
     yield
-    metrics.flush()
+    writeback.flush()
     _reset_shared_stores()
     autotuner.uninstall()
 

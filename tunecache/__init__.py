@@ -14,6 +14,7 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from tunecache import buckets
+from tunecache.counters import reset_stats, stats
 from tunecache.errors import (
     CaptureMissError,
     ConfigurationError,
@@ -23,9 +24,9 @@ from tunecache.errors import (
     StoreReadOnlyError,
     TunecacheError,
 )
-from tunecache.metrics import flush, reset_stats, stats
 from tunecache.model import ConfigResult, Problem
 from tunecache.store import Store, open_store
+from tunecache.writeback import flush
 
 __all__ = [
     "__version__",

@@ -40,9 +40,8 @@ from typing import Any
 import orjson
 from triton.runtime.autotuner import Autotuner
 
-from tunecache import metrics as _stats
+from tunecache import counters, settings, tritoncompat, writeback
 from tunecache import preload as _preload
-from tunecache import settings, tritoncompat
 from tunecache.errors import CaptureMissError, StoreError
 from tunecache.identity import (
     CONFIG_FIELDS,
@@ -141,18 +140,6 @@ def _classify(exc: BaseException) -> tuple[str, dict[str, Any]]:
     if name in ("CompilationError", "CompileTimeAssertionFailure", "PTXASError", "UnsupportedLanguageConstruct"):
         return "compile_error", {"error": name, "message": str(exc)[:2000]}
     return "runtime_error", {"error": name, "message": str(exc)[:2000]}
-
-
-_warned: set[tuple[str, str]] = set()
-_warned_lock = threading.Lock()
-
-
-def _warn_once(kernel: str, what: str, msg: str, *args: Any) -> None:
-    with _warned_lock:
-        if (kernel, what) in _warned:
-            return
-        _warned.add((kernel, what))
-    log.warning(msg, *args)
 
 
 class _Ctx:
@@ -319,7 +306,7 @@ class TunecacheAutotuner(Autotuner):
         except Exception as e:  # noqa: BLE001 - best effort: launches load their kernels as before
             log.debug("tunecache: %s: preload failed: %r", self.kernel_name, e)
             return 0
-        _stats.count(None, None, preloaded=loaded, preload_skipped=skipped)
+        counters.count(None, None, preloaded=loaded, preload_skipped=skipped)
         if loaded or skipped:
             log.debug("tunecache: %s: preloaded %d binaries (%d skipped)", self.kernel_name, loaded, skipped)
         return loaded
@@ -454,17 +441,17 @@ class TunecacheAutotuner(Autotuner):
             return None
         if not self._tc_store.readonly:
             for item in self._tc_unsaved:  # tuned while the store was down
-                _stats.defer_put(self._tc_store, *item)
+                writeback.defer_put(self._tc_store, *item)
         self._tc_unsaved.clear()
         return self._tc_store
 
     def _store_trouble(self, what: str, e: Exception) -> None:
-        _stats.count(None, None, store_errors=1)
+        counters.count(None, None, store_errors=1)
         # One warning per store and process: an outage fails reads, leases and writes alike, and
         # every kernel on that store falls back the same way (each failure is counted in stats()).
         arg = self._tc_store_arg
         where = arg.masked_url if isinstance(arg, Store) else str(arg or settings.raw("TUNECACHE_URL") or "")
-        _warn_once(
+        counters.warn_once(
             "",
             f"store-unavailable:{where}",
             "tunecache: %s: store unavailable (%s); tuning in this process instead",
@@ -552,7 +539,7 @@ class TunecacheAutotuner(Autotuner):
                 h, cfg, median_ms=timings[0], p20_ms=timings[1], p80_ms=timings[2], samples=self._tc_samples
             )
         self._tc_results[h] = result
-        _stats.count(self.kernel_name, self._tc_store, benchmarks=1, bench_seconds=elapsed)
+        counters.count(self.kernel_name, self._tc_store, benchmarks=1, bench_seconds=elapsed)
         return timings[:3]
 
     def check_disk_cache(self, tuning_key: Any, configs: list, bench_fn: Callable[[], None]) -> bool:
@@ -591,8 +578,8 @@ class TunecacheAutotuner(Autotuner):
         self.configs_timings = {c: rows[h].timings() for h, c in by_hash.items() if h in rows}
         self._tc_from_store[ctx.key] = (p.digest, win)
         if hit:
-            _stats.count(self.kernel_name, self._tc_store, hits=1, saved_seconds=p.tuning_seconds or 0.0)
-            _stats.hit(self._tc_store, p.digest)
+            counters.count(self.kernel_name, self._tc_store, hits=1, saved_seconds=p.tuning_seconds or 0.0)
+            writeback.hit(self._tc_store, p.digest)
 
     def _problem(self, ctx: _Ctx, seconds: float = 0.0, winner: str | None = None) -> Problem:
         ident = self.identity
@@ -617,7 +604,7 @@ class TunecacheAutotuner(Autotuner):
         capturing = _capturing()
         if capturing or mode == "offline":
             return self._fallback(ctx, "capture" if capturing else "offline", mode)
-        _stats.count(self.kernel_name, self._tc_store, misses=1)
+        counters.count(self.kernel_name, self._tc_store, misses=1)
         store = self._store()
         if mode == "readonly" or store is None or store.readonly:
             return self._bench_unstored(ctx, p, bench_fn, keep=mode != "readonly" and store is None)
@@ -629,8 +616,8 @@ class TunecacheAutotuner(Autotuner):
             raise CaptureMissError(self.kernel_name, dict(zip(ctx.names, ctx.values)))
         cfg = self._nearest(ctx)
         self.cache[ctx.key] = cfg
-        _stats.count(self.kernel_name, None, **{f"{reason}_fallbacks": 1})
-        _warn_once(
+        counters.count(self.kernel_name, None, **{f"{reason}_fallbacks": 1})
+        counters.warn_once(
             self.kernel_name,
             reason,
             "tunecache: %s: no stored config for %s during %s; using %s without benchmarking. "
@@ -776,7 +763,7 @@ class TunecacheAutotuner(Autotuner):
                         flock.release()
             if not waited:
                 waited = True
-                _stats.count(None, None, waits=1)
+                counters.count(None, None, waits=1)
                 log.info("tunecache: %s: another process is benchmarking %s; waiting", self.kernel_name, ctx.key_json)
             time.sleep(poll)
             poll = min(poll * 1.5, 0.5)
@@ -790,7 +777,7 @@ class TunecacheAutotuner(Autotuner):
                 self._use(ctx, q, hit=False)
                 return True
             if time.monotonic() > deadline:
-                _warn_once(
+                counters.warn_once(
                     self.kernel_name,
                     "wait-timeout",
                     "tunecache: %s: waited %.0fs for another process's benchmark of %s; benchmarking here",
@@ -823,7 +810,7 @@ class TunecacheAutotuner(Autotuner):
         if keep:
             item = (self._problem(ctx, seconds, winner), results, p is not None)
             if self._tc_store is not None:
-                _stats.defer_put(self._tc_store, *item)
+                writeback.defer_put(self._tc_store, *item)
             else:
                 self._tc_unsaved.append(item)
         return False
@@ -859,7 +846,7 @@ class TunecacheAutotuner(Autotuner):
             stored = store.put(problem, results, replace=p is not None)
         except StoreError as e:
             self._store_trouble("write", e)
-            _stats.defer_put(store, problem, results, p is not None)
+            writeback.defer_put(store, problem, results, p is not None)
             return False  # _choose already set self.cache[key] to the local winner
         self._tc_mem[stored.digest] = stored
         self._use(ctx, stored, hit=False)
@@ -923,7 +910,7 @@ class TunecacheAutotuner(Autotuner):
                     best = pick_winner(p.configs)
                     p.winner_config_hash = best.config_hash if best else None
                     self._tc_mem[digest] = p
-            _stats.count(None, None, poisoned=1)
+            counters.count(None, None, poisoned=1)
             log.warning(
                 "tunecache: %s: stored winner %s failed on this target (%s: %s); marked %s and re-resolving",
                 self.kernel_name,
@@ -1060,9 +1047,8 @@ def _after_fork_in_child() -> None:
     store again (a Store the user passed gets an empty pool in store.py's own fork handler). What
     the parent resolved before the fork stays: a child that launches a warmed key does no I/O.
     """
-    global _pool, _pool_pid, _pool_lock, _warned_lock
+    global _pool, _pool_pid, _pool_lock
     _pool_lock = threading.Lock()
-    _warned_lock = threading.Lock()
     _pool, _pool_pid = None, None
     for t in list(_tuners):
         t._tc_identity_lock = threading.Lock()
@@ -1098,8 +1084,8 @@ def _renew(store: Store, digest: str, holder: str, ttl: float, lost: threading.E
         log.debug("tunecache: lease renewal failed", exc_info=True)
         return True
     lost.set()
-    _stats.count(None, None, leases_lost=1)
-    _warn_once(
+    counters.count(None, None, leases_lost=1)
+    counters.warn_once(
         kernel,
         "lease-lost",
         "tunecache: %s: lost the benchmark lease of %s to another process (renewals later than "

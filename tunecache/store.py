@@ -51,8 +51,7 @@ from sqlalchemy.dialects import mysql as mysql_dialect
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, SQLAlchemyError
 
-from tunecache import metrics as _stats
-from tunecache import settings
+from tunecache import counters, settings
 from tunecache.errors import SchemaError, StoreError, StoreNotFoundError, StoreReadOnlyError
 from tunecache.identity import TARGET_FIELDS, Target, hostname, search_space_hash
 from tunecache.model import FAILED_STATUSES, STATUSES, ConfigResult, LaunchSpec, Problem, pick_winner, utcnow
@@ -1072,7 +1071,7 @@ class Store:
                 .values(holder=holder, host=host, pid=os.getpid(), expires_at=now + ttl)
             )
             if res.rowcount == 1:
-                _stats.count(None, None, lease_takeovers=1)
+                counters.count(None, None, lease_takeovers=1)
                 log.warning(
                     "tunecache: took over the benchmark lease of %s from %s (%s)",
                     digest[:12],
