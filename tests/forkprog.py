@@ -23,8 +23,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import tinykernels  # noqa: E402
 
 import tunecache  # noqa: E402
-from tunecache import autotuner as at  # noqa: E402
-from tunecache import counters, writeback  # noqa: E402
+from tunecache import background, counters, writeback  # noqa: E402
 from tunecache import store as store_mod  # noqa: E402
 from tunecache.store import open_store, replace  # noqa: E402
 
@@ -103,7 +102,7 @@ def moment(name: str, url: str) -> dict:
     """Fork at one moment of the background prefetch; the child's first launch must complete."""
     if name == "before":  # the prefetch is queued, not started
         gate = threading.Event()
-        at._background(gate.wait)
+        background.submit(gate.wait)
         k = tinykernels.make_add(store=url)
         pid, r = fork(launch_child(k))
         gate.set()
@@ -131,7 +130,7 @@ def moment(name: str, url: str) -> dict:
         pid, r = fork(launch_child(k))
     elif name == "after":  # the prefetch finished: its store and pooled connections exist
         k = tinykernels.make_add(store=url)
-        k._tc_opening[1].result(timeout=60)
+        k.wait_for_prefetch()
         pid, r = fork(launch_child(k))
     else:
         raise SystemExit(f"unknown moment {name}")
@@ -145,18 +144,18 @@ def moment(name: str, url: str) -> dict:
 def locks(url: str) -> dict:
     """Fork while another thread holds every lock tunecache's background work may hold."""
     k = tinykernels.make_add(store=url)
-    k._tc_opening[1].result(timeout=60)
+    k.wait_for_prefetch()
     s = store_mod.shared_store(url)
     named = {
         "store._stores_lock": lambda: store_mod._stores_lock,
         "store._alembic_lock": lambda: store_mod._alembic_lock,
         "Store._lock": lambda: s._lock,
-        "autotuner._pool_lock": lambda: at._pool_lock,
+        "background.pool_lock": lambda: background.fork_locks()["background.pool_lock"],
         "counters.lock": lambda: counters.fork_locks()["counters.lock"],
         "counters.warned_lock": lambda: counters.fork_locks()["counters.warned_lock"],
         "writeback.lock": lambda: writeback.fork_locks()["writeback.lock"],
-        "tuner._tc_identity_lock": lambda: k._tc_identity_lock,
-        "tuner._tc_lock": lambda: k._tc_lock,
+        "tuner.identity_lock": lambda: k.fork_locks()["tuner.identity_lock"],
+        "tuner.lock": lambda: k.fork_locks()["tuner.lock"],
     }
     held, release = threading.Event(), threading.Event()
 

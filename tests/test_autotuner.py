@@ -22,6 +22,7 @@ from conftest import HERE, run_json, run_procs
 
 import tunecache
 from tunecache import autotuner as at
+from tunecache import background
 from tunecache.store import open_store
 
 
@@ -456,10 +457,10 @@ def test_driver_change_topk_benchmarks_only_previous_best(sqlite_url, monkeypatc
 
 KEY_WARM = """
     import json, os, tinykernels
-    from tunecache import autotuner as at, tritoncompat
+    from tunecache import background, tritoncompat
     triton_key = tritoncompat.triton_key()  # triton.compiler.compiler on 3.4, triton.runtime.cache on 3.5+
     k = tinykernels.make_add()
-    t = at._key_thread
+    t = background.triton_key_thread()
     if t is not None:
         t.join(60)
     before_fork = triton_key.cache_info().currsize
@@ -489,7 +490,7 @@ def add_kernel(x, y, out, N, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = offs < N
     tl.store(out + offs, add(tl.load(x + offs, mask=m), tl.load(y + offs, mask=m)), mask=m)
-add_kernel._tc_opening[1].result(timeout=60)  # the background prefetch runs while this module imports
+add_kernel.wait_for_prefetch()  # the background prefetch runs while this module imports
 @triton.jit
 def add(a, b):
     return a + b
@@ -506,7 +507,7 @@ def test_source_is_hashed_once_never_before_its_module_finished_importing(
     # its module finished importing (a factory) is hashed at once: in the prefetch thread, or, where
     # ast.parse is not thread safe (CPython 3.11), on the defining thread. Either way exactly once:
     # a first launch waits for the background hash instead of parsing the source a second time.
-    monkeypatch.setattr(at, "_AST_NOT_THREAD_SAFE", ast_unsafe)
+    monkeypatch.setattr(background, "AST_NOT_THREAD_SAFE", ast_unsafe)
     monkeypatch.setenv("TUNECACHE_URL", sqlite_url)
     threads = []
     real = at.kernel_identity
@@ -525,8 +526,7 @@ def test_source_is_hashed_once_never_before_its_module_finished_importing(
         monkeypatch.syspath_prepend(str(tmp_path))
         monkeypatch.delitem(sys.modules, "addmod_importing", raising=False)
         k = importlib.import_module("addmod_importing").add_kernel
-    if k._tc_opening is not None:
-        k._tc_opening[1].result(timeout=60)
+    k.wait_for_prefetch()
     before_launch = list(threads)
     tinykernels.launch(k, 100)
     assert len(threads) == 1

@@ -27,20 +27,18 @@ import hashlib
 import logging
 import os
 import statistics
-import sys
 import threading
 import time
 import uuid
-import weakref
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 import orjson
 from triton.runtime.autotuner import Autotuner
 
-from tunecache import counters, settings, tritoncompat, writeback
+from tunecache import background, counters, settings, writeback
 from tunecache import preload as _preload
 from tunecache.errors import CaptureMissError, StoreError
 from tunecache.identity import (
@@ -224,29 +222,28 @@ class TunecacheAutotuner(Autotuner):
         self._tc_lock = threading.RLock()
         self._tc_opening: tuple[int, Future] | None = None
         self._tc_specs: dict[str, list[LaunchSpec]] | None = None  # fetched, by target digest
-        self._tc_autoload = False  # load_winners() once CUDA is up (see _preload_when_cuda_is_up)
-        _tuners.add(self)
+        background.register(self)
         if current_mode() != "off" and settings.get("TUNECACHE_PREFETCH"):
             # Open the store and fetch this kernel's problems while the server loads its weights,
             # so the first launch pays no query, imports or connection set-up. No CUDA calls here:
             # a server may still fork. The source is hashed no earlier than the first launch unless
             # its module finished importing (a @jit helper below the kernel does not exist yet).
-            if _AST_NOT_THREAD_SAFE and module_imported(fn):
+            if background.AST_NOT_THREAD_SAFE and module_imported(fn):
                 self.identity  # noqa: B018 - hashed here, so that no other thread parses source
-            self._tc_opening = (os.getpid(), _background(self._open_early))
-            _warm_triton_key()
-            if preload_enabled() and not interpreting() and not _AST_NOT_THREAD_SAFE:
+            self._tc_opening = (os.getpid(), background.submit(self._open_early))
+            background.warm_triton_key()
+            if preload_enabled() and not interpreting() and not background.AST_NOT_THREAD_SAFE:
                 # (On 3.11 a background preload could parse source, racing the launching thread.)
-                _preload_when_cuda_is_up(self)
+                background.preload_when_cuda_is_up(self)
 
     def _open_early(self) -> None:
         """Background: open the store, prefetch every problem of this kernel (all targets: the
         target needs CUDA, which must not be touched before a server forks); hash the source only
-        if its module finished importing, and never on 3.11 (see ``_AST_NOT_THREAD_SAFE``)."""
+        if its module finished importing, and never on 3.11 (see ``background.AST_NOT_THREAD_SAFE``)."""
         with contextlib.suppress(Exception):
             arg = self._tc_store_arg
             store = arg if isinstance(arg, Store) else shared_store(arg)
-            if self._tc_identity is None and not _AST_NOT_THREAD_SAFE and module_imported(self.fn):
+            if self._tc_identity is None and not background.AST_NOT_THREAD_SAFE and module_imported(self.fn):
                 self.identity  # noqa: B018
             self._fetch_problems(store)
             if self._tc_identity is not None:
@@ -278,6 +275,34 @@ class TunecacheAutotuner(Autotuner):
             if q.source_hash == h:
                 self._tc_mem.setdefault(q.digest, q)
         self._tc_pending = None
+
+    def wait_for_prefetch(self, timeout: float = 60.0) -> None:
+        """Wait until the background prefetch this kernel's definition started (if any, in this
+        process) has run: for tests, and for a server that wants its stores open before it serves."""
+        opening = self._tc_opening
+        if opening is not None and opening[0] == os.getpid():
+            opening[1].result(timeout=timeout)
+
+    def after_fork_in_child(self) -> None:
+        """Called by :mod:`tunecache.background` in a forked child: fresh locks, no parent's work.
+
+        A lock a parent's thread held at the fork (the prefetch hashing a kernel, a launch resolving
+        a key) would stay taken forever. The parent's pending prefetch is not the child's to wait
+        for, and its stores are the parent's connections: the tuner opens its store again (a Store
+        the user passed gets an empty pool in store.py's own fork handler). What the parent resolved
+        before the fork stays: a child that launches a warmed key does no I/O.
+        """
+        self._tc_identity_lock = threading.Lock()
+        self._tc_lock = threading.RLock()
+        self._tc_opening = None
+        self._tc_unsaved = []  # the parent's results, for the parent to write
+        self._tc_store_retry_at = 0.0
+        if not isinstance(self._tc_store_arg, Store):
+            self._tc_store = None
+
+    def fork_locks(self) -> dict[str, Any]:
+        """This tuner's locks, which a forked child gets fresh (for tests/test_fork.py)."""
+        return {"tuner.identity_lock": self._tc_identity_lock, "tuner.lock": self._tc_lock}
 
     # ---- preloading the winners' binaries ---------------------------------------------------------
 
@@ -347,8 +372,8 @@ class TunecacheAutotuner(Autotuner):
 
     def _may_hash_here(self) -> bool:
         """Whether this thread may hash the source now, before the first launch: only once the
-        module finished importing, and on 3.11 only on the main thread (see _AST_NOT_THREAD_SAFE)."""
-        if _AST_NOT_THREAD_SAFE and threading.current_thread() is not threading.main_thread():
+        module finished importing, and on 3.11 only on the main thread (see ``background.AST_NOT_THREAD_SAFE``)."""
+        if background.AST_NOT_THREAD_SAFE and threading.current_thread() is not threading.main_thread():
             return False
         return module_imported(self.fn)
 
@@ -936,133 +961,6 @@ def _config_json(tuner: TunecacheAutotuner, ctx: _Ctx, h: str) -> dict[str, Any]
 
 _CONFIG_MEMO_MAX = 4096  # config identities memoised per kernel (a prune may build configs without end)
 
-_pool: ThreadPoolExecutor | None = None
-_pool_pid: int | None = None
-_pool_lock = threading.Lock()
-_tuners: weakref.WeakSet[TunecacheAutotuner] = weakref.WeakSet()
-
-
-def _background(fn: Callable[[], Any]) -> Future:
-    """One worker thread per process, jobs in order (a preload runs after its kernel's prefetch).
-    A forked child gets its own: the parent's thread does not exist there."""
-    global _pool, _pool_pid
-    with _pool_lock:
-        if _pool is None or _pool_pid != os.getpid():
-            _pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tunecache")
-            _pool_pid = os.getpid()
-        return _pool.submit(fn)
-
-
-_autoload_pid: int | None = None  # the process whose torch queue holds _load_when_cuda_is_up
-
-
-def _preload_when_cuda_is_up(tuner: TunecacheAutotuner) -> None:
-    """Have ``tuner``'s winners loaded in the background once CUDA is initialised: one callback per
-    process on torch's lazy-init queue covers every kernel defined before that; a kernel defined
-    after it is queued at once."""
-    global _autoload_pid
-    tuner._tc_autoload = True
-    torch = sys.modules.get("torch")
-    if torch is None or not torch.cuda.is_initialized():
-        with _pool_lock:
-            if _autoload_pid == os.getpid():
-                return
-            _autoload_pid = os.getpid()
-    _preload.on_cuda_init(_load_when_cuda_is_up)  # runs it now if CUDA is up already
-
-
-def _load_when_cuda_is_up() -> None:
-    """Queue, behind the prefetches, the preload of every kernel marked for it. Only where the
-    device is unambiguous: with several visible GPUs the device a worker will use is not known
-    yet, and it calls ``tunecache.load_winners()`` itself."""
-    import torch
-
-    if torch.cuda.device_count() != 1:
-        return
-    todo = [t for t in list(_tuners) if t._tc_autoload]
-    for t in todo:
-        t._tc_autoload = False  # once: a kernel defined later is queued by itself
-    _background(lambda: sum(t.load_winners() for t in todo))  # the worker's current device is that one
-
-
-def load_winners(device: int | None = None) -> int:
-    """Load the stored winners' binaries of every tunecache kernel defined so far onto ``device``
-    (default: the current one); returns how many were loaded.
-
-    With one visible GPU this happens by itself in the background once CUDA is initialised. A
-    process that sees several GPUs calls it after ``torch.cuda.set_device`` (it may run in a
-    thread while weights load). Never raises: whatever is not loaded here loads at its launch.
-    """
-    return sum(t.load_winners(device) for t in list(_tuners))
-
-
-# CPython 3.11 keeps the AST constructor's recursion depth per interpreter, not per thread:
-# ast.parse in two threads at once can raise "SystemError: AST constructor recursion depth mismatch"
-# in either of them (reproduced here on 3.11.7, not on 3.10, 3.12 or 3.13; CPython gh-106905).
-# There the source is hashed on the thread that defines the kernel (a few ms per kernel at import)
-# and the background work is store I/O only, so it never races Triton's own parse of a kernel.
-_AST_NOT_THREAD_SAFE = sys.version_info[:2] == (3, 11)
-
-_key_thread: threading.Thread | None = None
-_key_pid: int | None = None  # the process that started it: a forked child starts its own
-
-
-def _warm_triton_key() -> None:
-    """Once per process, in a daemon thread: compute Triton's compiler fingerprint (``triton_key``).
-
-    Triton computes it at the first compile of every process, cache hits included, by hashing its
-    own sources and libtriton (0.33 s on the H200 test host, most of a warm restart's first launch).
-    Done while the server is still loading weights, it is off the first launch. Pure file hashing:
-    no CUDA. A fork waits (at most 2 s) for it, so that no import lock is held across the fork.
-    """
-    global _key_thread, _key_pid
-    with _pool_lock:
-        if _key_pid == os.getpid():
-            return
-        triton_key = tritoncompat.triton_key()  # moved in 3.5; tests/test_triton_names.py checks it resolves
-        if triton_key is None:
-            return
-
-        def work() -> None:
-            with contextlib.suppress(Exception):
-                triton_key()
-
-        _key_pid = os.getpid()
-        _key_thread = threading.Thread(target=work, name="tunecache-triton-key", daemon=True)
-        _key_thread.start()
-
-
-def _join_key_thread_before_fork() -> None:
-    t = _key_thread
-    if t is not None and t.is_alive():
-        t.join(timeout=2.0)
-
-
-def _after_fork_in_child() -> None:
-    """Fresh locks and background state in a forked child (the parent's threads do not exist there).
-
-    A lock a parent's thread held at the fork (the prefetch hashing a kernel, the pool submitting a
-    job, a launch resolving a key) would stay taken forever. The parent's pending prefetches are
-    not the child's to wait for, and its stores are the parent's connections: each tuner opens its
-    store again (a Store the user passed gets an empty pool in store.py's own fork handler). What
-    the parent resolved before the fork stays: a child that launches a warmed key does no I/O.
-    """
-    global _pool, _pool_pid, _pool_lock
-    _pool_lock = threading.Lock()
-    _pool, _pool_pid = None, None
-    for t in list(_tuners):
-        t._tc_identity_lock = threading.Lock()
-        t._tc_lock = threading.RLock()
-        t._tc_opening = None
-        t._tc_unsaved = []  # the parent's results, for the parent to write
-        t._tc_store_retry_at = 0.0
-        if not isinstance(t._tc_store_arg, Store):
-            t._tc_store = None
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_join_key_thread_before_fork, after_in_child=_after_fork_in_child)
-
 
 def _heartbeat(
     store: Store, digest: str, holder: str, ttl: float, stop: threading.Event, lost: threading.Event, kernel: str
@@ -1179,6 +1077,17 @@ def autotune(
         )
 
     return decorator
+
+
+def load_winners(device: int | None = None) -> int:
+    """Load the stored winners' binaries of every tunecache kernel defined so far onto ``device``
+    (default: the current one); returns how many were loaded.
+
+    With one visible GPU this happens by itself in the background once CUDA is initialised. A
+    process that sees several GPUs calls it after ``torch.cuda.set_device`` (it may run in a
+    thread while weights load). Never raises: whatever is not loaded here loads at its launch.
+    """
+    return sum(t.load_winners(device) for t in background.tuners())
 
 
 _originals: dict[str, Any] = {}
