@@ -23,22 +23,19 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import logging
 import os
 import statistics
 import threading
 import time
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
-from pathlib import Path
 from typing import Any
 
 import orjson
 from triton.runtime.autotuner import Autotuner
 
-from tunecache import background, counters, settings, writeback
+from tunecache import background, counters, settings, singleflight, writeback
 from tunecache import preload as _preload
 from tunecache.errors import CaptureMissError, StoreError
 from tunecache.identity import (
@@ -58,19 +55,10 @@ from tunecache.identity import (
 )
 from tunecache.model import ConfigResult, LaunchSpec, Problem, pick_winner
 from tunecache.settings import current_mode
+from tunecache.singleflight import Lease
 from tunecache.store import Store, shared_store
 
 log = logging.getLogger("tunecache")
-
-
-def lease_seconds() -> float:
-    """How long a benchmark lease lives without renewal: a killed holder blocks others this long."""
-    return settings.get("TUNECACHE_LEASE_SECONDS")
-
-
-def wait_seconds() -> float:
-    """How long a process waits for another's benchmark before benchmarking itself."""
-    return settings.get("TUNECACHE_WAIT_SECONDS")
 
 
 def winner_tolerance() -> float:
@@ -763,54 +751,29 @@ class TunecacheAutotuner(Autotuner):
         return list(new.values()), seconds
 
     def _single_flight(self, ctx: _Ctx, p: Problem | None, store: Store, bench_fn: Callable[[], None]) -> bool:
-        """Exactly one process per digest benchmarks, on this host (filelock) and across hosts (lease row)."""
-        holder = f"{hostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        ttl = lease_seconds()
-        deadline = time.monotonic() + wait_seconds()
-        flock = _host_lock(store, ctx.digest)
-        waited = False
-        poll = 0.05
-        while True:
-            got_host = flock is None or _try_acquire(flock)
-            if got_host:
-                try:
-                    if store.try_lease(ctx.digest, holder, ttl):
-                        try:
-                            return self._bench_and_store(ctx, store, bench_fn, holder, ttl)
-                        finally:
-                            with contextlib.suppress(StoreError):
-                                store.release_lease(ctx.digest, holder)
-                except StoreError as e:
-                    self._store_trouble("lease", e)
-                    return self._bench_unstored(ctx, p, bench_fn)
-                finally:
-                    if flock is not None:
-                        flock.release()
-            if not waited:
-                waited = True
-                counters.count(None, None, waits=1)
-                log.info("tunecache: %s: another process is benchmarking %s; waiting", self.kernel_name, ctx.key_json)
-            time.sleep(poll)
-            poll = min(poll * 1.5, 0.5)
-            try:
-                q = store.get(ctx.digest)
-            except StoreError as e:
-                self._store_trouble("read", e)
-                return self._bench_unstored(ctx, p, bench_fn)
-            if self._covers(q, ctx):
-                self._tc_mem[q.digest] = q
-                self._use(ctx, q, hit=False)
-                return True
-            if time.monotonic() > deadline:
-                counters.warn_once(
-                    self.kernel_name,
-                    "wait-timeout",
-                    "tunecache: %s: waited %.0fs for another process's benchmark of %s; benchmarking here",
-                    self.kernel_name,
-                    wait_seconds(),
-                    ctx.key_json,
-                )
-                return self._bench_and_store(ctx, store, bench_fn, None, ttl)
+        """Exactly one process per digest benchmarks (see :mod:`tunecache.singleflight`)."""
+
+        def settled() -> bool | None:  # another process's result, once it covers this key
+            q = store.get(ctx.digest)
+            if not self._covers(q, ctx):
+                return None
+            self._tc_mem[q.digest] = q
+            self._use(ctx, q, hit=False)
+            return True
+
+        def trouble(what: str, e: StoreError) -> bool:
+            self._store_trouble(what, e)
+            return self._bench_unstored(ctx, p, bench_fn)
+
+        return singleflight.run(
+            store,
+            ctx.digest,
+            kernel=self.kernel_name,
+            what=ctx.key_json,
+            lead=lambda lease: self._bench_and_store(ctx, store, bench_fn, lease),
+            settled=settled,
+            trouble=trouble,
+        )
 
     def _choose(self, ctx: _Ctx, known: dict[str, ConfigResult], results: list[ConfigResult]) -> str | None:
         """The winner among this key's configs: the fastest, or a config within
@@ -840,9 +803,7 @@ class TunecacheAutotuner(Autotuner):
                 self._tc_unsaved.append(item)
         return False
 
-    def _bench_and_store(
-        self, ctx: _Ctx, store: Store, bench_fn: Callable[[], None], holder: str | None, ttl: float
-    ) -> bool:
+    def _bench_and_store(self, ctx: _Ctx, store: Store, bench_fn: Callable[[], None], lease: Lease) -> bool:
         try:
             p = store.get(ctx.digest)  # someone may have finished while we took the lease
         except StoreError as e:
@@ -852,18 +813,10 @@ class TunecacheAutotuner(Autotuner):
             self._tc_mem[p.digest] = p
             self._use(ctx, p, hit=False)
             return True
-        stop, lost = threading.Event(), threading.Event()
-        if holder is not None:
-            args = (store, ctx.digest, holder, ttl, stop, lost, self.kernel_name)
-            threading.Thread(target=_heartbeat, args=args, daemon=True).start()
         known = self._prepare_known(ctx, p)
-        try:
+        with lease.kept():
             results, seconds = self._run_bench(ctx, known, bench_fn)
-        finally:
-            stop.set()
-        if holder is not None and not lost.is_set():
-            _renew(store, ctx.digest, holder, ttl, lost, self.kernel_name)  # taken since the last beat?
-        if lost.is_set() and self._use_theirs(ctx, store):
+        if lease.lost.is_set() and self._use_theirs(ctx, store):
             return False
         winner = self._choose(ctx, known, results)
         problem = self._problem(ctx, seconds + (p.tuning_seconds if p else 0.0), winner)
@@ -960,79 +913,6 @@ def _config_json(tuner: TunecacheAutotuner, ctx: _Ctx, h: str) -> dict[str, Any]
 
 
 _CONFIG_MEMO_MAX = 4096  # config identities memoised per kernel (a prune may build configs without end)
-
-
-def _heartbeat(
-    store: Store, digest: str, holder: str, ttl: float, stop: threading.Event, lost: threading.Event, kernel: str
-) -> None:
-    """Renew the benchmark lease every ttl/3 until ``stop``; stop renewing once it is lost."""
-    while not stop.wait(max(ttl / 3.0, 0.05)):
-        if not _renew(store, digest, holder, ttl, lost, kernel):
-            return
-
-
-def _renew(store: Store, digest: str, holder: str, ttl: float, lost: threading.Event, kernel: str) -> bool:
-    """Renew the lease; False once another process holds it (it judged ours expired or its holder
-    dead): then ``lost`` is set, counted and warned about once per kernel. A failed renewal (store
-    down) is not a loss: the lease may still be ours."""
-    try:
-        if store.renew_lease(digest, holder, ttl):
-            return True
-    except StoreError:
-        log.debug("tunecache: lease renewal failed", exc_info=True)
-        return True
-    lost.set()
-    counters.count(None, None, leases_lost=1)
-    counters.warn_once(
-        kernel,
-        "lease-lost",
-        "tunecache: %s: lost the benchmark lease of %s to another process (renewals later than "
-        "TUNECACHE_LEASE_SECONDS?); finishing this benchmark, then launching that process's result if it stored one",
-        kernel,
-        digest[:12],
-    )
-    return False
-
-
-def _lock_dir(store: Store) -> Path | None:
-    base = settings.get("TUNECACHE_LOCK_DIR")
-    if not base:
-        import platformdirs
-
-        base = platformdirs.user_cache_dir("tunecache")
-    d = Path(base) / "locks" / hashlib.sha256(str(store.url).encode()).hexdigest()[:16]
-    try:
-        d.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        return None
-    return d if os.access(d, os.W_OK) else None
-
-
-@functools.lru_cache(maxsize=64)
-def _lock_dir_cached(store: Store) -> Path | None:
-    return _lock_dir(store)
-
-
-def _host_lock(store: Store, digest: str) -> Any:
-    """A per-digest file lock: the OS drops it when its holder dies, even by kill -9."""
-    d = _lock_dir_cached(store)
-    if d is None:
-        return None
-    from filelock import FileLock
-
-    return FileLock(str(d / f"{digest[:32]}.lock"))
-
-
-def _try_acquire(lock: Any) -> bool:
-    from filelock import Timeout
-
-    try:
-        lock.acquire(timeout=0)
-        return True
-    except Timeout:
-        return False
-    except OSError:
-        return True  # no usable lock file: the lease row still serialises
 
 
 def autotune(
