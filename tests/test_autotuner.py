@@ -23,6 +23,7 @@ from conftest import HERE, run_json, run_procs
 import tunecache
 from tunecache import autotuner as at
 from tunecache import background
+from tunecache.identity import ConfigIds, config_identity
 from tunecache.store import open_store
 
 
@@ -236,7 +237,7 @@ class _Capturing:
 
     def __init__(self, monkeypatch):
         self.on = False
-        monkeypatch.setattr(at, "_capturing", lambda: self.on)
+        monkeypatch.setattr(at, "capturing", lambda: self.on)
 
 
 def test_capture_miss_never_benchmarks_and_hit_launches(sqlite_url, monkeypatch, caplog):
@@ -416,10 +417,10 @@ def test_poisoned_stored_winner_is_marked_and_retuned(sqlite_url, caplog):
         c.execute(sa.text("UPDATE problems SET winner_config_hash = :h"), {"h": poisoned.config_hash})
     # A kernel whose config list holds the poisoned config as BLOCK=3.
     cfgs = list(tinykernels.CONFIGS)
-    idx = next(i for i, c in enumerate(cfgs) if at.config_identity(c)[1] == poisoned.config_hash)
+    idx = next(i for i, c in enumerate(cfgs) if config_identity(c)[1] == poisoned.config_hash)
     bad = triton.Config({"BLOCK": 3}, num_warps=cfgs[idx].num_warps)
     # Store the bad config under its own hash as the winner.
-    bad_hash = at.config_identity(bad)[1]
+    bad_hash = config_identity(bad)[1]
     with store.engine.begin() as c:
         c.execute(
             sa.text("UPDATE configs SET config_hash = :b WHERE config_hash = :h"),
@@ -731,12 +732,11 @@ def test_configs_built_fresh_by_a_prune_are_stored_under_their_own_identity(sqli
         if r.median_ms != r.config["kwargs"]["BLOCK"] + r.config["num_warps"] / 10
     ]
     assert not wrong, f"{len(wrong)} rows hold another config's timing: {wrong[:3]}"
-    assert len(k._tc_hash_of) <= len(shapes)  # memoised by value: one entry per distinct config
+    assert len(k.config_ids) <= len(shapes)  # memoised by value: one entry per distinct config
 
 
-def test_config_identity_memo_is_bounded(sqlite_url, monkeypatch):
-    monkeypatch.setattr(at, "_CONFIG_MEMO_MAX", 8)
-    k = tinykernels.make_add(store=sqlite_url)
+def test_config_identity_memo_is_bounded():
+    ids = ConfigIds(max_size=8)
     for b in range(20):
-        k._config_id(triton.Config({"BLOCK": 2**b}))
-    assert len(k._tc_hash_of) <= 8
+        assert ids(triton.Config({"BLOCK": 2**b})) == config_identity(triton.Config({"BLOCK": 2**b}))
+    assert 0 < len(ids) <= 8

@@ -80,9 +80,9 @@ def test_restart_loads_only_this_targets_winners(sqlite_url, monkeypatch):
     k = tinykernels.make_add(store=sqlite_url)
     tinykernels.launch(k, 64)  # tunes: a winner stored for this target
     win = k.cache[next(iter(k.cache))]
-    win_hash = k._config_id(win)[1]
+    win_hash = k.config_ids(win)[1]
     here = detect_target().digest
-    other = [h for h in (k._config_id(c)[1] for c in k.configs) if h != win_hash][0]
+    other = [h for h in (k.config_ids(c)[1] for c in k.configs) if h != win_hash][0]
     version = preload.triton_version()
     s = open_store(sqlite_url)
     s.put_specs("k", k.identity.source_hash, here, [spec(1, win_hash, version), spec(2, other, version)])

@@ -25,7 +25,6 @@ import contextlib
 import functools
 import logging
 import os
-import statistics
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -35,15 +34,14 @@ from typing import Any
 import orjson
 from triton.runtime.autotuner import Autotuner
 
-from tunecache import background, counters, settings, singleflight, writeback
+from tunecache import background, counters, settings, singleflight, winner, writeback
 from tunecache import preload as _preload
 from tunecache.errors import CaptureMissError, StoreError
 from tunecache.identity import (
-    CONFIG_FIELDS,
+    ConfigIds,
     KernelIdentity,
     Target,
     canonical_key,
-    config_identity,
     detect_target,
     hostname,
     interpreting,
@@ -53,6 +51,7 @@ from tunecache.identity import (
     problem_digest,
     search_space_hash,
 )
+from tunecache.measure import Round, classify, cpu_do_bench
 from tunecache.model import ConfigResult, LaunchSpec, Problem, pick_winner
 from tunecache.settings import current_mode
 from tunecache.singleflight import Lease
@@ -82,26 +81,8 @@ def driver_change_policy() -> int | None:
     return settings.get("TUNECACHE_ON_DRIVER_CHANGE")
 
 
-def cpu_do_bench(kernel_call: Callable[[], Any], quantiles: Sequence[float] = (0.5, 0.2, 0.8)) -> list[float]:
-    """Wall-clock timer for the interpreter, where Triton's CUDA-event benchmarker cannot run."""
-    kernel_call()  # warm-up (the interpreter rewrites the function on first use)
-    reps = settings.get("TUNECACHE_CPU_BENCH_REPS")
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        kernel_call()
-        times.append((time.perf_counter() - t0) * 1e3)
-    times.sort()
-    return [_quantile(times, q) for q in quantiles]
-
-
-def _quantile(xs: list[float], q: float) -> float:
-    if len(xs) == 1:
-        return xs[0]
-    return statistics.quantiles(xs, n=100, method="inclusive")[max(0, min(98, round(q * 100) - 1))]
-
-
-def _capturing() -> bool:
+def capturing() -> bool:
+    """Whether the current CUDA stream is capturing a graph (a miss then cannot benchmark)."""
     try:
         import torch
     except ImportError:
@@ -110,22 +91,6 @@ def _capturing() -> bool:
         return bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
     except Exception:  # noqa: BLE001 - a broken CUDA context is not a capture
         return False
-
-
-def _classify(exc: BaseException) -> tuple[str, dict[str, Any]]:
-    """Map an exception from compiling or launching a config to (status, failure detail)."""
-    name = type(exc).__name__
-    if name == "OutOfResources":
-        return "out_of_resources", {
-            "error": name,
-            "resource": getattr(exc, "name", None),
-            "required": getattr(exc, "required", None),
-            "limit": getattr(exc, "limit", None),
-            "message": str(exc)[:500],
-        }
-    if name in ("CompilationError", "CompileTimeAssertionFailure", "PTXASError", "UnsupportedLanguageConstruct"):
-        return "compile_error", {"error": name, "message": str(exc)[:2000]}
-    return "runtime_error", {"error": name, "message": str(exc)[:2000]}
 
 
 class _Ctx:
@@ -201,11 +166,8 @@ class TunecacheAutotuner(Autotuner):
         self._tc_prefetched = False  # the kernel's problems (every target) were fetched
         self._tc_pending: list[Problem] | None = None  # fetched by name, not yet filtered by source hash
         self._tc_kwargs: dict[str, Any] = {}
-        self._tc_known: dict[str, ConfigResult] = {}
-        self._tc_results: dict[str, ConfigResult] = {}
-        self._tc_failure: tuple[str, dict[str, Any]] | None = None
-        self._tc_samples = 0
-        self._tc_hash_of: dict[tuple, tuple[Any, tuple[str, str]]] = {}  # config value -> (pre_hook, identity)
+        self._tc_round: Round | None = None  # the benchmark round in progress (see _run_bench)
+        self.config_ids = ConfigIds()  # config identities, memoised by value
         self._tc_from_store: dict[Any, tuple[str, str]] = {}  # tuning key -> (digest, config hash)
         self._tc_lock = threading.RLock()
         self._tc_opening: tuple[int, Future] | None = None
@@ -324,13 +286,13 @@ class TunecacheAutotuner(Autotuner):
             log.debug("tunecache: %s: preloaded %d binaries (%d skipped)", self.kernel_name, loaded, skipped)
         return loaded
 
-    def _record_specs(self, ctx: _Ctx, store: Store, winner: str | None) -> None:
+    def _record_specs(self, ctx: _Ctx, store: Store, best: str | None) -> None:
         """After a benchmark: store what Triton compiled the winner with, for later preloads
         (an idempotent write: specs other keys recorded already are kept)."""
-        config = dict(zip(ctx.hashes, ctx.configs)).get(winner) if winner else None
+        config = dict(zip(ctx.hashes, ctx.configs)).get(best) if best else None
         if config is None or store.readonly:
             return
-        specs = _preload.capture(self.fn, config, winner)
+        specs = _preload.capture(self.fn, config, best)
         try:
             store.put_specs(self.kernel_name, self.identity.source_hash, ctx.target.digest, specs)
         except StoreError as e:
@@ -378,29 +340,6 @@ class TunecacheAutotuner(Autotuner):
                 ident = self._tc_identity
         return ident
 
-    def _config_id(self, config: Any) -> tuple[str, str]:
-        """(JSON, hash) of a config, memoised by the config's VALUE: ``early_config_prune`` may build
-        fresh Config objects at the addresses of freed ones. The pre_hook enters by ``id``; the memo
-        holds the hook itself, so that id is not reused while the entry lives. Bounded."""
-        hook = getattr(config, "pre_hook", None)
-        try:
-            vkey = (
-                tuple(sorted(config.kwargs.items())),
-                tuple(getattr(config, f, None) for f in CONFIG_FIELDS),
-                getattr(config, "ir_override", None),
-                id(hook) if hook is not None else None,
-            )
-            memo = self._tc_hash_of.get(vkey)
-        except TypeError:  # an unhashable kwarg: config_identity names it
-            return config_identity(config)
-        if memo is not None:
-            return memo[1]
-        ident = config_identity(config)
-        if len(self._tc_hash_of) >= _CONFIG_MEMO_MAX:
-            self._tc_hash_of.clear()
-        self._tc_hash_of[vkey] = (hook, ident)
-        return ident
-
     def _key_names(self, n: int) -> list[str]:
         """Names of Triton's tuning-key values, built exactly as ``Autotuner.run`` builds them."""
         all_args = {**(self.nargs or {}), **self._tc_kwargs}
@@ -428,7 +367,7 @@ class TunecacheAutotuner(Autotuner):
             bucket=bucket,
             target=target,
             digest=problem_digest(self.identity.source_hash, target, key_json),
-            hashes=[self._config_id(c)[1] for c in configs],
+            hashes=[self.config_ids(c)[1] for c in configs],
             configs=list(configs),
         )
 
@@ -515,45 +454,43 @@ class TunecacheAutotuner(Autotuner):
         self, base: Callable[..., Any], kernel_call: Callable[[], Any], *args: Any, **kwargs: Any
     ) -> Any:
         """See the exception Triton's ``_bench`` swallows, and count samples."""
+        rnd = self._round()
 
         def counted() -> Any:
-            self._tc_samples += 1
+            rnd.samples += 1
             return kernel_call()
 
         try:
             return base(counted, *args, **kwargs)
         except Exception as e:
-            self._tc_failure = _classify(e)
+            rnd.failure = classify(e)
             raise
 
+    def _round(self) -> Round:
+        """The round in progress; a throwaway one where Triton benchmarks outside ours (mode "off")."""
+        rnd = self._tc_round
+        if rnd is None:
+            rnd = self._tc_round = Round()
+        return rnd
+
     def _bench(self, *args: Any, config: Any, **meta: Any) -> list[float]:
-        config_json, h = self._config_id(config)
-        known = self._tc_known.get(h)
+        config_json, h = self.config_ids(config)
+        rnd = self._round()
+        known = rnd.known.get(h)
         if known is not None:
             return known.timings()
-        self._tc_failure = None
-        self._tc_samples = 0
+        rnd.start_config()
         t0 = time.perf_counter()
+        exc: Exception | None = None
+        timings: Any = None
         try:
             timings = super()._bench(*args, config=config, **meta)
         except Exception as e:  # noqa: BLE001 - a config that fails is a result, not a crash
-            self._tc_failure = self._tc_failure or _classify(e)
-            timings = [float("inf")] * 3
+            exc = e
         elapsed = time.perf_counter() - t0
-        if not isinstance(timings, (list, tuple)):
-            timings = [float(timings)] * 3
-        timings = [float(t) for t in timings] + [float(timings[0])] * (3 - len(timings))
-        cfg = orjson.loads(config_json)
-        if self._tc_failure is not None or timings[0] == float("inf"):
-            status, failure = self._tc_failure or ("compile_error", {"error": "unknown", "message": "timing inf"})
-            result = ConfigResult(h, cfg, status=status, failure=failure, samples=self._tc_samples)
-        else:
-            result = ConfigResult(
-                h, cfg, median_ms=timings[0], p20_ms=timings[1], p80_ms=timings[2], samples=self._tc_samples
-            )
-        self._tc_results[h] = result
+        timings = rnd.measured(h, orjson.loads(config_json), timings, exc)
         counters.count(self.kernel_name, self._tc_store, benchmarks=1, bench_seconds=elapsed)
-        return timings[:3]
+        return timings
 
     def check_disk_cache(self, tuning_key: Any, configs: list, bench_fn: Callable[[], None]) -> bool:
         mode = current_mode()
@@ -564,13 +501,29 @@ class TunecacheAutotuner(Autotuner):
             return False
         if len(configs) == 1:
             # Nothing to choose (Triton 3.8+ does the same before calling us): never benchmark.
-            self.cache[tuning_key] = configs[0]
+            self._settle(tuning_key, configs[0])
             return True
         ctx = self._context(tuning_key, configs)
         with self._tc_lock:
             return self._resolve(ctx, mode, bench_fn)
 
     # ---- resolution -------------------------------------------------------------------------------
+
+    def _settle(
+        self,
+        key: Any,
+        config: Any,
+        timings: dict[Any, list[float]] | None = None,
+        stored: tuple[str, str] | None = None,
+    ) -> None:
+        """The one place tunecache gives a tuning key its config (Triton's own ``bench_fn`` first
+        sets the fastest, which this then overrides). ``stored``: (digest, config hash) of the
+        stored winner launched, blamed if that launch fails (see :meth:`run`)."""
+        self.cache[key] = config
+        if timings is not None:
+            self.configs_timings = timings
+        if stored is not None:
+            self._tc_from_store[key] = stored
 
     def _covers(self, p: Problem | None, ctx: _Ctx) -> bool:
         if p is None:
@@ -582,19 +535,14 @@ class TunecacheAutotuner(Autotuner):
         """Launch the stored winner: the same config on every worker of the fleet."""
         rows = p.config_map()
         by_hash = dict(zip(ctx.hashes, ctx.configs))
-        if p.winner_config_hash in by_hash:
-            win = p.winner_config_hash
-        else:  # configs were removed since: best stored among the current ones
-            best = pick_winner(rows[h] for h in ctx.hashes if h in rows)
-            win = best.config_hash if best else ctx.hashes[0]
-        self.cache[ctx.key] = by_hash[win]
-        self.configs_timings = {c: rows[h].timings() for h, c in by_hash.items() if h in rows}
-        self._tc_from_store[ctx.key] = (p.digest, win)
+        win = winner.stored_choice(p, ctx.hashes)
+        timings = {c: rows[h].timings() for h, c in by_hash.items() if h in rows}
+        self._settle(ctx.key, by_hash[win], timings, stored=(p.digest, win))
         if hit:
             counters.count(self.kernel_name, self._tc_store, hits=1, saved_seconds=p.tuning_seconds or 0.0)
             writeback.hit(self._tc_store, p.digest)
 
-    def _problem(self, ctx: _Ctx, seconds: float = 0.0, winner: str | None = None) -> Problem:
+    def _problem(self, ctx: _Ctx, seconds: float = 0.0, best: str | None = None) -> Problem:
         ident = self.identity
         return Problem(
             digest=ctx.digest,
@@ -606,7 +554,7 @@ class TunecacheAutotuner(Autotuner):
             tuning_seconds=seconds,
             host=hostname(),
             search_space_hash=search_space_hash(ctx.hashes),
-            winner_config_hash=winner,
+            winner_config_hash=best,
         )
 
     def _resolve(self, ctx: _Ctx, mode: str, bench_fn: Callable[[], None]) -> bool:
@@ -614,9 +562,9 @@ class TunecacheAutotuner(Autotuner):
         if self._covers(p, ctx):
             self._use(ctx, p, hit=True)
             return True
-        capturing = _capturing()
-        if capturing or mode == "offline":
-            return self._fallback(ctx, "capture" if capturing else "offline", mode)
+        capture = capturing()
+        if capture or mode == "offline":
+            return self._fallback(ctx, "capture" if capture else "offline", mode)
         counters.count(self.kernel_name, self._tc_store, misses=1)
         store = self._store()
         if mode == "readonly" or store is None or store.readonly:
@@ -627,8 +575,15 @@ class TunecacheAutotuner(Autotuner):
         """No benchmark now: nearest stored bucket's winner, else the first config. Deterministic."""
         if reason == "capture" and mode == "strict":
             raise CaptureMissError(self.kernel_name, dict(zip(ctx.names, ctx.values)))
-        cfg = self._nearest(ctx)
-        self.cache[ctx.key] = cfg
+        near = winner.nearest(
+            list(self._tc_mem.values()),
+            ctx.hashes,
+            ctx.values,
+            target_digest=ctx.target.digest,
+            bucket_index=next((i for i, n in enumerate(ctx.names) if n in self._tc_bucket), None),
+        )
+        cfg = dict(zip(ctx.hashes, ctx.configs))[near] if near is not None else ctx.configs[0]
+        self._settle(ctx.key, cfg)
         counters.count(self.kernel_name, None, **{f"{reason}_fallbacks": 1})
         counters.warn_once(
             self.kernel_name,
@@ -648,107 +603,59 @@ class TunecacheAutotuner(Autotuner):
                 self._store_trouble("write", e)
         return True
 
-    def _nearest(self, ctx: _Ctx) -> Any:
-        by_hash = dict(zip(ctx.hashes, ctx.configs))
-        bi = next((i for i, n in enumerate(ctx.names) if n in self._tc_bucket), None)
-        best: tuple[Any, ...] | None = None
-        for p in self._tc_mem.values():
-            if p.target.digest != ctx.target.digest or p.winner_config_hash not in by_hash:
-                continue
-            try:
-                other = [v for _, v in orjson.loads(p.key_json)]
-            except ValueError:
-                continue
-            if len(other) != len(ctx.values):
-                continue
-            same_rest = all(a == b for i, (a, b) in enumerate(zip(other, ctx.values)) if i != bi)
-            dist = abs(other[bi] - ctx.values[bi]) if bi is not None and isinstance(other[bi], int) else 0
-            rank = (0 if same_rest else 1, dist, other[bi] if bi is not None else 0, p.digest)
-            if best is None or rank < best[0]:
-                best = (rank, by_hash[p.winner_config_hash])
-        return best[1] if best else ctx.configs[0]
-
-    def _prepare_known(self, ctx: _Ctx, p: Problem | None) -> dict[str, ConfigResult]:
+    def _new_round(self, ctx: _Ctx, p: Problem | None) -> Round:
+        """What this key's round need not measure: rows stored for this target, or, for a key new
+        here, what the driver-change policy decides."""
         known = {h: r for h, r in (p.config_map().items() if p else ()) if h in ctx.hashes}
-        if p is None:
-            known.update(self._driver_change_prune(ctx))
-        return known
+        if p is not None:
+            return Round(known=known)
+        pruning = self._driver_change_prune(ctx)
+        if pruning is None:
+            return Round(known=known)
+        return Round(known={**known, **pruning.skip}, pruned=pruning.pruned)
 
-    def _driver_change_prune(self, ctx: _Ctx) -> dict[str, ConfigResult]:
+    def _driver_change_prune(self, ctx: _Ctx) -> winner.Pruning | None:
         """``topk:N``: after a driver change, benchmark only the N best configs of the old driver."""
         n = driver_change_policy()
         store = self._tc_store
         if n is None or store is None:
-            return {}
+            return None
         t = ctx.target
         try:
-            olds = [
-                q
-                for q in store.list(
-                    with_configs=True,
-                    source_hash=self.identity.source_hash,
-                    key_json=ctx.key_json,
-                    arch=t.arch,
-                    device=t.device_name,
-                )
-                if q.target.driver_version != t.driver_version or q.target.driver_release != t.driver_release
-            ]
+            same_key = store.list(
+                with_configs=True,
+                source_hash=self.identity.source_hash,
+                key_json=ctx.key_json,
+                arch=t.arch,
+                device=t.device_name,
+            )
         except StoreError as e:
             self._store_trouble("read", e)
-            return {}
-        olds = [
-            q
-            for q in olds
-            if {k: v for k, v in q.target.digest_fields().items() if not k.startswith("driver")}
-            == {k: v for k, v in t.digest_fields().items() if not k.startswith("driver")}
-        ]
-        if not olds:
-            return {}
-        old = max(olds, key=lambda q: (q.updated_at or 0, q.digest))
-        ranked = sorted(
-            (r for r in old.configs if r.ok and r.config_hash in ctx.hashes), key=lambda r: (r.median_ms, r.config_hash)
-        )
-        keep = {r.config_hash for r in ranked[:n]}
-        if not keep:
-            return {}
-        skip = {}
-        for h in ctx.hashes:
-            if h in keep:
-                continue
-            prev = old.config_map().get(h)
-            if prev is not None and not prev.ok:
-                skip[h] = prev  # failed before: stays failed, no compile
-            else:
-                skip[h] = ConfigResult(
-                    h,
-                    {},
-                    status="pruned",
-                    failure={
-                        "reason": f"TUNECACHE_ON_DRIVER_CHANGE=topk:{n}: not among the {n} best configs stored for "
-                        f"driver {old.target.driver_release or old.target.driver_version}"
-                    },
-                )
-        log.info(
-            "tunecache: %s: driver changed; re-checking %d of %d configs", self.kernel_name, len(keep), len(ctx.hashes)
-        )
-        return skip
+            return None
+        old = winner.previous_driver(same_key, t)
+        if old is None:
+            return None
+        configs = {h: orjson.loads(self.config_ids(c)[0]) for c, h in zip(ctx.configs, ctx.hashes)}
+        pruning = winner.driver_change_prune(old, configs, n)
+        if pruning is not None:
+            log.info(
+                "tunecache: %s: driver changed; re-checking %d of %d configs",
+                self.kernel_name,
+                len(pruning.keep),
+                len(ctx.hashes),
+            )
+        return pruning
 
-    def _run_bench(
-        self, ctx: _Ctx, known: dict[str, ConfigResult], bench_fn: Callable[[], None]
-    ) -> tuple[list[ConfigResult], float]:
-        self._tc_known = known
-        self._tc_results = {}
+    def _run_bench(self, rnd: Round, bench_fn: Callable[[], None]) -> Round:
+        """Run Triton's ``bench_fn`` with ``rnd`` as the round in progress; returns it, filled."""
+        self._tc_round = rnd
         t0 = time.perf_counter()
         try:
             bench_fn()
         finally:
-            self._tc_known = {}
-        seconds = time.perf_counter() - t0
-        new = dict(self._tc_results)
-        for h, r in known.items():  # rows made up by the driver-change policy are stored too
-            if h not in new and r.status == "pruned" and not r.config:
-                new[h] = ConfigResult(h, _config_json(self, ctx, h), status="pruned", failure=r.failure)
-        return list(new.values()), seconds
+            self._tc_round = None
+        rnd.seconds = time.perf_counter() - t0
+        return rnd
 
     def _single_flight(self, ctx: _Ctx, p: Problem | None, store: Store, bench_fn: Callable[[], None]) -> bool:
         """Exactly one process per digest benchmarks (see :mod:`tunecache.singleflight`)."""
@@ -775,28 +682,27 @@ class TunecacheAutotuner(Autotuner):
             trouble=trouble,
         )
 
-    def _choose(self, ctx: _Ctx, known: dict[str, ConfigResult], results: list[ConfigResult]) -> str | None:
-        """The winner among this key's configs: the fastest, or a config within
-        ``winner_tolerance()`` of it that already wins more keys of this kernel on this target."""
-        rows = {**known, **{r.config_hash: r for r in results}}
-        counts: dict[str, int] = {}
-        for q in list(self._tc_mem.values()):
-            if q.digest != ctx.digest and q.winner_config_hash and q.target.digest == ctx.target.digest:
-                counts[q.winner_config_hash] = counts.get(q.winner_config_hash, 0) + 1
-        prefer = sorted(counts, key=lambda h: (-counts[h], h))
-        best = pick_winner((rows[h] for h in ctx.hashes if h in rows), prefer, winner_tolerance())
-        if best is None:
-            return None
-        self.cache[ctx.key] = dict(zip(ctx.hashes, ctx.configs))[best.config_hash]
-        return best.config_hash
+    def _choose(self, ctx: _Ctx, rnd: Round) -> str | None:
+        """The winner of a round (see :func:`tunecache.winner.choose`), launched from now on."""
+        rows = {**rnd.known, **rnd.results}
+        best = winner.choose(
+            rows,
+            ctx.hashes,
+            list(self._tc_mem.values()),
+            digest=ctx.digest,
+            target_digest=ctx.target.digest,
+            tolerance=winner_tolerance(),
+        )
+        if best is not None:
+            self._settle(ctx.key, dict(zip(ctx.hashes, ctx.configs))[best])
+        return best
 
     def _bench_unstored(self, ctx: _Ctx, p: Problem | None, bench_fn: Callable[[], None], keep: bool = True) -> bool:
         """Tune in this process; with ``keep``, write the result once the store is back."""
-        known = self._prepare_known(ctx, p)
-        results, seconds = self._run_bench(ctx, known, bench_fn)
-        winner = self._choose(ctx, known, results)
+        rnd = self._run_bench(self._new_round(ctx, p), bench_fn)
+        best = self._choose(ctx, rnd)
         if keep:
-            item = (self._problem(ctx, seconds, winner), results, p is not None)
+            item = (self._problem(ctx, rnd.seconds, best), rnd.rows(), p is not None)
             if self._tc_store is not None:
                 writeback.defer_put(self._tc_store, *item)
             else:
@@ -813,19 +719,20 @@ class TunecacheAutotuner(Autotuner):
             self._tc_mem[p.digest] = p
             self._use(ctx, p, hit=False)
             return True
-        known = self._prepare_known(ctx, p)
+        rnd = self._new_round(ctx, p)
         with lease.kept():
-            results, seconds = self._run_bench(ctx, known, bench_fn)
+            self._run_bench(rnd, bench_fn)
         if lease.lost.is_set() and self._use_theirs(ctx, store):
             return False
-        winner = self._choose(ctx, known, results)
-        problem = self._problem(ctx, seconds + (p.tuning_seconds if p else 0.0), winner)
+        best = self._choose(ctx, rnd)  # launched even if the store cannot take it
+        problem = self._problem(ctx, rnd.seconds + (p.tuning_seconds if p else 0.0), best)
+        results = rnd.rows()
         try:
             stored = store.put(problem, results, replace=p is not None)
         except StoreError as e:
             self._store_trouble("write", e)
             writeback.defer_put(store, problem, results, p is not None)
-            return False  # _choose already set self.cache[key] to the local winner
+            return False
         self._tc_mem[stored.digest] = stored
         self._use(ctx, stored, hit=False)
         self._record_specs(ctx, store, stored.winner_config_hash)
@@ -876,7 +783,7 @@ class TunecacheAutotuner(Autotuner):
         return tuple(key)
 
     def _poisoned(self, keys: list[Any], exc: Exception) -> None:
-        status, failure = _classify(exc)
+        status, failure = classify(exc)
         for k in keys:
             digest, h = self._tc_from_store.pop(k)
             self.cache.pop(k, None)
@@ -903,16 +810,6 @@ class TunecacheAutotuner(Autotuner):
                     store.mark_config(digest, h, status, failure)
                 except StoreError as e:
                     self._store_trouble("write", e)
-
-
-def _config_json(tuner: TunecacheAutotuner, ctx: _Ctx, h: str) -> dict[str, Any]:
-    for c, ch in zip(ctx.configs, ctx.hashes):
-        if ch == h:
-            return orjson.loads(tuner._config_id(c)[0])
-    return {}
-
-
-_CONFIG_MEMO_MAX = 4096  # config identities memoised per kernel (a prune may build configs without end)
 
 
 def autotune(

@@ -772,6 +772,41 @@ def config_identity(config: Any) -> tuple[str, str]:
     return canonical_json(d), config_hash_of(d)
 
 
+class ConfigIds:
+    """:func:`config_identity` of a kernel's configs, memoised by the config's VALUE:
+    ``early_config_prune`` may build fresh Config objects at the addresses of freed ones. The
+    pre_hook enters by ``id``; the memo holds the hook itself, so that id is not reused while the
+    entry lives. At most ``max_size`` entries (a prune may build configs without end)."""
+
+    def __init__(self, max_size: int = 4096) -> None:
+        self.max_size = max_size
+        self._memo: dict[tuple, tuple[Any, tuple[str, str]]] = {}  # config value -> (pre_hook, identity)
+
+    def __len__(self) -> int:
+        return len(self._memo)
+
+    def __call__(self, config: Any) -> tuple[str, str]:
+        """(canonical JSON, hash) of ``config``."""
+        hook = getattr(config, "pre_hook", None)
+        try:
+            vkey = (
+                tuple(sorted(config.kwargs.items())),
+                tuple(getattr(config, f, None) for f in CONFIG_FIELDS),
+                getattr(config, "ir_override", None),
+                id(hook) if hook is not None else None,
+            )
+            memo = self._memo.get(vkey)
+        except TypeError:  # an unhashable kwarg: config_identity names it
+            return config_identity(config)
+        if memo is not None:
+            return memo[1]
+        ident = config_identity(config)
+        if len(self._memo) >= self.max_size:
+            self._memo.clear()
+        self._memo[vkey] = (hook, ident)
+        return ident
+
+
 def make_config(data: Mapping[str, Any]) -> Any:
     """Rebuild a ``triton.Config`` from stored data (without its pre_hook, which is code)."""
     from triton import Config
