@@ -13,7 +13,8 @@ import triton
 import triton.language as tl
 
 from tunecache import identity
-from tunecache.identity import Target, canonical_key, config_identity, detect_target, problem_digest, source_hash
+from tunecache.identity import canonical_key, config_identity, problem_digest, source_hash
+from tunecache.target import Target, detect_target
 
 
 def _load(tmp_path, name, src):

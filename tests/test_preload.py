@@ -18,9 +18,9 @@ from conftest import run_json
 import tunecache
 from tunecache import autotuner as at
 from tunecache import background, preload
-from tunecache.identity import detect_target
 from tunecache.model import ConfigResult, LaunchSpec, Problem
 from tunecache.store import open_store
+from tunecache.target import detect_target
 
 
 def spec(i: int, config_hash: str = "c1", version: str | None = None) -> LaunchSpec:

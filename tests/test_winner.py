@@ -8,9 +8,9 @@ import json
 from dataclasses import replace
 
 from tunecache import winner
-from tunecache.identity import Target
 from tunecache.measure import Round, classify
 from tunecache.model import ConfigResult, Problem
+from tunecache.target import Target
 
 GPU = Target("cuda", "sm90", "H200", 132, 232448, 32, "13000", "580.1", "13.0", "3.9")
 OTHER_GPU = replace(GPU, device_name="H100", sm_count=114)

@@ -40,11 +40,7 @@ from tunecache.errors import CaptureMissError, StoreError
 from tunecache.identity import (
     ConfigIds,
     KernelIdentity,
-    Target,
     canonical_key,
-    detect_target,
-    hostname,
-    interpreting,
     kernel_identity,
     kernel_name,
     module_imported,
@@ -56,6 +52,7 @@ from tunecache.model import ConfigResult, LaunchSpec, Problem, pick_winner
 from tunecache.settings import current_mode
 from tunecache.singleflight import Lease
 from tunecache.store import Store, shared_store
+from tunecache.target import Target, detect_target, hostname, interpreting
 
 log = logging.getLogger("tunecache")
 

@@ -155,9 +155,10 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from tunecache.errors import ImportFormatError, StoreError, StoreReadOnlyError, TunecacheError
-from tunecache.identity import CONFIG_FIELDS, TARGET_FIELDS, Target, canonical_json, config_hash_of, problem_digest
+from tunecache.identity import CONFIG_FIELDS, canonical_json, config_hash_of, problem_digest
 from tunecache.model import STATUSES, utcnow
 from tunecache.store import Store, _reason, _scrub, _where, configs, launch_specs, misses, problems
+from tunecache.target import TARGET_FIELDS, Target
 
 log = logging.getLogger("tunecache")
 

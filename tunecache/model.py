@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tunecache.identity import Target
+from tunecache.target import Target
 
 STATUSES = ("ok", "out_of_resources", "compile_error", "runtime_error", "pruned")
 FAILED_STATUSES = ("out_of_resources", "compile_error", "runtime_error")

@@ -23,8 +23,8 @@ from typing import Any, TypeVar
 
 from tunecache import counters, settings
 from tunecache.errors import StoreError
-from tunecache.identity import hostname
 from tunecache.store import Store
+from tunecache.target import hostname
 
 log = logging.getLogger("tunecache")
 

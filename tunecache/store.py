@@ -53,8 +53,9 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, SQLAlch
 
 from tunecache import counters, settings
 from tunecache.errors import SchemaError, StoreError, StoreNotFoundError, StoreReadOnlyError
-from tunecache.identity import TARGET_FIELDS, Target, hostname, search_space_hash
+from tunecache.identity import search_space_hash
 from tunecache.model import FAILED_STATUSES, STATUSES, ConfigResult, LaunchSpec, Problem, pick_winner, utcnow
+from tunecache.target import TARGET_FIELDS, Target, hostname
 
 log = logging.getLogger("tunecache")
 

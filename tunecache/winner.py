@@ -14,8 +14,8 @@ from typing import Any
 
 import orjson
 
-from tunecache.identity import Target
 from tunecache.model import ConfigResult, Problem, pick_winner
+from tunecache.target import Target
 
 
 def choose(

@@ -133,7 +133,7 @@ def _finish(deadline_s: float = 30.0) -> bool:
 def _result(**extra) -> dict:
     import tunecache
     from tunecache import writeback
-    from tunecache.identity import hostname
+    from tunecache.target import hostname
 
     return {
         "pid": os.getpid(),
