@@ -21,14 +21,12 @@ Triton 3.4 to 3.9:
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future
 from typing import Any
 
 import orjson
@@ -47,11 +45,12 @@ from tunecache.identity import (
     problem_digest,
     search_space_hash,
 )
+from tunecache.kernelstore import KernelStore
 from tunecache.measure import Round, classify, cpu_do_bench
-from tunecache.model import ConfigResult, LaunchSpec, Problem, pick_winner
+from tunecache.model import Problem, pick_winner
 from tunecache.settings import current_mode
 from tunecache.singleflight import Lease
-from tunecache.store import Store, shared_store
+from tunecache.store import Store
 from tunecache.target import Target, detect_target, hostname, interpreting
 
 log = logging.getLogger("tunecache")
@@ -152,23 +151,15 @@ class TunecacheAutotuner(Autotuner):
             if not callable(f):
                 raise TypeError(f"bucket[{n!r}] must be a function of the batch size, got {type(f).__name__}")
         self._tc_bucket = bucket
-        self._tc_store_arg = store
-        self._tc_store: Store | None = None
-        self._tc_store_retry_at = 0.0
-        self._tc_unsaved: list[tuple[Problem, list[ConfigResult], bool]] = []
         self._tc_name = kernel_name(fn)  # no parsing: the source is hashed later (see identity)
+        self._tc_ks = KernelStore(self._tc_name, store)  # the store, and this kernel's problems in memory
         self._tc_identity: KernelIdentity | None = None
         self._tc_identity_lock = threading.Lock()
-        self._tc_mem: dict[str, Problem] = {}
-        self._tc_prefetched = False  # the kernel's problems (every target) were fetched
-        self._tc_pending: list[Problem] | None = None  # fetched by name, not yet filtered by source hash
         self._tc_kwargs: dict[str, Any] = {}
         self._tc_round: Round | None = None  # the benchmark round in progress (see _run_bench)
         self.config_ids = ConfigIds()  # config identities, memoised by value
         self._tc_from_store: dict[Any, tuple[str, str]] = {}  # tuning key -> (digest, config hash)
         self._tc_lock = threading.RLock()
-        self._tc_opening: tuple[int, Future] | None = None
-        self._tc_specs: dict[str, list[LaunchSpec]] | None = None  # fetched, by target digest
         background.register(self)
         if current_mode() != "off" and settings.get("TUNECACHE_PREFETCH"):
             # Open the store and fetch this kernel's problems while the server loads its weights,
@@ -177,75 +168,40 @@ class TunecacheAutotuner(Autotuner):
             # its module finished importing (a @jit helper below the kernel does not exist yet).
             if background.AST_NOT_THREAD_SAFE and module_imported(fn):
                 self.identity  # noqa: B018 - hashed here, so that no other thread parses source
-            self._tc_opening = (os.getpid(), background.submit(self._open_early))
+            early = functools.partial(self._tc_ks.open_early, self._early_hash)
+            self._tc_ks.opening = (os.getpid(), background.submit(early))
             background.warm_triton_key()
             if preload_enabled() and not interpreting() and not background.AST_NOT_THREAD_SAFE:
                 # (On 3.11 a background preload could parse source, racing the launching thread.)
                 background.preload_when_cuda_is_up(self)
 
-    def _open_early(self) -> None:
-        """Background: open the store, prefetch every problem of this kernel (all targets: the
-        target needs CUDA, which must not be touched before a server forks); hash the source only
-        if its module finished importing, and never on 3.11 (see ``background.AST_NOT_THREAD_SAFE``)."""
-        with contextlib.suppress(Exception):
-            arg = self._tc_store_arg
-            store = arg if isinstance(arg, Store) else shared_store(arg)
-            if self._tc_identity is None and not background.AST_NOT_THREAD_SAFE and module_imported(self.fn):
-                self.identity  # noqa: B018
-            self._fetch_problems(store)
-            if self._tc_identity is not None:
-                self._tc_specs = store.get_specs(self._tc_identity.source_hash)
+    def _early_hash(self) -> str | None:
+        """The source hash for the background prefetch: hashed there only if its module finished
+        importing, and never on 3.11 (see ``background.AST_NOT_THREAD_SAFE``)."""
+        if self._tc_identity is None and not background.AST_NOT_THREAD_SAFE and module_imported(self.fn):
+            self.identity  # noqa: B018
+        return self._known_hash()
 
-    def _fetch_problems(self, store: Store) -> None:
-        """Every problem of this kernel (all targets) into memory, in one query, once. Raises
-        StoreError. Before the source is hashed: every version of the kernel, by name, kept aside
-        until :meth:`_absorb` keeps those of this source."""
-        if self._tc_prefetched:
-            return
+    def _known_hash(self) -> str | None:
+        """The source hash if it was computed already (None: not yet; nothing is parsed here)."""
         ident = self._tc_identity
-        if ident is None:
-            self._tc_pending = store.get_kernel_problems(self._tc_name)
-        else:
-            self._tc_pending = store.get_many(ident.source_hash)
-        self._tc_prefetched = True
-        if ident is not None:
-            self._absorb()
-
-    def _absorb(self) -> None:
-        """Move the prefetched rows of this source into memory (computes the source hash). Rows
-        this process already holds are kept: they are at least as fresh."""
-        rows = self._tc_pending
-        if rows is None:
-            return
-        h = self.identity.source_hash
-        for q in rows:
-            if q.source_hash == h:
-                self._tc_mem.setdefault(q.digest, q)
-        self._tc_pending = None
+        return ident.source_hash if ident is not None else None
 
     def wait_for_prefetch(self, timeout: float = 60.0) -> None:
         """Wait until the background prefetch this kernel's definition started (if any, in this
         process) has run: for tests, and for a server that wants its stores open before it serves."""
-        opening = self._tc_opening
-        if opening is not None and opening[0] == os.getpid():
-            opening[1].result(timeout=timeout)
+        self._tc_ks.wait_for_prefetch(timeout)
 
     def after_fork_in_child(self) -> None:
         """Called by :mod:`tunecache.background` in a forked child: fresh locks, no parent's work.
 
         A lock a parent's thread held at the fork (the prefetch hashing a kernel, a launch resolving
-        a key) would stay taken forever. The parent's pending prefetch is not the child's to wait
-        for, and its stores are the parent's connections: the tuner opens its store again (a Store
-        the user passed gets an empty pool in store.py's own fork handler). What the parent resolved
-        before the fork stays: a child that launches a warmed key does no I/O.
+        a key) would stay taken forever; see also ``KernelStore.after_fork_in_child``. What the
+        parent resolved before the fork stays: a child that launches a warmed key does no I/O.
         """
         self._tc_identity_lock = threading.Lock()
         self._tc_lock = threading.RLock()
-        self._tc_opening = None
-        self._tc_unsaved = []  # the parent's results, for the parent to write
-        self._tc_store_retry_at = 0.0
-        if not isinstance(self._tc_store_arg, Store):
-            self._tc_store = None
+        self._tc_ks.after_fork_in_child()
 
     def fork_locks(self) -> dict[str, Any]:
         """This tuner's locks, which a forked child gets fresh (for tests/test_fork.py)."""
@@ -263,17 +219,18 @@ class TunecacheAutotuner(Autotuner):
             if self._tc_identity is None and not self._may_hash_here():
                 return 0  # the first launch loads its kernel as before
             target = detect_target(device)  # device None: also warms the launch's own lookup
-            if self._tc_specs is None:  # the prefetch was off, failed, or ran before the hash
-                store = self._store()
+            ks = self._tc_ks
+            if ks.specs is None:  # the prefetch was off, failed, or ran before the hash
+                store = ks.get()
                 if store is None:
                     return 0
-                self._fetch_problems(store)
-                self._tc_specs = store.get_specs(self.identity.source_hash)
-            self._absorb()
-            mine = self._tc_specs.get(target.digest, [])
+                ks.fetch(store, self._known_hash())
+                ks.specs = store.get_specs(self.identity.source_hash)
+            ks.absorb(self.identity.source_hash)
+            mine = ks.specs.get(target.digest, [])
             if not mine:
                 return 0
-            winners = {p.winner_config_hash for p in list(self._tc_mem.values()) if p.target.digest == target.digest}
+            winners = {p.winner_config_hash for p in ks.problems() if p.target.digest == target.digest}
             loaded, skipped = _preload.load(self.fn, [s for s in mine if s.config_hash in winners], dev)
         except Exception as e:  # noqa: BLE001 - best effort: launches load their kernels as before
             log.debug("tunecache: %s: preload failed: %r", self.kernel_name, e)
@@ -293,7 +250,7 @@ class TunecacheAutotuner(Autotuner):
         try:
             store.put_specs(self.kernel_name, self.identity.source_hash, ctx.target.digest, specs)
         except StoreError as e:
-            self._store_trouble("write", e)
+            self._tc_ks.trouble("write", e)
 
     def reset(self, store: str | Store | None = None) -> None:
         """Forget every in-memory resolution and bind to ``store`` (default: the environment's) anew.
@@ -301,15 +258,8 @@ class TunecacheAutotuner(Autotuner):
         For tests and for a process that changes ``TUNECACHE_URL`` after its kernels were defined.
         """
         self.cache.clear()
-        self._tc_mem.clear()
-        self._tc_prefetched = False
-        self._tc_pending = None
-        self._tc_specs = None
         self._tc_from_store.clear()
-        self._tc_store_arg = store
-        self._tc_store = None
-        self._tc_opening = None
-        self._tc_store_retry_at = 0.0
+        self._tc_ks.reset(store)
 
     # ---- identity ---------------------------------------------------------------------------
 
@@ -368,67 +318,6 @@ class TunecacheAutotuner(Autotuner):
             configs=list(configs),
         )
 
-    # ---- store access -------------------------------------------------------------------------
-
-    def _store(self) -> Store | None:
-        if self._tc_store is not None:
-            return self._tc_store
-        if self._tc_opening is not None:
-            pid, fut = self._tc_opening
-            self._tc_opening = None
-            if pid == os.getpid():  # after a fork the parent's thread is gone: open here instead
-                with contextlib.suppress(Exception):
-                    fut.result(timeout=60)
-        if time.monotonic() < self._tc_store_retry_at:
-            return None
-        try:
-            arg = self._tc_store_arg
-            self._tc_store = arg if isinstance(arg, Store) else shared_store(arg)
-        except StoreError as e:
-            self._store_trouble("open", e)
-            self._tc_store_retry_at = time.monotonic() + 30.0
-            return None
-        if not self._tc_store.readonly:
-            for item in self._tc_unsaved:  # tuned while the store was down
-                writeback.defer_put(self._tc_store, *item)
-        self._tc_unsaved.clear()
-        return self._tc_store
-
-    def _store_trouble(self, what: str, e: Exception) -> None:
-        counters.count(None, None, store_errors=1)
-        # One warning per store and process: an outage fails reads, leases and writes alike, and
-        # every kernel on that store falls back the same way (each failure is counted in stats()).
-        arg = self._tc_store_arg
-        where = arg.masked_url if isinstance(arg, Store) else str(arg or settings.raw("TUNECACHE_URL") or "")
-        counters.warn_once(
-            "",
-            f"store-unavailable:{where}",
-            "tunecache: %s: store unavailable (%s); tuning in this process instead",
-            self.kernel_name,
-            e,
-        )
-
-    def _lookup(self, ctx: _Ctx) -> Problem | None:
-        """In memory first (prefetched in one query per kernel); else one query for this digest."""
-        store = self._store()  # joins the background prefetch
-        self._absorb()
-        p = self._tc_mem.get(ctx.digest)
-        if p is not None or store is None:
-            return p
-        try:
-            if not self._tc_prefetched:
-                self._fetch_problems(store)
-                self._absorb()
-                p = self._tc_mem.get(ctx.digest)
-            else:
-                p = store.get(ctx.digest)  # tuned by another process since the prefetch?
-        except StoreError as e:
-            self._store_trouble("read", e)
-            return None
-        if p is not None:
-            self._tc_mem[p.digest] = p
-        return p
-
     # ---- the hooks ------------------------------------------------------------------------------
 
     def prune_configs(self, kwargs: dict) -> list:
@@ -486,7 +375,7 @@ class TunecacheAutotuner(Autotuner):
             exc = e
         elapsed = time.perf_counter() - t0
         timings = rnd.measured(h, orjson.loads(config_json), timings, exc)
-        counters.count(self.kernel_name, self._tc_store, benchmarks=1, bench_seconds=elapsed)
+        counters.count(self.kernel_name, self._tc_ks.store, benchmarks=1, bench_seconds=elapsed)
         return timings
 
     def check_disk_cache(self, tuning_key: Any, configs: list, bench_fn: Callable[[], None]) -> bool:
@@ -536,8 +425,8 @@ class TunecacheAutotuner(Autotuner):
         timings = {c: rows[h].timings() for h, c in by_hash.items() if h in rows}
         self._settle(ctx.key, by_hash[win], timings, stored=(p.digest, win))
         if hit:
-            counters.count(self.kernel_name, self._tc_store, hits=1, saved_seconds=p.tuning_seconds or 0.0)
-            writeback.hit(self._tc_store, p.digest)
+            counters.count(self.kernel_name, self._tc_ks.store, hits=1, saved_seconds=p.tuning_seconds or 0.0)
+            writeback.hit(self._tc_ks.store, p.digest)
 
     def _problem(self, ctx: _Ctx, seconds: float = 0.0, best: str | None = None) -> Problem:
         ident = self.identity
@@ -555,15 +444,15 @@ class TunecacheAutotuner(Autotuner):
         )
 
     def _resolve(self, ctx: _Ctx, mode: str, bench_fn: Callable[[], None]) -> bool:
-        p = self._lookup(ctx)
+        p = self._tc_ks.lookup(ctx.digest, self.identity.source_hash)
         if self._covers(p, ctx):
             self._use(ctx, p, hit=True)
             return True
         capture = capturing()
         if capture or mode == "offline":
             return self._fallback(ctx, "capture" if capture else "offline", mode)
-        counters.count(self.kernel_name, self._tc_store, misses=1)
-        store = self._store()
+        counters.count(self.kernel_name, self._tc_ks.store, misses=1)
+        store = self._tc_ks.get()
         if mode == "readonly" or store is None or store.readonly:
             return self._bench_unstored(ctx, p, bench_fn, keep=mode != "readonly" and store is None)
         return self._single_flight(ctx, p, store, bench_fn)
@@ -573,7 +462,7 @@ class TunecacheAutotuner(Autotuner):
         if reason == "capture" and mode == "strict":
             raise CaptureMissError(self.kernel_name, dict(zip(ctx.names, ctx.values)))
         near = winner.nearest(
-            list(self._tc_mem.values()),
+            self._tc_ks.problems(),
             ctx.hashes,
             ctx.values,
             target_digest=ctx.target.digest,
@@ -592,12 +481,12 @@ class TunecacheAutotuner(Autotuner):
             "CUDA graph capture" if reason == "capture" else "offline mode",
             cfg,
         )
-        store = self._store()
+        store = self._tc_ks.get()
         if store is not None and not store.readonly:
             try:
                 store.record_miss(self._problem(ctx), reason)
             except StoreError as e:
-                self._store_trouble("write", e)
+                self._tc_ks.trouble("write", e)
         return True
 
     def _new_round(self, ctx: _Ctx, p: Problem | None) -> Round:
@@ -614,7 +503,7 @@ class TunecacheAutotuner(Autotuner):
     def _driver_change_prune(self, ctx: _Ctx) -> winner.Pruning | None:
         """``topk:N``: after a driver change, benchmark only the N best configs of the old driver."""
         n = driver_change_policy()
-        store = self._tc_store
+        store = self._tc_ks.store
         if n is None or store is None:
             return None
         t = ctx.target
@@ -627,7 +516,7 @@ class TunecacheAutotuner(Autotuner):
                 device=t.device_name,
             )
         except StoreError as e:
-            self._store_trouble("read", e)
+            self._tc_ks.trouble("read", e)
             return None
         old = winner.previous_driver(same_key, t)
         if old is None:
@@ -661,12 +550,12 @@ class TunecacheAutotuner(Autotuner):
             q = store.get(ctx.digest)
             if not self._covers(q, ctx):
                 return None
-            self._tc_mem[q.digest] = q
+            self._tc_ks.mem[q.digest] = q
             self._use(ctx, q, hit=False)
             return True
 
         def trouble(what: str, e: StoreError) -> bool:
-            self._store_trouble(what, e)
+            self._tc_ks.trouble(what, e)
             return self._bench_unstored(ctx, p, bench_fn)
 
         return singleflight.run(
@@ -685,7 +574,7 @@ class TunecacheAutotuner(Autotuner):
         best = winner.choose(
             rows,
             ctx.hashes,
-            list(self._tc_mem.values()),
+            self._tc_ks.problems(),
             digest=ctx.digest,
             target_digest=ctx.target.digest,
             tolerance=winner_tolerance(),
@@ -700,20 +589,20 @@ class TunecacheAutotuner(Autotuner):
         best = self._choose(ctx, rnd)
         if keep:
             item = (self._problem(ctx, rnd.seconds, best), rnd.rows(), p is not None)
-            if self._tc_store is not None:
-                writeback.defer_put(self._tc_store, *item)
+            if self._tc_ks.store is not None:
+                writeback.defer_put(self._tc_ks.store, *item)
             else:
-                self._tc_unsaved.append(item)
+                self._tc_ks.unsaved.append(item)
         return False
 
     def _bench_and_store(self, ctx: _Ctx, store: Store, bench_fn: Callable[[], None], lease: Lease) -> bool:
         try:
             p = store.get(ctx.digest)  # someone may have finished while we took the lease
         except StoreError as e:
-            self._store_trouble("read", e)
-            p = self._tc_mem.get(ctx.digest)
+            self._tc_ks.trouble("read", e)
+            p = self._tc_ks.mem.get(ctx.digest)
         if self._covers(p, ctx):
-            self._tc_mem[p.digest] = p
+            self._tc_ks.mem[p.digest] = p
             self._use(ctx, p, hit=False)
             return True
         rnd = self._new_round(ctx, p)
@@ -727,10 +616,10 @@ class TunecacheAutotuner(Autotuner):
         try:
             stored = store.put(problem, results, replace=p is not None)
         except StoreError as e:
-            self._store_trouble("write", e)
+            self._tc_ks.trouble("write", e)
             writeback.defer_put(store, problem, results, p is not None)
             return False
-        self._tc_mem[stored.digest] = stored
+        self._tc_ks.mem[stored.digest] = stored
         self._use(ctx, stored, hit=False)
         self._record_specs(ctx, store, stored.winner_config_hash)
         return False
@@ -741,11 +630,11 @@ class TunecacheAutotuner(Autotuner):
         try:
             q = store.get(ctx.digest)
         except StoreError as e:
-            self._store_trouble("read", e)
+            self._tc_ks.trouble("read", e)
             return False
         if not self._covers(q, ctx):
             return False
-        self._tc_mem[q.digest] = q
+        self._tc_ks.mem[q.digest] = q
         self._use(ctx, q, hit=False)
         return True
 
@@ -784,14 +673,14 @@ class TunecacheAutotuner(Autotuner):
         for k in keys:
             digest, h = self._tc_from_store.pop(k)
             self.cache.pop(k, None)
-            p = self._tc_mem.pop(digest, None)
+            p = self._tc_ks.mem.pop(digest, None)
             if p is not None:
                 r = p.config_map().get(h)
                 if r is not None:
                     r.status, r.failure, r.median_ms = status, failure, None
                     best = pick_winner(p.configs)
                     p.winner_config_hash = best.config_hash if best else None
-                    self._tc_mem[digest] = p
+                    self._tc_ks.mem[digest] = p
             counters.count(None, None, poisoned=1)
             log.warning(
                 "tunecache: %s: stored winner %s failed on this target (%s: %s); marked %s and re-resolving",
@@ -801,12 +690,12 @@ class TunecacheAutotuner(Autotuner):
                 str(exc)[:200],
                 status,
             )
-            store = self._store()
+            store = self._tc_ks.get()
             if store is not None and not store.readonly:
                 try:
                     store.mark_config(digest, h, status, failure)
                 except StoreError as e:
-                    self._store_trouble("write", e)
+                    self._tc_ks.trouble("write", e)
 
 
 def autotune(
