@@ -52,13 +52,21 @@ __all__ = [
     "load_winners",
 ]
 
-_LAZY = {"autotune", "install", "uninstall", "TunecacheAutotuner", "current_mode", "load_winners"}
+# name -> the module that defines it
+_LAZY = {
+    "autotune": "tunecache.decorator",
+    "install": "tunecache.decorator",
+    "uninstall": "tunecache.decorator",
+    "load_winners": "tunecache.decorator",
+    "TunecacheAutotuner": "tunecache.autotuner",
+    "current_mode": "tunecache.settings",
+}
 
 
 def __getattr__(name: str):
     # Importing triton costs ~1 s; the CLI's export/import/ls never need it.
     if name in _LAZY:
-        from tunecache import autotuner
+        import importlib
 
-        return getattr(autotuner, name)
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'tunecache' has no attribute {name!r}")
