@@ -33,8 +33,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from tunecache.identity import Target, canonical_json, config_hash_of, problem_digest, search_space_hash, sha256_hex
+from tunecache.identity import canonical_json, config_hash_of, problem_digest, search_space_hash, sha256_hex
 from tunecache.store import configs, open_store, problems, resolve_url
+from tunecache.target import Target
 
 PG_URL = os.environ.get("TUNECACHE_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 CONFIGS_PER_PROBLEM = 12

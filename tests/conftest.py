@@ -132,15 +132,15 @@ def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("TUNECACHE_CPU_BENCH_REPS", "1")
     import tunecache
-    from tunecache import autotuner, metrics
+    from tunecache import counters, writeback
     from tunecache.store import _reset_shared_stores
 
     tunecache.reset_stats()
-    autotuner._warned.clear()
+    counters.reset_warnings()
     yield
-    metrics.flush()
+    writeback.flush()
     _reset_shared_stores()
-    autotuner.uninstall()
+    tunecache.uninstall()
 
 
 def run_json(argv: list[str], env: dict | None = None, timeout: float = 300) -> dict:

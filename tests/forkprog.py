@@ -23,8 +23,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import tinykernels  # noqa: E402
 
 import tunecache  # noqa: E402
-from tunecache import autotuner as at  # noqa: E402
-from tunecache import metrics  # noqa: E402
+from tunecache import background, counters, writeback  # noqa: E402
 from tunecache import store as store_mod  # noqa: E402
 from tunecache.store import open_store, replace  # noqa: E402
 
@@ -103,7 +102,7 @@ def moment(name: str, url: str) -> dict:
     """Fork at one moment of the background prefetch; the child's first launch must complete."""
     if name == "before":  # the prefetch is queued, not started
         gate = threading.Event()
-        at._background(gate.wait)
+        background.submit(gate.wait)
         k = tinykernels.make_add(store=url)
         pid, r = fork(launch_child(k))
         gate.set()
@@ -131,7 +130,7 @@ def moment(name: str, url: str) -> dict:
         pid, r = fork(launch_child(k))
     elif name == "after":  # the prefetch finished: its store and pooled connections exist
         k = tinykernels.make_add(store=url)
-        k._tc_opening[1].result(timeout=60)
+        k.wait_for_prefetch()
         pid, r = fork(launch_child(k))
     else:
         raise SystemExit(f"unknown moment {name}")
@@ -145,17 +144,18 @@ def moment(name: str, url: str) -> dict:
 def locks(url: str) -> dict:
     """Fork while another thread holds every lock tunecache's background work may hold."""
     k = tinykernels.make_add(store=url)
-    k._tc_opening[1].result(timeout=60)
+    k.wait_for_prefetch()
     s = store_mod.shared_store(url)
     named = {
         "store._stores_lock": lambda: store_mod._stores_lock,
         "store._alembic_lock": lambda: store_mod._alembic_lock,
         "Store._lock": lambda: s._lock,
-        "autotuner._pool_lock": lambda: at._pool_lock,
-        "autotuner._warned_lock": lambda: at._warned_lock,
-        "metrics._lock": lambda: metrics._lock,
-        "tuner._tc_identity_lock": lambda: k._tc_identity_lock,
-        "tuner._tc_lock": lambda: k._tc_lock,
+        "background.pool_lock": lambda: background.fork_locks()["background.pool_lock"],
+        "counters.lock": lambda: counters.fork_locks()["counters.lock"],
+        "counters.warned_lock": lambda: counters.fork_locks()["counters.warned_lock"],
+        "writeback.lock": lambda: writeback.fork_locks()["writeback.lock"],
+        "tuner.identity_lock": lambda: k.fork_locks()["tuner.identity_lock"],
+        "tuner.lock": lambda: k.fork_locks()["tuner.lock"],
     }
     held, release = threading.Event(), threading.Event()
 
@@ -189,7 +189,7 @@ def locks(url: str) -> dict:
 def hits(url: str, exit_how: str) -> dict:
     """Deferred writes across a fork: the parent has a pending hit; the child makes its own hit and a
     deferred result, then exits by ``exit_how``. Every hit must be written exactly once."""
-    metrics.FLUSH_DELAY_S = 1.0
+    writeback.FLUSH_DELAY_S = 1.0
     k = tinykernels.make_add(store=url)
     tinykernels.launch(k, 64)  # tunes and stores
     tunecache.flush()
@@ -197,16 +197,16 @@ def hits(url: str, exit_how: str) -> dict:
     tinykernels.launch(k2, 64)  # a hit: queued in the parent, not written yet
     s = open_store(url)
     p = s.list(with_configs=True)[0]
-    assert s.get(p.digest).hit_count == 0 and sum(len(v) for v in metrics._pending_hits.values()) == 1
+    assert s.get(p.digest).hit_count == 0 and writeback.pending_hits() == 1
     extra = replace(p, digest="f" * 64, key_json='[["N", 12345]]')
 
     def child() -> dict:
         k3 = tinykernels.make_add(store=url)
         tinykernels.launch(k3, 64)  # the child's own hit
-        metrics.defer_put(k3._tc_store, extra, p.configs, False)  # a result the store could not take
+        writeback.defer_put(store_mod.shared_store(url), extra, p.configs, False)  # a result the store could not take
         if exit_how == "sys_exit":
             sys.exit(0)  # atexit flushes
-        time.sleep(metrics.FLUSH_DELAY_S + 2.0)  # the child's own timer flushes
+        time.sleep(writeback.FLUSH_DELAY_S + 2.0)  # the child's own timer flushes
         return {}
 
     r, w = os.pipe()

@@ -22,6 +22,8 @@ from conftest import HERE, run_json, run_procs
 
 import tunecache
 from tunecache import autotuner as at
+from tunecache import background
+from tunecache.identity import ConfigIds, config_identity
 from tunecache.store import open_store
 
 
@@ -235,7 +237,7 @@ class _Capturing:
 
     def __init__(self, monkeypatch):
         self.on = False
-        monkeypatch.setattr(at, "_capturing", lambda: self.on)
+        monkeypatch.setattr(at, "capturing", lambda: self.on)
 
 
 def test_capture_miss_never_benchmarks_and_hit_launches(sqlite_url, monkeypatch, caplog):
@@ -415,10 +417,10 @@ def test_poisoned_stored_winner_is_marked_and_retuned(sqlite_url, caplog):
         c.execute(sa.text("UPDATE problems SET winner_config_hash = :h"), {"h": poisoned.config_hash})
     # A kernel whose config list holds the poisoned config as BLOCK=3.
     cfgs = list(tinykernels.CONFIGS)
-    idx = next(i for i, c in enumerate(cfgs) if at.config_identity(c)[1] == poisoned.config_hash)
+    idx = next(i for i, c in enumerate(cfgs) if config_identity(c)[1] == poisoned.config_hash)
     bad = triton.Config({"BLOCK": 3}, num_warps=cfgs[idx].num_warps)
     # Store the bad config under its own hash as the winner.
-    bad_hash = at.config_identity(bad)[1]
+    bad_hash = config_identity(bad)[1]
     with store.engine.begin() as c:
         c.execute(
             sa.text("UPDATE configs SET config_hash = :b WHERE config_hash = :h"),
@@ -456,10 +458,10 @@ def test_driver_change_topk_benchmarks_only_previous_best(sqlite_url, monkeypatc
 
 KEY_WARM = """
     import json, os, tinykernels
-    from tunecache import autotuner as at, tritoncompat
+    from tunecache import background, tritoncompat
     triton_key = tritoncompat.triton_key()  # triton.compiler.compiler on 3.4, triton.runtime.cache on 3.5+
     k = tinykernels.make_add()
-    t = at._key_thread
+    t = background.triton_key_thread()
     if t is not None:
         t.join(60)
     before_fork = triton_key.cache_info().currsize
@@ -489,7 +491,7 @@ def add_kernel(x, y, out, N, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = offs < N
     tl.store(out + offs, add(tl.load(x + offs, mask=m), tl.load(y + offs, mask=m)), mask=m)
-add_kernel._tc_opening[1].result(timeout=60)  # the background prefetch runs while this module imports
+add_kernel.wait_for_prefetch()  # the background prefetch runs while this module imports
 @triton.jit
 def add(a, b):
     return a + b
@@ -506,7 +508,7 @@ def test_source_is_hashed_once_never_before_its_module_finished_importing(
     # its module finished importing (a factory) is hashed at once: in the prefetch thread, or, where
     # ast.parse is not thread safe (CPython 3.11), on the defining thread. Either way exactly once:
     # a first launch waits for the background hash instead of parsing the source a second time.
-    monkeypatch.setattr(at, "_AST_NOT_THREAD_SAFE", ast_unsafe)
+    monkeypatch.setattr(background, "AST_NOT_THREAD_SAFE", ast_unsafe)
     monkeypatch.setenv("TUNECACHE_URL", sqlite_url)
     threads = []
     real = at.kernel_identity
@@ -525,8 +527,7 @@ def test_source_is_hashed_once_never_before_its_module_finished_importing(
         monkeypatch.syspath_prepend(str(tmp_path))
         monkeypatch.delitem(sys.modules, "addmod_importing", raising=False)
         k = importlib.import_module("addmod_importing").add_kernel
-    if k._tc_opening is not None:
-        k._tc_opening[1].result(timeout=60)
+    k.wait_for_prefetch()
     before_launch = list(threads)
     tinykernels.launch(k, 100)
     assert len(threads) == 1
@@ -734,12 +735,11 @@ def test_configs_built_fresh_by_a_prune_are_stored_under_their_own_identity(sqli
         if r.median_ms != r.config["kwargs"]["BLOCK"] + r.config["num_warps"] / 10
     ]
     assert not wrong, f"{len(wrong)} rows hold another config's timing: {wrong[:3]}"
-    assert len(k._tc_hash_of) <= len(shapes)  # memoised by value: one entry per distinct config
+    assert len(k.config_ids) <= len(shapes)  # memoised by value: one entry per distinct config
 
 
-def test_config_identity_memo_is_bounded(sqlite_url, monkeypatch):
-    monkeypatch.setattr(at, "_CONFIG_MEMO_MAX", 8)
-    k = tinykernels.make_add(store=sqlite_url)
+def test_config_identity_memo_is_bounded():
+    ids = ConfigIds(max_size=8)
     for b in range(20):
-        k._config_id(triton.Config({"BLOCK": 2**b}))
-    assert len(k._tc_hash_of) <= 8
+        assert ids(triton.Config({"BLOCK": 2**b})) == config_identity(triton.Config({"BLOCK": 2**b}))
+    assert 0 < len(ids) <= 8

@@ -11,8 +11,8 @@ from realcli import cli_process, one_line_error
 from test_store import H200, problem, results
 
 from tunecache.cli import main
-from tunecache.identity import Target
 from tunecache.store import head_revision, open_store
+from tunecache.target import Target
 
 
 def run(url, *args):

@@ -22,9 +22,10 @@ import sqlalchemy as sa
 
 from tunecache.cli import main
 from tunecache.errors import ConfigurationError
-from tunecache.identity import Target, canonical_key, config_hash_of, problem_digest
+from tunecache.identity import canonical_key, config_hash_of, problem_digest
 from tunecache.model import ConfigResult, Problem
 from tunecache.store import head_revision, open_store, resolve_url
+from tunecache.target import Target
 
 HERE = Path(__file__).parent
 H200 = Target("cuda", "sm90", "NVIDIA H200", 132, 232448, 32, "13000", "580.159.04", "13.0", "3.6")

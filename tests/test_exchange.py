@@ -27,7 +27,7 @@ from tunecache import bulk, exchange
 from tunecache.cli import main
 from tunecache.errors import ImportFormatError, StoreError, StoreReadOnlyError
 from tunecache.exchange import FORMAT_VERSION, export, import_, importer, validate
-from tunecache.identity import Target, canonical_key, config_hash_of, problem_digest
+from tunecache.identity import canonical_key, config_hash_of, problem_digest
 from tunecache.model import (
     CONFIG_ROW_FIELDS,
     PROBLEM_FIELDS,
@@ -40,6 +40,7 @@ from tunecache.model import (
     problem_to_json,
 )
 from tunecache.store import Store, open_store
+from tunecache.target import Target
 
 H200 = Target("cuda", "sm90", "NVIDIA H200", 132, 232448, 32, "13000", "580.159.04", "13.0", "3.5")
 A100 = Target("cuda", "sm80", "NVIDIA A100-SXM4-80GB", 108, 166912, 32, "12040", "550.54.15", "12.4", "3.4")

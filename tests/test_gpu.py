@@ -75,9 +75,9 @@ def test_restart_on_gpu_does_no_benchmarks_and_keeps_the_winners(sqlite_url, tmp
 PRELOAD = """
 import json
 import triton
-from tunecache import autotuner, preload
+from tunecache import autotuner, background, preload
 torch.zeros(1, device="cuda")  # CUDA comes up, as when a server loads its weights: the preload starts
-autotuner._background(lambda: None).result(timeout=120)  # queued behind it
+background.submit(lambda: None).result(timeout=120)  # queued behind it
 cache = preload.jit_function(add).device_caches[torch.cuda.current_device()][0]
 before = len(cache)
 compiled = []

@@ -13,7 +13,8 @@ import triton
 import triton.language as tl
 
 from tunecache import identity
-from tunecache.identity import Target, canonical_key, config_identity, detect_target, problem_digest, source_hash
+from tunecache.identity import canonical_key, config_identity, problem_digest, source_hash
+from tunecache.target import Target, detect_target
 
 
 def _load(tmp_path, name, src):
@@ -78,8 +79,7 @@ import importlib, json, os, sys
 sys.path.insert(0, sys.argv[1])
 mod = importlib.import_module(sys.argv[2])
 k = mod.k
-if k._tc_opening is not None:
-    k._tc_opening[1].result(timeout=60)  # whatever the background prefetch does, it has done it
+k.wait_for_prefetch()  # whatever the background prefetch does, it has done it
 print(json.dumps({"triton_key": k.fn.cache_key, "ours": k.identity.source_hash, "type": type(k.fn).__name__}))
 """
 

@@ -23,8 +23,9 @@ from conftest import HERE
 import tunecache
 from tunecache import autotuner as at
 from tunecache import store as store_mod
-from tunecache.identity import config_identity, hostname
+from tunecache.identity import config_identity
 from tunecache.store import ConfigResult, leases, open_store, replace
+from tunecache.target import hostname
 
 
 def dead_pid() -> int:

@@ -17,10 +17,10 @@ from conftest import run_json
 
 import tunecache
 from tunecache import autotuner as at
-from tunecache import preload
-from tunecache.identity import detect_target
+from tunecache import background, preload
 from tunecache.model import ConfigResult, LaunchSpec, Problem
 from tunecache.store import open_store
+from tunecache.target import detect_target
 
 
 def spec(i: int, config_hash: str = "c1", version: str | None = None) -> LaunchSpec:
@@ -80,9 +80,9 @@ def test_restart_loads_only_this_targets_winners(sqlite_url, monkeypatch):
     k = tinykernels.make_add(store=sqlite_url)
     tinykernels.launch(k, 64)  # tunes: a winner stored for this target
     win = k.cache[next(iter(k.cache))]
-    win_hash = k._config_id(win)[1]
+    win_hash = k.config_ids(win)[1]
     here = detect_target().digest
-    other = [h for h in (k._config_id(c)[1] for c in k.configs) if h != win_hash][0]
+    other = [h for h in (k.config_ids(c)[1] for c in k.configs) if h != win_hash][0]
     version = preload.triton_version()
     s = open_store(sqlite_url)
     s.put_specs("k", k.identity.source_hash, here, [spec(1, win_hash, version), spec(2, other, version)])
@@ -122,12 +122,12 @@ def test_cuda_init_callback_is_queued_without_touching_cuda_and_never_raises(mon
 
 
 def _child_background(q) -> None:
-    q.put(at._background(lambda: 42).result(timeout=10))
+    q.put(background.submit(lambda: 42).result(timeout=10))
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="fork")
 def test_background_worker_runs_in_a_forked_child():
-    at._background(lambda: None).result(timeout=10)  # the parent's worker thread exists
+    background.submit(lambda: None).result(timeout=10)  # the parent's worker thread exists
     ctx = multiprocessing.get_context("fork")
     q = ctx.Queue()
     p = ctx.Process(target=_child_background, args=(q,))
@@ -148,18 +148,18 @@ def test_one_cuda_init_callback_per_process_loads_every_kernel_once(monkeypatch)
     monkeypatch.setattr(torch.cuda, "_lazy_call", lazy_call)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: state["up"])
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    monkeypatch.setattr(at, "_autoload_pid", None)
+    background.forget_cuda_callback()
     loads = []
     monkeypatch.setattr(at.TunecacheAutotuner, "load_winners", lambda self, device=None: loads.append(self) or 1)
     before = [tinykernels.make_add() for _ in range(3)]
     for k in before:
-        at._preload_when_cuda_is_up(k)
+        background.preload_when_cuda_is_up(k)
     assert len(queue) == 1 and loads == []
     state["up"] = True
     queue.pop()()
-    at._background(lambda: None).result(timeout=10)
+    background.submit(lambda: None).result(timeout=10)
     assert sorted(map(id, loads)) == sorted(map(id, before))
     late = tinykernels.make_add()
-    at._preload_when_cuda_is_up(late)
-    at._background(lambda: None).result(timeout=10)
+    background.preload_when_cuda_is_up(late)
+    background.submit(lambda: None).result(timeout=10)
     assert loads[-1] is late and len(loads) == 4 and queue == []

@@ -14,9 +14,10 @@ from realcli import cli_process, one_line_error
 
 from tunecache.cli import main
 from tunecache.errors import SchemaError, StoreError, StoreReadOnlyError
-from tunecache.identity import Target, problem_digest
+from tunecache.identity import problem_digest
 from tunecache.model import ConfigResult, Problem, pick_winner
 from tunecache.store import head_revision, open_store
+from tunecache.target import Target
 
 H200 = Target("cuda", "sm90", "NVIDIA H200", 132, 232448, 32, "13000", "580.159.04", "13.0", "3.6")
 

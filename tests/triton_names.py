@@ -14,8 +14,7 @@ import triton.language as tl  # noqa: E402
 from triton.runtime.driver import driver  # noqa: E402
 
 import tunecache  # noqa: E402
-from tunecache import autotuner as at  # noqa: E402
-from tunecache import preload, tritoncompat  # noqa: E402
+from tunecache import background, preload, tritoncompat  # noqa: E402
 
 JIT_ATTRS = ("device_caches", "preload", "arg_names", "_fn_name", "fn")
 
@@ -28,7 +27,7 @@ def k(x, N, B: tl.constexpr):
 
 if __name__ == "__main__":
     jf = preload.jit_function(k)
-    t = at._key_thread
+    t = background.triton_key_thread()
     if t is not None:
         t.join(120)
     key = tritoncompat.triton_key()

@@ -14,6 +14,7 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from tunecache import buckets
+from tunecache.counters import reset_stats, stats
 from tunecache.errors import (
     CaptureMissError,
     ConfigurationError,
@@ -23,9 +24,9 @@ from tunecache.errors import (
     StoreReadOnlyError,
     TunecacheError,
 )
-from tunecache.metrics import flush, reset_stats, stats
 from tunecache.model import ConfigResult, Problem
 from tunecache.store import Store, open_store
+from tunecache.writeback import flush
 
 __all__ = [
     "__version__",
@@ -51,13 +52,21 @@ __all__ = [
     "load_winners",
 ]
 
-_LAZY = {"autotune", "install", "uninstall", "TunecacheAutotuner", "current_mode", "load_winners"}
+# name -> the module that defines it
+_LAZY = {
+    "autotune": "tunecache.decorator",
+    "install": "tunecache.decorator",
+    "uninstall": "tunecache.decorator",
+    "load_winners": "tunecache.decorator",
+    "TunecacheAutotuner": "tunecache.autotuner",
+    "current_mode": "tunecache.settings",
+}
 
 
 def __getattr__(name: str):
     # Importing triton costs ~1 s; the CLI's export/import/ls never need it.
     if name in _LAZY:
-        from tunecache import autotuner
+        import importlib
 
-        return getattr(autotuner, name)
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'tunecache' has no attribute {name!r}")

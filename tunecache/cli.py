@@ -175,8 +175,8 @@ def main(ctx: click.Context) -> None:
 @click.pass_context
 def info(ctx: click.Context, as_json: bool) -> None:
     """This machine's target identity, the store URL (password masked), schema revision and counts."""
-    from tunecache.identity import detect_target, hostname
     from tunecache.store import head_revision
+    from tunecache.target import detect_target, hostname
 
     store = _open(ctx)
     target = detect_target()
@@ -417,7 +417,7 @@ def invalidate(
     """Delete stored problems (e.g. after a driver upgrade). At least one filter is required."""
     filters = _filters(kernel, arch, device, driver)
     if driver_not_current:
-        from tunecache.identity import detect_target
+        from tunecache.target import detect_target
 
         t = detect_target()
         if t.backend == "cpu":

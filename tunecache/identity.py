@@ -6,13 +6,13 @@ the same. This module turns each of those into stable, portable strings:
 * :func:`kernel_identity` hashes the kernel's source and the sources of the ``@jit`` functions it
   calls. The hash is over the parsed syntax tree, so comments, blank lines and the position of the
   kernel in its file do not change it (Triton's own ``cache_key`` includes the line number).
-* :func:`detect_target` describes the device (arch, name, SM count, shared memory, driver...).
-  It needs no pynvml and returns a CPU target on a machine without a GPU.
+* :func:`tunecache.target.detect_target` describes the device (arch, name, SM count, shared
+  memory, driver...); its fields that enter the digest are ``target.DIGEST_TARGET_FIELDS``.
 * :func:`canonical_key` and :func:`config_identity` serialise tuning keys and configs as
   canonical JSON; anything that cannot be serialised raises ``TypeError`` naming the argument.
 * :func:`problem_digest` combines the three into the content address of a row.
 
-What goes into the digest, and why (``DIGEST_TARGET_FIELDS``):
+What goes into the digest, and why:
 
 ========================  ==========================================================
 field                     why
@@ -58,42 +58,26 @@ built without the helper.
 from __future__ import annotations
 
 import ast
-import ctypes
 import functools
 import hashlib
 import inspect
 import logging
 import math
 import os
-import platform
-import socket
 import sys
 import textwrap
 import uuid
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, fields, replace
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from tunecache import settings
-from tunecache.errors import ConfigurationError
+if TYPE_CHECKING:
+    from tunecache.target import Target
 
 DIGEST_VERSION = 1
-
-#: Target fields that enter the problem digest (see the module docstring for why).
-DIGEST_TARGET_FIELDS = (
-    "backend",
-    "arch",
-    "device_name",
-    "sm_count",
-    "max_shared_mem",
-    "warp_size",
-    "driver_version",
-    "driver_release",
-    "triton_version",
-)
 
 
 def sha256_hex(data: bytes | str) -> str:
@@ -436,173 +420,6 @@ def module_imported(fn: Any) -> bool:
 
 
 # --------------------------------------------------------------------------------------------
-# Target identity
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Target:
-    backend: str  # cuda | hip | cpu (the interpreter)
-    arch: str  # sm90, gfx942, interpreter
-    device_name: str
-    sm_count: int
-    max_shared_mem: int
-    warp_size: int
-    driver_version: str  # numeric, e.g. "13000" from cuDriverGetVersion
-    driver_release: str  # e.g. "580.159.04" from /proc/driver/nvidia/version
-    cuda_runtime: str
-    triton_version: str  # major.minor
-
-    def digest_fields(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in DIGEST_TARGET_FIELDS}
-
-    @functools.cached_property
-    def digest(self) -> str:
-        """Hash of the timing-relevant fields: problems of one kernel on one target share it."""
-        return sha256_hex(canonical_json({"v": DIGEST_VERSION, **self.digest_fields()}))
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-TARGET_FIELDS = tuple(f.name for f in fields(Target))
-
-
-def _triton_minor() -> str:
-    try:
-        import triton
-
-        parts = triton.__version__.split(".")
-        return ".".join(parts[:2])
-    except Exception:  # noqa: BLE001 - no Triton: still describe the machine
-        return "none"
-
-
-def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
-
-
-def _cuda_driver_version() -> str:
-    for lib in ("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
-        try:
-            cuda = ctypes.CDLL(lib)
-        except OSError:
-            continue
-        v = ctypes.c_int(0)
-        if cuda.cuDriverGetVersion(ctypes.byref(v)) == 0:
-            return str(v.value)
-    return ""
-
-
-def _nvidia_release() -> str:
-    try:
-        with open("/proc/driver/nvidia/version") as f:
-            text = f.read()
-    except OSError:
-        return ""
-    # "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.04  Tue ..."
-    for tok in text.split():
-        if tok.count(".") >= 1 and tok.replace(".", "").isdigit():
-            return tok
-    return ""
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "cpu"
-
-
-def _apply_override(t: Target) -> Target:
-    """``TUNECACHE_TARGET_OVERRIDE`` (a JSON object) replaces detected fields.
-
-    For simulations and tests (e.g. "what does a driver upgrade miss?"), never for production.
-    """
-    data = settings.get("TUNECACHE_TARGET_OVERRIDE")
-    if not data:
-        return t
-    unknown = set(data) - set(TARGET_FIELDS)
-    if unknown:
-        raise ConfigurationError(
-            f"TUNECACHE_TARGET_OVERRIDE has unknown fields {sorted(unknown)}; known: {TARGET_FIELDS}"
-        )
-    return replace(t, **{k: type(getattr(t, k))(v) for k, v in data.items()})
-
-
-def detect_target(device: int | None = None) -> Target:
-    """Describe the device tuning runs on; a CPU target under the interpreter or without a GPU."""
-    return _apply_override(_detect(device, interpreting()))
-
-
-@functools.lru_cache(maxsize=16)
-def _detect(device: int | None, interp: bool) -> Target:
-    triton_version = _triton_minor()
-    torch = None
-    if not interp:
-        try:
-            import torch  # noqa: F811
-        except ImportError:
-            torch = None
-    if torch is not None and torch.cuda.is_available():
-        dev = torch.cuda.current_device() if device is None else device
-        props = torch.cuda.get_device_properties(dev)
-        hip = getattr(torch.version, "hip", None)
-        max_smem = 0
-        try:
-            from triton.runtime.driver import driver
-
-            max_smem = int(driver.active.utils.get_device_properties(dev)["max_shared_mem"])
-        except Exception:  # noqa: BLE001 - fall back to torch's (non opt-in) figure
-            max_smem = int(getattr(props, "shared_memory_per_block_optin", 0) or 0)
-        if hip:
-            return Target(
-                backend="hip",
-                arch=str(getattr(props, "gcnArchName", "gfx")).split(":")[0],
-                device_name=props.name,
-                sm_count=int(props.multi_processor_count),
-                max_shared_mem=max_smem,
-                warp_size=int(getattr(props, "warp_size", 64) or 64),
-                driver_version=str(hip),
-                driver_release="",
-                cuda_runtime=str(hip),
-                triton_version=triton_version,
-            )
-        return Target(
-            backend="cuda",
-            arch=f"sm{props.major}{props.minor}",
-            device_name=props.name,
-            sm_count=int(props.multi_processor_count),
-            max_shared_mem=max_smem,
-            warp_size=int(getattr(props, "warp_size", 32) or 32),
-            driver_version=_cuda_driver_version(),
-            driver_release=_nvidia_release(),
-            cuda_runtime=str(torch.version.cuda or ""),
-            triton_version=triton_version,
-        )
-    return Target(
-        backend="cpu",
-        arch="interpreter",
-        device_name=_cpu_name(),
-        sm_count=os.cpu_count() or 1,
-        max_shared_mem=0,
-        warp_size=1,
-        driver_version="",
-        driver_release="",
-        cuda_runtime="",
-        triton_version=triton_version,
-    )
-
-
-def hostname() -> str:
-    return settings.get("TUNECACHE_HOST_ID") or socket.gethostname()
-
-
-# --------------------------------------------------------------------------------------------
 # Tuning key and config identity
 # --------------------------------------------------------------------------------------------
 
@@ -770,6 +587,41 @@ def config_identity(config: Any) -> tuple[str, str]:
     """(canonical JSON, hash) of a Triton Config."""
     d = config_dict(config)
     return canonical_json(d), config_hash_of(d)
+
+
+class ConfigIds:
+    """:func:`config_identity` of a kernel's configs, memoised by the config's VALUE:
+    ``early_config_prune`` may build fresh Config objects at the addresses of freed ones. The
+    pre_hook enters by ``id``; the memo holds the hook itself, so that id is not reused while the
+    entry lives. At most ``max_size`` entries (a prune may build configs without end)."""
+
+    def __init__(self, max_size: int = 4096) -> None:
+        self.max_size = max_size
+        self._memo: dict[tuple, tuple[Any, tuple[str, str]]] = {}  # config value -> (pre_hook, identity)
+
+    def __len__(self) -> int:
+        return len(self._memo)
+
+    def __call__(self, config: Any) -> tuple[str, str]:
+        """(canonical JSON, hash) of ``config``."""
+        hook = getattr(config, "pre_hook", None)
+        try:
+            vkey = (
+                tuple(sorted(config.kwargs.items())),
+                tuple(getattr(config, f, None) for f in CONFIG_FIELDS),
+                getattr(config, "ir_override", None),
+                id(hook) if hook is not None else None,
+            )
+            memo = self._memo.get(vkey)
+        except TypeError:  # an unhashable kwarg: config_identity names it
+            return config_identity(config)
+        if memo is not None:
+            return memo[1]
+        ident = config_identity(config)
+        if len(self._memo) >= self.max_size:
+            self._memo.clear()
+        self._memo[vkey] = (hook, ident)
+        return ident
 
 
 def make_config(data: Mapping[str, Any]) -> Any:

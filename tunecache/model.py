@@ -22,7 +22,8 @@ from typing import Any
 
 import orjson
 
-from tunecache.identity import TARGET_FIELDS, Target, canonical_json
+from tunecache.identity import canonical_json
+from tunecache.target import TARGET_FIELDS, Target
 
 STATUSES = ("ok", "out_of_resources", "compile_error", "runtime_error", "pruned")
 FAILED_STATUSES = ("out_of_resources", "compile_error", "runtime_error")

@@ -51,12 +51,11 @@ from sqlalchemy.dialects import mysql as mysql_dialect
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, SQLAlchemyError
 
-from tunecache import metrics as _stats
-from tunecache import settings
+from tunecache import counters, settings
 from tunecache.bulk import BulkWriter, bulk_writer
 from tunecache.errors import SchemaError, StoreError, StoreNotFoundError, StoreReadOnlyError
 from tunecache.errors import driver_message as _reason
-from tunecache.identity import hostname, search_space_hash
+from tunecache.identity import search_space_hash
 from tunecache.model import (
     CONFIG_ROW_COLUMNS,
     FAILED_STATUSES,
@@ -73,6 +72,7 @@ from tunecache.model import (
     problem_row,
     utcnow,
 )
+from tunecache.target import hostname
 
 log = logging.getLogger("tunecache")
 
@@ -1118,7 +1118,7 @@ class Store:
                 .values(holder=holder, host=host, pid=os.getpid(), expires_at=now + ttl)
             )
             if res.rowcount == 1:
-                _stats.count(None, None, lease_takeovers=1)
+                counters.count(None, None, lease_takeovers=1)
                 log.warning(
                     "tunecache: took over the benchmark lease of %s from %s (%s)",
                     digest[:12],

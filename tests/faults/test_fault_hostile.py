@@ -28,9 +28,10 @@ from realcli import cli_process
 import tunecache
 from tunecache.cli import main
 from tunecache.errors import StoreError
-from tunecache.identity import Target, problem_digest
+from tunecache.identity import problem_digest
 from tunecache.model import ConfigResult, Problem
 from tunecache.store import metadata, open_store
+from tunecache.target import Target
 
 EVIL = [
     "x' OR 1=1 --",

@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from faultlib import check_ok, collect, fault_report_fixture, log_lines, spawn  # noqa: F401
 
 from tunecache.errors import SchemaError
-from tunecache.identity import Target, problem_digest
+from tunecache.identity import problem_digest
 from tunecache.model import ConfigResult, Problem, utcnow
 from tunecache.store import (
     _config_values,
@@ -25,6 +25,7 @@ from tunecache.store import (
     open_store,
     problems,
 )
+from tunecache.target import Target
 
 OLD = "0001"
 N_PROBLEMS = 36

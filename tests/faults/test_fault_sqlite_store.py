@@ -21,9 +21,10 @@ from pathlib import Path
 import pytest
 from faultlib import check_ok, collect, fault_report_fixture, log_lines, spawn  # noqa: F401
 
-from tunecache.identity import Target, problem_digest
+from tunecache.identity import problem_digest
 from tunecache.model import ConfigResult, Problem
 from tunecache.store import open_store
+from tunecache.target import Target
 
 SIZES = [64, 100, 200]
 N_CONFIGS = 6  # worker.configs()

@@ -119,11 +119,11 @@ def _wait(start_at: float) -> None:
 def _finish(deadline_s: float = 30.0) -> bool:
     """Flush deferred writes, retrying for a bounded time; True when nothing is left queued."""
     import tunecache
-    from tunecache import metrics
+    from tunecache import writeback
 
     end = time.monotonic() + deadline_s
     while True:
-        if tunecache.flush() and metrics.pending_puts() == 0:
+        if tunecache.flush() and writeback.pending_puts() == 0:
             return True
         if time.monotonic() > end:
             return False
@@ -132,15 +132,15 @@ def _finish(deadline_s: float = 30.0) -> bool:
 
 def _result(**extra) -> dict:
     import tunecache
-    from tunecache import metrics
-    from tunecache.identity import hostname
+    from tunecache import writeback
+    from tunecache.target import hostname
 
     return {
         "pid": os.getpid(),
         "host": hostname(),
         "stats": tunecache.stats(),
         "warnings": WARNINGS.messages,
-        "pending_puts": metrics.pending_puts(),
+        "pending_puts": writeback.pending_puts(),
         **extra,
     }
 

@@ -37,7 +37,6 @@ from tunecache.exchange.format import (
     is_stream,
     tunecache_version,
 )
-from tunecache.identity import TARGET_FIELDS
 from tunecache.model import (
     CONFIG_ROW_COLUMNS,
     LAUNCH_SPEC_COLUMNS,
@@ -47,6 +46,7 @@ from tunecache.model import (
     utcnow,
 )
 from tunecache.store import Store, configs, filter_clauses, launch_specs, problems
+from tunecache.target import TARGET_FIELDS
 
 log = logging.getLogger("tunecache")
 

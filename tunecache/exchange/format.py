@@ -54,7 +54,7 @@ digest                64 hex: content address, recomputed on import from source_
                       target and key (:func:`tunecache.identity.problem_digest`)
 kernel                kernel name, ``module.qualname`` (at most 255 characters)
 source_hash           64 hex: hash of the kernel source and the ``@jit`` functions it calls
-target                object with every :class:`~tunecache.identity.Target` field: backend,
+target                object with every :class:`~tunecache.target.Target` field: backend,
                       arch, device_name, driver_version, driver_release, cuda_runtime,
                       triton_version (strings); sm_count, max_shared_mem, warp_size (integers)
 key                   the tuning key: a list of ``[name, value]`` pairs, value a scalar
@@ -105,7 +105,7 @@ field           value
 ==============  ===========================================================================
 kernel          kernel name (at most 255 characters)
 source_hash     64 hex: the kernel source of a problem in this file
-target_digest   64 hex: :attr:`tunecache.identity.Target.digest` of that problem's target
+target_digest   64 hex: :attr:`tunecache.target.Target.digest` of that problem's target
 spec_hash       64 hex, recomputed on import: sha256 of ``spec``
 config_hash     32 hex: the config it was compiled with
 kernel_hash     64 hex: Triton's hash of the compiled binary

@@ -27,9 +27,10 @@ from tunecache.errors import ImportFormatError, StoreReadOnlyError
 from tunecache.exchange import validate
 from tunecache.exchange.format import CONFLICT_POLICIES, MAX_LINE_BYTES, Progress, Rewind, Source, open_source
 from tunecache.exchange.validate import Invalid, Scan, check_spec
-from tunecache.identity import TARGET_FIELDS, Target, canonical_json
+from tunecache.identity import canonical_json
 from tunecache.model import CONFIG_COLUMNS, PROBLEM_COLUMNS, PROBLEM_FIELDS, TIMESTAMP_FIELDS
 from tunecache.store import Store, configs, misses, problems
+from tunecache.target import TARGET_FIELDS, Target
 
 log = logging.getLogger("tunecache")
 

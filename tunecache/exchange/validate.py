@@ -32,7 +32,7 @@ from tunecache.exchange.format import (
     Rewind,
     tunecache_version,
 )
-from tunecache.identity import CONFIG_FIELDS, TARGET_FIELDS, Target, canonical_json, config_hash_of, problem_digest
+from tunecache.identity import CONFIG_FIELDS, canonical_json, config_hash_of, problem_digest
 from tunecache.model import (
     CONFIG_ROW_FIELDS,
     LAUNCH_SPEC_FIELDS,
@@ -42,6 +42,7 @@ from tunecache.model import (
     launch_spec_row,
 )
 from tunecache.store import problems
+from tunecache.target import TARGET_FIELDS, Target
 
 _SPEC_SET = frozenset(LAUNCH_SPEC_FIELDS)
 _PROBLEM_SET = frozenset(PROBLEM_FIELDS)

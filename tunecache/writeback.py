@@ -1,9 +1,8 @@
-"""Process counters and deferred writes.
+"""Deferred writes: what need not be written before a kernel launches.
 
-Counters answer "did this restart benchmark anything?" (``tunecache.stats()``). Writes that are
-not needed to launch a kernel (hit counts, per-kernel counters, results measured while the store
-was down) are queued here and flushed by a background timer and at exit, so they never sit on the
-launch path and are not lost when the database blinks.
+Hit counts, per-kernel counters and results measured while the store was down are queued here
+and flushed by a background timer and at exit, so they never sit on the launch path and are not
+lost when the database blinks.
 """
 
 from __future__ import annotations
@@ -13,29 +12,12 @@ import logging
 import os
 import threading
 from collections import Counter, defaultdict
+from collections.abc import Mapping
 from typing import Any
 
 log = logging.getLogger("tunecache")
 
-COUNTERS = (
-    "hits",
-    "misses",
-    "benchmarks",
-    "store_errors",
-    "capture_fallbacks",
-    "offline_fallbacks",
-    "waits",
-    "bench_seconds",
-    "saved_seconds",
-    "lease_takeovers",
-    "leases_lost",
-    "poisoned",
-    "preloaded",
-    "preload_skipped",
-)
-
 _lock = threading.Lock()
-_counters: Counter[str] = Counter()
 _pending_hits: dict[Any, Counter[str]] = defaultdict(Counter)  # store -> digest -> n
 _pending_stats: dict[Any, dict[str, Counter[str]]] = defaultdict(lambda: defaultdict(Counter))
 _pending_puts: dict[Any, list[tuple[Any, list[Any], bool]]] = defaultdict(list)
@@ -43,38 +25,19 @@ _timer: threading.Timer | None = None
 FLUSH_DELAY_S = 2.0
 
 
-def stats() -> dict[str, float]:
-    """This process's counters: hits, misses, benchmarks (configs benchmarked), store_errors,
-    capture_fallbacks, offline_fallbacks, bench_seconds, saved_seconds, ..."""
-    with _lock:
-        return {k: _counters.get(k, 0) for k in COUNTERS}
-
-
-def reset_stats() -> None:
-    with _lock:
-        _counters.clear()
-
-
-def count(kernel: str | None, store: Any, **deltas: float) -> None:
-    with _lock:
-        for k, v in deltas.items():
-            _counters[k] += v
-        if store is not None and kernel and not store.readonly:
-            persisted = {
-                k: v
-                for k, v in deltas.items()
-                if k in ("hits", "misses", "benchmarks", "bench_seconds", "saved_seconds")
-            }
-            if persisted:
-                _pending_stats[store][kernel].update(persisted)
-                _schedule()
-
-
 def hit(store: Any, digest: str) -> None:
+    """Count a launch served by ``digest``'s stored winner (``hit_count``)."""
     if store is None or store.readonly:
         return
     with _lock:
         _pending_hits[store][digest] += 1
+        _schedule()
+
+
+def add_stats(store: Any, kernel: str, deltas: Mapping[str, float]) -> None:
+    """Add to ``kernel``'s counters in ``store`` (table ``kernel_stats``)."""
+    with _lock:
+        _pending_stats[store][kernel].update(deltas)
         _schedule()
 
 
@@ -143,8 +106,20 @@ def flush() -> bool:
 
 
 def pending_puts() -> int:
+    """Results queued for a store that could not take them yet."""
     with _lock:
         return sum(len(v) for v in _pending_puts.values())
+
+
+def pending_hits() -> int:
+    """Hits queued, not yet written (one per stored problem and store)."""
+    with _lock:
+        return sum(len(v) for v in _pending_hits.values())
+
+
+def fork_locks() -> dict[str, Any]:
+    """This module's locks, which a forked child gets fresh (for tests/test_fork.py)."""
+    return {"writeback.lock": _lock}
 
 
 def _after_fork_in_child() -> None:

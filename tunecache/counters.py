@@ -1,0 +1,99 @@
+"""Process counters and one-time warnings: what this process reports about itself.
+
+Counters answer "did this restart benchmark anything?" (``tunecache.stats()``). The per-kernel
+counters a store keeps (``tunecache stats``) are queued for it by :mod:`tunecache.writeback`, off
+the launch path. Warnings that every later miss would repeat are logged once per kernel and kind.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections import Counter
+from typing import Any
+
+from tunecache import writeback
+
+log = logging.getLogger("tunecache")
+
+COUNTERS = (
+    "hits",
+    "misses",
+    "benchmarks",
+    "store_errors",
+    "capture_fallbacks",
+    "offline_fallbacks",
+    "waits",
+    "bench_seconds",
+    "saved_seconds",
+    "lease_takeovers",
+    "leases_lost",
+    "poisoned",
+    "preloaded",
+    "preload_skipped",
+)
+
+#: The counters a store keeps per kernel (table ``kernel_stats``).
+PERSISTED = ("hits", "misses", "benchmarks", "bench_seconds", "saved_seconds")
+
+_lock = threading.Lock()
+_counters: Counter[str] = Counter()
+_warned: set[tuple[str, str]] = set()
+_warned_lock = threading.Lock()
+
+
+def stats() -> dict[str, float]:
+    """This process's counters: hits, misses, benchmarks (configs benchmarked), store_errors,
+    capture_fallbacks, offline_fallbacks, bench_seconds, saved_seconds, ..."""
+    with _lock:
+        return {k: _counters.get(k, 0) for k in COUNTERS}
+
+
+def reset_stats() -> None:
+    with _lock:
+        _counters.clear()
+
+
+def count(kernel: str | None, store: Any, **deltas: float) -> None:
+    """Add ``deltas`` to this process's counters; with a kernel and a writable store, also queue the
+    persisted ones for that store's per-kernel counters."""
+    with _lock:
+        for k, v in deltas.items():
+            _counters[k] += v
+    if store is not None and kernel and not store.readonly:
+        persisted = {k: v for k, v in deltas.items() if k in PERSISTED}
+        if persisted:
+            writeback.add_stats(store, kernel, persisted)
+
+
+def warn_once(kernel: str, what: str, msg: str, *args: Any) -> None:
+    """Log a warning once per process for each (kernel, kind): an outage or a capture miss would
+    otherwise repeat it at every launch."""
+    with _warned_lock:
+        if (kernel, what) in _warned:
+            return
+        _warned.add((kernel, what))
+    log.warning(msg, *args)
+
+
+def reset_warnings() -> None:
+    """Warn again about what was warned about already (for tests)."""
+    with _warned_lock:
+        _warned.clear()
+
+
+def fork_locks() -> dict[str, Any]:
+    """This module's locks, which a forked child gets fresh (for tests/test_fork.py)."""
+    return {"counters.lock": _lock, "counters.warned_lock": _warned_lock}
+
+
+def _after_fork_in_child() -> None:
+    # A lock a parent's thread held at the fork would stay taken in the child.
+    global _lock, _warned_lock
+    _lock = threading.Lock()
+    _warned_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,166 @@
+"""One kernel's view of its store: the connection, and the kernel's stored problems in memory.
+
+Every stored problem of a kernel (all targets) is fetched in one query, in the background when the
+kernel is defined, so that a launch resolves from memory. A store that fails to open is tried again
+30 s later; results tuned meanwhile are kept and queued for it once it opens. Failures are counted
+and warned about once per store: the autotuner then tunes in its own process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+
+from tunecache import counters, settings, writeback
+from tunecache.errors import StoreError
+from tunecache.model import ConfigResult, LaunchSpec, Problem
+from tunecache.store import Store, shared_store
+
+RETRY_OPEN_S = 30.0
+
+
+class KernelStore:
+    """The store of one kernel (``kernel``: its name), opened lazily from ``arg`` (a URL, a
+    :class:`Store`, or None for the environment's), and what this process holds of it."""
+
+    def __init__(self, kernel: str, arg: str | Store | None) -> None:
+        self.kernel = kernel
+        self.arg = arg
+        self.store: Store | None = None  # once opened
+        self.retry_at = 0.0  # no new attempt to open before (monotonic)
+        self.unsaved: list[tuple[Problem, list[ConfigResult], bool]] = []  # tuned while it was down
+        self.mem: dict[str, Problem] = {}  # by digest: this source's problems, every target
+        self.prefetched = False  # the kernel's problems (every target) were fetched
+        self.pending: list[Problem] | None = None  # fetched by name, not yet filtered by source hash
+        self.specs: dict[str, list[LaunchSpec]] | None = None  # fetched, by target digest
+        self.opening: tuple[int, Future] | None = None  # (pid, the background prefetch)
+
+    def reset(self, arg: str | Store | None) -> None:
+        """Forget what is in memory and bind to ``arg`` anew (results not yet saved stay queued)."""
+        self.mem.clear()
+        self.prefetched = False
+        self.pending = None
+        self.specs = None
+        self.arg = arg
+        self.store = None
+        self.opening = None
+        self.retry_at = 0.0
+
+    def after_fork_in_child(self) -> None:
+        """The parent's pending prefetch is not the child's to wait for, its unsaved results are the
+        parent's to write, and its store is the parent's connections: the child opens it again (a
+        Store the user passed gets an empty pool in store.py's own fork handler)."""
+        self.opening = None
+        self.unsaved = []
+        self.retry_at = 0.0
+        if not isinstance(self.arg, Store):
+            self.store = None
+
+    def open_early(self, source_hash: Callable[[], str | None]) -> None:
+        """Background: open the store and prefetch every problem of this kernel (all targets: the
+        target needs CUDA, which must not be touched before a server forks), and its launch specs
+        if ``source_hash()`` (which hashes the source only where that is safe now) gives the hash."""
+        with contextlib.suppress(Exception):
+            store = self.arg if isinstance(self.arg, Store) else shared_store(self.arg)
+            h = source_hash()
+            self.fetch(store, h)
+            if h is not None:
+                self.specs = store.get_specs(h)
+
+    def wait_for_prefetch(self, timeout: float = 60.0) -> None:
+        opening = self.opening
+        if opening is not None and opening[0] == os.getpid():
+            opening[1].result(timeout=timeout)
+
+    def fetch(self, store: Store, source_hash: str | None) -> None:
+        """Every problem of this kernel (all targets) into memory, in one query, once. Raises
+        StoreError. Before the source is hashed (``source_hash`` None): every version of the kernel,
+        by name, kept aside until :meth:`absorb` keeps those of this source."""
+        if self.prefetched:
+            return
+        if source_hash is None:
+            self.pending = store.get_kernel_problems(self.kernel)
+        else:
+            self.pending = store.get_many(source_hash)
+        self.prefetched = True
+        if source_hash is not None:
+            self.absorb(source_hash)
+
+    def absorb(self, source_hash: str) -> None:
+        """Move the prefetched rows of this source into memory. Rows this process already holds
+        are kept: they are at least as fresh."""
+        rows = self.pending
+        if rows is None:
+            return
+        for q in rows:
+            if q.source_hash == source_hash:
+                self.mem.setdefault(q.digest, q)
+        self.pending = None
+
+    def get(self) -> Store | None:
+        """The store, opened (after the background prefetch, if one runs); None while it cannot be
+        opened. Once it opens, the results tuned meanwhile are queued for it."""
+        if self.store is not None:
+            return self.store
+        if self.opening is not None:
+            pid, fut = self.opening
+            self.opening = None
+            if pid == os.getpid():  # after a fork the parent's thread is gone: open here instead
+                with contextlib.suppress(Exception):
+                    fut.result(timeout=60)
+        if time.monotonic() < self.retry_at:
+            return None
+        try:
+            self.store = self.arg if isinstance(self.arg, Store) else shared_store(self.arg)
+        except StoreError as e:
+            self.trouble("open", e)
+            self.retry_at = time.monotonic() + RETRY_OPEN_S
+            return None
+        if not self.store.readonly:
+            for item in self.unsaved:  # tuned while the store was down
+                writeback.defer_put(self.store, *item)
+        self.unsaved.clear()
+        return self.store
+
+    def trouble(self, what: str, e: Exception) -> None:
+        """Count a failed ``what`` (open, read, lease, write) and warn about the store once."""
+        counters.count(None, None, store_errors=1)
+        # One warning per store and process: an outage fails reads, leases and writes alike, and
+        # every kernel on that store falls back the same way (each failure is counted in stats()).
+        arg = self.arg
+        where = arg.masked_url if isinstance(arg, Store) else str(arg or settings.raw("TUNECACHE_URL") or "")
+        counters.warn_once(
+            "",
+            f"store-unavailable:{where}",
+            "tunecache: %s: store unavailable (%s); tuning in this process instead",
+            self.kernel,
+            e,
+        )
+
+    def lookup(self, digest: str, source_hash: str) -> Problem | None:
+        """In memory first (prefetched in one query per kernel); else one query for this digest."""
+        store = self.get()  # joins the background prefetch
+        self.absorb(source_hash)
+        p = self.mem.get(digest)
+        if p is not None or store is None:
+            return p
+        try:
+            if not self.prefetched:
+                self.fetch(store, source_hash)
+                self.absorb(source_hash)
+                p = self.mem.get(digest)
+            else:
+                p = store.get(digest)  # tuned by another process since the prefetch?
+        except StoreError as e:
+            self.trouble("read", e)
+            return None
+        if p is not None:
+            self.mem[p.digest] = p
+        return p
+
+    def problems(self) -> list[Problem]:
+        """This kernel's problems in memory (a copy: another thread may add to it)."""
+        return list(self.mem.values())
