@@ -167,3 +167,19 @@ def test_holder_that_loses_its_lease_notices_and_keeps_the_other_holders_result(
     assert stored.config_map()[hashes[5]].median_ms == 0.5
     assert config_identity(best)[1] == hashes[5]  # and launched, like the rest of the fleet
     s.close()
+
+
+def test_a_waiter_polls_quickly_at_first_then_ever_less_often():
+    """The storm of a fleet-wide miss is the database's limit (docs/scaling.md): a waiter must not
+    read every 0.5 s for the whole benchmark. Simulated: the looks a waiter makes in 60 s."""
+    from tunecache.singleflight import next_poll
+
+    t, poll, looks = 0.0, 0.0, []
+    while t < 60.0:
+        poll = next_poll(poll, t)
+        t += poll
+        looks.append(t)
+    assert looks[0] <= 0.06 and sum(1 for x in looks if x <= 1.0) >= 5  # a short benchmark is seen at once
+    assert max(b - a for a, b in zip(looks, looks[1:])) == pytest.approx(5.0)  # capped
+    assert 30 <= len(looks) <= 50  # a fixed 0.5 s poll would look 120 times
+    assert all(0.05 <= next_poll(p, w) <= 5.0 for p in (0.0, 0.05, 1.0, 9.0) for w in (0.0, 3.0, 600.0))

@@ -13,6 +13,7 @@ import functools
 import hashlib
 import logging
 import os
+import random
 import threading
 import time
 import uuid
@@ -117,7 +118,8 @@ def run(
     deadline = time.monotonic() + wait_seconds()
     flock = host_lock(store, digest)
     waited = False
-    poll = 0.05
+    poll = 0.0
+    started = time.monotonic()
     while True:
         got_host = flock is None or _try_acquire(flock)
         if got_host:
@@ -137,8 +139,8 @@ def run(
             waited = True
             counters.count(None, None, waits=1)
             log.info("tunecache: %s: another process is benchmarking %s; waiting", kernel, what)
-        time.sleep(poll)
-        poll = min(poll * 1.5, 0.5)
+        poll = next_poll(poll, time.monotonic() - started)
+        time.sleep(poll * random.uniform(0.8, 1.2))  # jitter: a fleet that missed together polls apart
         try:
             done = settled()
         except StoreError as e:
@@ -155,6 +157,17 @@ def run(
                 what,
             )
             return lead(Lease(store, digest, None, ttl, kernel))
+
+
+def next_poll(poll: float, waited: float) -> float:
+    """Seconds until the next look for another process's result, after ``waited`` seconds.
+
+    Quick at first (0.05 s, growing by half each time) so a short benchmark is seen at once, then at
+    most one look every tenth of the time waited so far, capped at 5 s: a fleet that missed one key
+    together (a driver upgrade) costs the database a read per waiting worker every 0.5 s for the
+    first 5 s, and ever less after (about 40 reads in a minute instead of 120; docs/scaling.md).
+    """
+    return min(max(poll * 1.5, 0.05), max(0.5, min(5.0, waited / 10.0)))
 
 
 def _lock_dir(store: Store) -> Path | None:
