@@ -40,6 +40,7 @@ from typing import Any
 import orjson
 from triton.runtime.autotuner import Autotuner
 
+from tunecache import binaries as _binaries
 from tunecache import metrics as _stats
 from tunecache import preload as _preload
 from tunecache import settings, tritoncompat
@@ -264,6 +265,7 @@ class TunecacheAutotuner(Autotuner):
             self._fetch_problems(store)
             if self._tc_identity is not None:
                 self._tc_specs = store.get_specs(self._tc_identity.source_hash)
+                _binaries.place_for(store, self._tc_specs)  # before any compile: Triton finds them
 
     def _fetch_problems(self, store: Store) -> None:
         """Every problem of this kernel (all targets) into memory, in one query, once. Raises
@@ -310,6 +312,7 @@ class TunecacheAutotuner(Autotuner):
                     return 0
                 self._fetch_problems(store)
                 self._tc_specs = store.get_specs(self.identity.source_hash)
+                _binaries.place_for(store, self._tc_specs)
             self._absorb()
             mine = self._tc_specs.get(target.digest, [])
             if not mine:
@@ -333,6 +336,7 @@ class TunecacheAutotuner(Autotuner):
         specs = _preload.capture(self.fn, config, winner)
         try:
             store.put_specs(self.kernel_name, self.identity.source_hash, ctx.target.digest, specs)
+            _binaries.upload(store, self.fn, self.kernel_name, self.identity.source_hash, specs)
         except StoreError as e:
             self._store_trouble("write", e)
 
