@@ -5,7 +5,7 @@ any machine (issue 15; docs/benchmarks.md).
 The bundled kernel's Hopper split stage is compiled for sm90 offline with Triton's own compiler (as
 tests/sm90_build.py does) in its two H200 winner configs (docs/gpu-runs/2026-12-01o: BLOCK_T=64
 ROWS=8 STAGES=2 w4, and BLOCK_T=128 ROWS=8 STAGES=1 w8); a store gets the 36 SGLang buckets with the
-12 config rows each, the two winners' launch specs and their binaries (read from Triton's cache by
+13 config rows each, the two winners' launch specs and their binaries (read from Triton's cache by
 tunecache.binaries.collect). Then: export plain and with ``--binaries --sign``, their sizes; the time
 of one signature and one verification; an import's validation (``--dry-run``) with and without them.
 
