@@ -1398,7 +1398,8 @@ def open_store(
 ) -> Store:
     """Open (and on first use create and migrate) the store at ``url`` or ``TUNECACHE_URL``.
 
-    ``readonly=None`` detects a read-only SQLite file or directory. ``migrate=None`` follows
+    ``readonly=None`` detects a read-only SQLite file or directory, and a PostgreSQL login that may
+    only SELECT (:meth:`Store.select_only`). ``migrate=None`` follows
     ``TUNECACHE_AUTO_MIGRATE`` (default on). ``create=False`` opens only a store that exists, with
     its schema (else :class:`StoreNotFoundError`): for readers, which must not create one. Raises
     :class:`StoreError` with a message naming the host (never the password) when the database
