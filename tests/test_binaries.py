@@ -372,3 +372,18 @@ def test_import_format_error_for_a_signature_by_another_key_than_the_header_name
     bad.write_bytes(b"\n".join([*text[:-1], orjson.dumps(sig)]) + b"\n")
     with pytest.raises(ImportFormatError, match="the header says"):
         import_(open_store(target), bad)  # a signed file is checked by every import, --binaries or not
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql", "mysql"])
+def test_the_store_keeps_binaries_byte_for_byte_on_every_backend(backend, request):
+    url = request.getfixturevalue({"sqlite": "sqlite_url", "postgresql": "pg_url", "mysql": "mysql_url"}[backend])
+    s = open_store(url)
+    big = fake_binary("a" * 64, size=2 << 20)  # 2 MiB: MySQL's BLOB would stop at 64 KiB
+    small = fake_binary("b" * 64)
+    assert s.put_binaries("k", "f" * 64, [big, small]) == 2
+    assert s.put_binaries("k", "f" * 64, [big]) == 0  # idempotent
+    assert s.get_binaries(["a" * 64, "b" * 64, "c" * 64]) == [big, small]
+    assert s.binary_heads(["a" * 64]) == {"a" * 64: ("k", "cubin", big.sha256)}
+    assert s.binary_usage() == {"k": (2, big.size + small.size)}
+    assert len(s.gc_binaries()) == 2 and s.get_binaries(["a" * 64]) == []
+    s.close()
