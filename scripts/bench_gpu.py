@@ -15,6 +15,9 @@ pause of TC_BENCH_PAUSE_S, default 1 s, stands for the server loading its weight
   fixed            one fixed config, cubins cached: the floor (TUNECACHE_PRELOAD=0: a server
                    without tunecache has nothing that knows which binaries it will need)
   fresh-host       a new store imported from an export (with --launch-specs), EMPTY Triton cache: compiles winners only
+  fresh-host-binaries  the same from a signed export with --binaries (imported with TUNECACHE_TRUSTED_KEYS):
+                   the winners' binaries are placed into the empty Triton cache, so nothing is compiled
+                   (every start counts Triton's compiles per kernel, cache hits apart: "compiles")
   winners-direct   the restart's winners launched with config= (no tuner): same kernels to load
   restart-profile  a tunecache restart under cProfile: where its time goes
   restart-series   TC_BENCH_ROUNDS (5) interleaved rounds of fixed / tunecache restart / winners
@@ -82,8 +85,25 @@ def _shape(args):
     }
 
 
+def _count_compiles() -> dict:
+    """Count Triton's compiles in this process, per kernel name: {"compiles": {...}, "cache_hits": {...}}.
+    Through Triton's own compilation listener (3.4-3.9), installed before any kernel is defined."""
+    from triton import knobs
+
+    seen: dict = {"compiles": {}, "cache_hits": {}}
+
+    def listener(src, metadata, metadata_group, times, cache_hit) -> None:
+        d = seen["cache_hits" if cache_hit else "compiles"]
+        name = str(getattr(src, "name", "?"))
+        d[name] = d.get(name, 0) + 1
+
+    knobs.compilation.listener = listener
+    return seen
+
+
 def child_start(args: dict) -> dict:
     """One server start: launch every bucket once, largest first; time until all are ready."""
+    compiled = _count_compiles()
     import torch
     from tunecache.kernels import sparse_decode as sd
 
@@ -134,10 +154,17 @@ def child_start(args: dict) -> dict:
             }
             for k, v in rows
         ]
+    if args.get("companions") and cfg is None and not per_bucket:
+        # Keep the merge stage's binaries with the split stage's (a user's choice: see README).
+        from tunecache import binaries
+
+        extra["companion_binaries"] = binaries.record_companions(sd.split_kernel(kv), sd._merge_stage)
     tunecache.flush()
     st = tunecache.stats()
     return {
         "seconds_to_ready": ready,
+        "compiles": compiled["compiles"],
+        "cache_hits": compiled["cache_hits"],
         "stats": st,
         "preloaded_before_first_launch": preloaded_before,
         "winners": {str(k): v for k, v in winners.items()},
@@ -429,7 +456,10 @@ def run_all(out_dir: Path, quick: bool) -> dict:
         tc = [sys.executable, "-m", "tunecache.cli"]
         ex = subprocess.run([*tc, "--url", url1, "export", str(export)], env=base_env, capture_output=True, text=True)
         im = subprocess.run(
-            [*tc, "--url", url2, "import", str(export), "--launch-specs"], env=base_env, capture_output=True, text=True
+            [*tc, "--url", url2, "import", str(export), "--launch-specs", "--trust-unsigned"],
+            env=base_env,
+            capture_output=True,
+            text=True,
         )
         r["exchange"] = {
             "export_rc": ex.returncode,
@@ -445,6 +475,33 @@ def run_all(out_dir: Path, quick: bool) -> dict:
         start("fresh-host", {**base_env, "TRITON_CACHE_DIR": cache2, "TUNECACHE_URL": url2})
         r["fresh-host"]["split_kernels_compiled"] = cubins(cache2)
         r["stock-cold-split_kernels_compiled"] = cubins(cache1)
+
+    def fresh_host_binaries() -> None:
+        """A fresh host from a signed export with binaries: a new store, an EMPTY Triton cache."""
+        tc = [sys.executable, "-m", "tunecache.cli"]
+        key, plain, signed = work / "signing-key", work / "results.jsonl.gz", work / "results+binaries.jsonl.gz"
+        url3, cache3 = f"sqlite:///{work / 'store3.sqlite3'}", str(work / "triton-cache-3")
+        steps = {}
+
+        def run(name: str, argv: list, env: dict = base_env) -> None:
+            t0 = time.perf_counter()
+            p = subprocess.run([*tc, *argv], env=env, capture_output=True, text=True)
+            steps[name] = {"rc": p.returncode, "wall_s": time.perf_counter() - t0, "out": (p.stdout + p.stderr)[-600:]}
+
+        if not key.exists():
+            run("keygen", ["keygen", str(key)])
+        run("export-plain", ["--url", url1, "export", str(plain)])
+        run("export-binaries-signed", ["--url", url1, "export", str(signed), "--binaries", "--sign", str(key)])
+        trusted = {**base_env, "TUNECACHE_TRUSTED_KEYS": f"{key}.pub"}
+        run("import-dry-run (verify)", ["--url", url3, "import", str(signed), "--binaries", "--dry-run"], trusted)
+        run("import-binaries", ["--url", url3, "import", str(signed), "--binaries", "--json"], trusted)
+        r["binaries-exchange"] = {
+            "steps": steps,
+            "bytes_plain": plain.stat().st_size if plain.exists() else None,
+            "bytes_with_binaries": signed.stat().st_size if signed.exists() else None,
+        }
+        start("fresh-host-binaries", {**base_env, "TRITON_CACHE_DIR": cache3, "TUNECACHE_URL": url3})
+        r["fresh-host-binaries"]["split_kernels_compiled"] = cubins(cache3)
 
     def fixed() -> None:
         winners = r.get("tunecache-first", {}).get("winners", {})
@@ -466,7 +523,8 @@ def run_all(out_dir: Path, quick: bool) -> dict:
 
     if cuda or quick:
         phase("stock-cold", lambda: start("stock-cold", {**env1, "TUNECACHE_MODE": "off"}))
-    phase("tunecache-first", lambda: start("tunecache-first", env1))
+    companions = os.environ.get("TC_BENCH_COMPANIONS", "1") == "1"
+    phase("tunecache-first", lambda: start("tunecache-first", env1, companions=companions))
     phase("tunecache-restart", lambda: start("tunecache-restart", env1))
     phase("fixed", fixed)
     phase("winners-direct", winners_direct)
@@ -506,6 +564,7 @@ def run_all(out_dir: Path, quick: bool) -> dict:
     phase("restart-series", restart_series)
     phase("restart-profile", lambda: start("restart-profile", env1, profile=True))
     phase("fresh-host", fresh_host)
+    phase("fresh-host-binaries", fresh_host_binaries)
     phase("oor", lambda: r.__setitem__("oor", spawn("oor", {"url": url1}, base_env, log)))
     phase(
         "capture",
@@ -556,6 +615,7 @@ def summary(r: dict) -> str:
         "winners-direct",
         "restart-profile",
         "fresh-host",
+        "fresh-host-binaries",
     ):
         if k in r:
             s, n = t(k)
@@ -564,6 +624,29 @@ def summary(r: dict) -> str:
             lines.append(f"| {k} | {n} | {s:.3f} | {r[k].get('process_wall_s', float('nan')):.1f} |")
     f, tr = t("fixed")[0], t("tunecache-restart")[0]
     fh = r.get("fresh-host", {})
+    fb = r.get("fresh-host-binaries", {})
+    tuned = ("_split_stage", "split_stage")  # the autotuned kernels (Triton, Gluon): target 0 compiles
+    lines += [
+        "",
+        "| start | Triton compiles (autotuned split) | compiles (all, by kernel) | cache hits |",
+        "|---|---|---|---|",
+    ]
+    for k in ("stock-cold", "tunecache-first", "tunecache-restart", "fresh-host", "fresh-host-binaries"):
+        if k in r and "compiles" in r[k]:
+            c = r[k]["compiles"]
+            lines.append(
+                f"| {k} | {sum(v for n, v in c.items() if n in tuned)} | {json.dumps(c)} | "
+                f"{json.dumps(r[k].get('cache_hits'))} |"
+            )
+    if fb:
+        ratio = fb.get("seconds_to_ready", float("nan")) / tr if tr else float("nan")
+        ex = r.get("binaries-exchange", {})
+        lines += [
+            "",
+            f"fresh host with binaries / warm restart: {ratio:.2f} (target <= 1.5); "
+            f"export {ex.get('bytes_plain')} bytes plain, {ex.get('bytes_with_binaries')} with binaries (signed); "
+            + ", ".join(f"{n} {v['wall_s']:.2f}s rc={v['rc']}" for n, v in ex.get("steps", {}).items()),
+        ]
     lines += [
         "",
         f"tunecache restart / fixed config: {tr / f if f else float('nan'):.3f}",

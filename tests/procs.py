@@ -27,8 +27,8 @@ def warm(url: str, sizes: list[int], start_at: float) -> dict:
     for n in sorted(sizes, reverse=True):
         cfg = tinykernels.launch(kernel, n)
         winners[n] = str(cfg)
-    tunecache.flush()
-    return {"pid": os.getpid(), "stats": tunecache.stats(), "winners": winners}
+    flushed = tunecache.flush()  # False: a queued write (hits, counters) failed
+    return {"pid": os.getpid(), "stats": tunecache.stats(), "winners": winners, "flushed": flushed}
 
 
 def put(url: str, n: int, start_at: float) -> dict:

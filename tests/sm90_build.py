@@ -43,7 +43,8 @@ CONSTEXPRS = {
 }
 
 
-def build(block_t: int, warps: int, stages: int, rows: int = 4, gluon: bool = False) -> dict:
+def compile_stage(block_t: int, warps: int, stages: int, rows: int = 4, gluon: bool = False):
+    """The split stage compiled for sm90 by Triton's own compiler (a CompiledKernel, in Triton's cache)."""
     fn = sm90.split_stage if gluon else sd._split_stage
     names = fn.arg_names
     constexprs = {**CONSTEXPRS, "BLOCK_T": block_t}
@@ -66,8 +67,12 @@ def build(block_t: int, warps: int, stages: int, rows: int = 4, gluon: bool = Fa
         src = GluonASTSource(fn, signature, dict(constexprs), attrs)
     else:
         src = ASTSource(fn, signature, dict(constexprs), attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+
+
+def build(block_t: int, warps: int, stages: int, rows: int = 4, gluon: bool = False) -> dict:
     try:
-        k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+        k = compile_stage(block_t, warps, stages, rows, gluon)
     except Exception as e:  # noqa: BLE001 - reported to the test
         return {"error": f"{type(e).__name__}: {e}"[:300]}
     bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")

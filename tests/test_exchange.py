@@ -462,10 +462,10 @@ MALFORMED: dict[str, tuple[Callable[[list[bytes]], bytes], str, int, str]] = {
     "header missing": (lambda ls: assemble(ls[1:], fix_header=False), ".jsonl", 1, "missing header"),
     "not an export": (lambda ls: b'{"hello": "world"}\n', ".jsonl", 1, "not a tunecache export"),
     "wrong format version": (
-        lambda ls: assemble(edit(ls, 0, _set("version", 3))),
+        lambda ls: assemble(edit(ls, 0, _set("version", 4))),
         ".jsonl",
         1,
-        "unsupported format version 3",
+        "unsupported format version 4",
     ),
     "truncated at a line end": (
         lambda ls: assemble(ls[:-1], fix_header=False),
@@ -735,17 +735,17 @@ def test_launch_specs_travel_with_their_problems_and_import_idempotently(store_u
     plain = import_(open_store(dst), out)  # specs validated, not added unless asked
     assert (plain.new, plain.launch_specs, plain.launch_specs_new) == (3, 3, 0)
     assert open_store(dst).get_specs(SOURCE) == {}
-    first = import_(open_store(dst), out, with_launch_specs=True)
+    first = import_(open_store(dst), out, with_launch_specs=True, trust_unsigned=True)
     assert (first.skipped, first.launch_specs, first.launch_specs_new) == (3, 3, 3)
     got = open_store(dst).get_specs(SOURCE)
     by_hash = sorted([spec(1), spec(2)], key=lambda x: x.spec_hash)  # get_specs orders by spec hash
     assert got == {H200.digest: by_hash, A100.digest: [spec(3)]}
-    again = import_(open_store(dst), out, with_launch_specs=True)
+    again = import_(open_store(dst), out, with_launch_specs=True, trust_unsigned=True)
     assert (again.skipped, again.launch_specs, again.launch_specs_new) == (3, 3, 0)
     assert open_store(dst).get_specs(SOURCE) == got
     # A filtered export carries only the specs of the kernels and targets it exports.
     assert export(open_store(store_url), tmp_path / "add.jsonl", kernel="add_kernel")["launch_specs"] == 2
-    res = ok(cli(dst, "import", str(out), "--launch-specs"))
+    res = ok(cli(dst, "import", str(out), "--launch-specs", "--trust-unsigned"))
     assert "3 launch specs, 0 added" in res.output
 
 
@@ -816,7 +816,7 @@ def test_malformed_launch_spec_exits_1_and_changes_nothing(case, spec_lines, tmp
     before = store.counts()
     path = tmp_path / "bad.jsonl"
     path.write_bytes(make(spec_lines))
-    res = cli(url, "import", str(path), "--launch-specs")
+    res = cli(url, "import", str(path), "--launch-specs", "--trust-unsigned")
     assert res.exit_code == 1, res.output
     msg = res.stderr.strip()
     assert msg.startswith(f"tunecache: error: line {line}: "), msg
@@ -827,7 +827,7 @@ def test_malformed_launch_spec_exits_1_and_changes_nothing(case, spec_lines, tmp
 def test_the_good_spec_file_imports_after_reassembly(spec_lines, tmp_path):
     path = tmp_path / "good.jsonl"
     path.write_bytes(assemble(spec_lines))
-    s = import_(open_store(f"sqlite:///{tmp_path / 't.sqlite3'}"), path, with_launch_specs=True)
+    s = import_(open_store(f"sqlite:///{tmp_path / 't.sqlite3'}"), path, with_launch_specs=True, trust_unsigned=True)
     assert (s.new, s.launch_specs_new) == (3, 3)
 
 
@@ -932,7 +932,7 @@ def test_export_is_byte_for_byte_the_format_written_before_the_exchange_package(
     golden = (DATA / name).read_bytes()
     specs = name == "export_v2.jsonl"
     store = open_store(store_url)
-    import_(store, DATA / name, with_launch_specs=specs)
+    import_(store, DATA / name, with_launch_specs=specs, trust_unsigned=True)
     export(store, tmp_path / "again.jsonl", with_launch_specs=specs)
     assert _header_and_body((tmp_path / "again.jsonl").read_bytes()) == _header_and_body(golden)
 

@@ -32,7 +32,7 @@ from typing import Any
 import orjson
 from triton.runtime.autotuner import Autotuner
 
-from tunecache import background, counters, settings, singleflight, winner, writeback
+from tunecache import background, binaries, counters, settings, singleflight, winner, writeback
 from tunecache import preload as _preload
 from tunecache.errors import CaptureMissError, StoreError
 from tunecache.identity import (
@@ -226,6 +226,7 @@ class TunecacheAutotuner(Autotuner):
                     return 0
                 ks.fetch(store, self._known_hash())
                 ks.specs = store.get_specs(self.identity.source_hash)
+                binaries.place_for(store, ks.specs)  # before any compile: Triton finds them
             ks.absorb(self.identity.source_hash)
             mine = ks.specs.get(target.digest, [])
             if not mine:
@@ -249,6 +250,7 @@ class TunecacheAutotuner(Autotuner):
         specs = _preload.capture(self.fn, config, best)
         try:
             store.put_specs(self.kernel_name, self.identity.source_hash, ctx.target.digest, specs)
+            binaries.upload(store, self.fn, self.kernel_name, self.identity.source_hash, specs)
         except StoreError as e:
             self._tc_ks.trouble("write", e)
 

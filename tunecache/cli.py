@@ -191,6 +191,8 @@ def info(ctx: click.Context, as_json: bool) -> None:
         "target_digest": target.digest,
         "counts": store.counts(),
     }
+    usage = store.binary_usage().values()
+    out["binaries"] = {"count": sum(n for n, _ in usage), "bytes": sum(b for _, b in usage)}
     if as_json:
         _json_out(out)
         return
@@ -202,6 +204,7 @@ def info(ctx: click.Context, as_json: bool) -> None:
     for k, v in target.as_dict().items():
         click.echo(f"  {k:<15} {v}")
     click.echo("counts:    " + ", ".join(f"{k}={v}" for k, v in out["counts"].items()))
+    click.echo(f"binaries:  {out['binaries']['count']} ({out['binaries']['bytes']} bytes)")
 
 
 @main.group()
@@ -252,6 +255,33 @@ def db_current(ctx: click.Context, as_json: bool) -> None:
         _json_out({"store": store.masked_url, "revision": rev, "head": head, "is_head": rev == head})
         return
     click.echo(f"{rev or 'none'}{' (head)' if rev == head else f' (head is {head})'}")
+
+
+@db.command("grant")
+@click.option("--reader", "readers", multiple=True, metavar="ROLE", help="May only SELECT: serving workers.")
+@click.option("--tuner", "tuners", multiple=True, metavar="ROLE", help="May read and write rows: tuning jobs.")
+@click.option("--no-create", is_flag=True, help="Grant to roles that exist; do not create missing ones.")
+@json_option
+@click.pass_context
+def db_grant(
+    ctx: click.Context, readers: tuple[str, ...], tuners: tuple[str, ...], no_create: bool, as_json: bool
+) -> None:
+    """PostgreSQL: create login roles (no password: set one with ALTER ROLE, or use your auth) and grant
+    them least privilege on the store's tables: a reader may only SELECT, a tuner may also INSERT,
+    UPDATE and DELETE rows. Neither may change the schema: run it as the tables' owner, which also runs
+    `db upgrade`."""
+    from tunecache.roles import grant
+
+    if not readers and not tuners:
+        raise click.UsageError("give --reader ROLE and/or --tuner ROLE")
+    store = connect(ctx.obj.get("url"), create=False)
+    ctx.call_on_close(store.close)
+    done = grant(store, readers=readers, tuners=tuners, create=not no_create)
+    if as_json:
+        _json_out({"store": store.masked_url, "roles": done})
+        return
+    for r in done:
+        click.echo(f"{r['role']}: {r['kind']}{' (created)' if r['created'] else ''}")
 
 
 @main.command("ls")
@@ -355,14 +385,24 @@ def _failure_text(f: dict[str, Any] | None) -> str:
 @json_option
 @click.pass_context
 def stats(ctx: click.Context, as_json: bool) -> None:
-    """Per-kernel hits, misses, benchmarks and seconds saved (persisted by every process)."""
+    """Per-kernel hits, misses, benchmarks and seconds saved (persisted by every process), and the
+    count and bytes of its stored binaries."""
     store = _open(ctx)
     rows = store.kernel_stats()
+    usage = store.binary_usage()
+    counters = ("hits", "misses", "benchmarks", "bench_seconds", "saved_seconds")
+    rows += [
+        {"kernel": k, **dict.fromkeys(counters, 0), "updated_at": None}
+        for k in usage
+        if k not in {r["kernel"] for r in rows}
+    ]  # binaries of a kernel that no process has counted yet (an imported store)
+    for r in rows:
+        r["binaries"], r["binary_bytes"] = usage.get(r["kernel"], (0, 0))
     if as_json:
         _json_out(rows)
         return
     _table(
-        ["KERNEL", "HITS", "MISSES", "BENCHMARKS", "BENCH_S", "SAVED_S"],
+        ["KERNEL", "HITS", "MISSES", "BENCHMARKS", "BENCH_S", "SAVED_S", "BINARIES", "BIN_BYTES"],
         (
             [
                 r["kernel"],
@@ -371,6 +411,8 @@ def stats(ctx: click.Context, as_json: bool) -> None:
                 r["benchmarks"],
                 f"{r['bench_seconds']:.1f}",
                 f"{r['saved_seconds']:.1f}",
+                r["binaries"],
+                r["binary_bytes"],
             ]
             for r in rows
         ),
@@ -455,10 +497,28 @@ def _report_deleted(gone: list[Problem], dry_run: bool, as_json: bool) -> None:
 @json_option
 @click.pass_context
 def gc(ctx: click.Context, days: float, dry_run: bool, as_json: bool) -> None:
-    """Remove problems nobody has used for N days (last hit, or last update if never hit)."""
+    """Remove problems nobody has used for N days (last hit, or last update if never hit), then the
+    binaries no stored winner references any more."""
     store = _open(ctx)
     gone = store.delete(dry_run=dry_run, no_hit_since=utcnow() - dt.timedelta(days=days))
-    _report_deleted(gone, dry_run, as_json)
+    # On a dry run the problems are still there, so this lists only binaries unreferenced already.
+    bins = store.gc_binaries(dry_run=dry_run)
+    dropped = {"count": len(bins), "bytes": sum(b[2] for b in bins)}
+    if as_json:
+        _json_out(
+            {
+                "dry_run": dry_run,
+                "count": len(gone),
+                "problems": [problem_summary(p) for p in gone],
+                "binaries": {**dropped, "triton_keys": [b[0] for b in bins]},
+            }
+        )
+        return
+    _report_deleted(gone, dry_run, False)
+    click.echo(
+        f"{dropped['count']} binaries ({dropped['bytes']} bytes) no winner references "
+        f"{'would be ' if dry_run else ''}dropped"
+    )
 
 
 @main.command()
@@ -616,6 +676,17 @@ def _what_it_cost(d: dict[str, float]) -> str:
     help="Leave out the winners' launch specs (what a first start preloads): a version 1 file, which "
     "tunecache versions before format 2 can import.",
 )
+@click.option(
+    "--binaries",
+    is_flag=True,
+    help="Also write the winners' compiled binaries (format 3), so that the importing host compiles nothing.",
+)
+@click.option(
+    "--sign",
+    "sign_key",
+    metavar="KEY",
+    help="Sign the file with this private key (from `tunecache keygen`); needs tunecache[sign].",
+)
 @json_option
 @click.pass_context
 def export_cmd(
@@ -627,11 +698,17 @@ def export_cmd(
     driver: str | None,
     since: str | None,
     no_launch_specs: bool,
+    binaries: bool,
+    sign_key: str | None,
     as_json: bool,
 ) -> None:
     """Write stored problems with every config row to PATH (JSON Lines; .gz compresses; - is stdout)."""
     from tunecache.exchange import export
+    from tunecache.signing import Signer
 
+    if no_launch_specs and (binaries or sign_key):
+        raise click.UsageError("--binaries and --sign need the launch specs: drop --no-launch-specs")
+    signer = Signer(sign_key) if sign_key else None  # a bad key fails before the export starts
     store = _open(ctx)
     with _ExchangeProgress() as progress:
         s = export(
@@ -641,6 +718,8 @@ def export_cmd(
             since=parse_since(since) if since else None,
             progress=progress,
             with_launch_specs=not no_launch_specs,
+            with_binaries=binaries,
+            signer=signer,
         )
     s["path"] = path
     to_stderr = path == "-"  # stdout carries the file itself
@@ -649,7 +728,9 @@ def export_cmd(
     else:
         click.echo(
             f"exported {s['problems']} problems ({s['configs']} config rows, {s['launch_specs']} launch specs, "
-            f"{s['bytes']} bytes) to {path} in {s['seconds']:.1f}s",
+            + (f"{s['binaries']} binaries, " if binaries else "")
+            + f"{s['bytes']} bytes) to {path} in {s['seconds']:.1f}s"
+            + (f", signed by key {s['signed_by']}" if s["signed_by"] else ""),
             err=to_stderr,
         )
 
@@ -668,12 +749,30 @@ def export_cmd(
     "--launch-specs",
     is_flag=True,
     help="Also add the file's launch specs, so the first start preloads the winners' binaries. They steer "
-    "what Triton compiles: only for a file you trust like your store (your own export).",
+    "what Triton compiles: the file must be signed by a key in TUNECACHE_TRUSTED_KEYS (or --trust-unsigned).",
+)
+@click.option(
+    "--binaries",
+    is_flag=True,
+    help="Also add the file's compiled binaries (and launch specs), so that this store's hosts compile nothing. "
+    "They are code every GPU runs: the file must be signed by a key in TUNECACHE_TRUSTED_KEYS.",
+)
+@click.option(
+    "--trust-unsigned",
+    is_flag=True,
+    help="Add launch specs and binaries from a file that no trusted key signed (one you trust like your store).",
 )
 @json_option
 @click.pass_context
 def import_cmd(
-    ctx: click.Context, path: str, dry_run: bool, on_conflict: str, launch_specs: bool, as_json: bool
+    ctx: click.Context,
+    path: str,
+    dry_run: bool,
+    on_conflict: str,
+    launch_specs: bool,
+    binaries: bool,
+    trust_unsigned: bool,
+    as_json: bool,
 ) -> None:
     """Import an export file (PATH, or - for stdin): all of it in one transaction, or nothing.
 
@@ -685,7 +784,14 @@ def import_cmd(
     store = _open(ctx, create=True)
     with _ExchangeProgress() as progress:
         s = import_(
-            store, path, dry_run=dry_run, on_conflict=on_conflict, progress=progress, with_launch_specs=launch_specs
+            store,
+            path,
+            dry_run=dry_run,
+            on_conflict=on_conflict,
+            progress=progress,
+            with_launch_specs=launch_specs,
+            with_binaries=binaries,
+            trust_unsigned=trust_unsigned,
         )
     if as_json:
         _json_out(s.as_dict())
@@ -694,7 +800,26 @@ def import_cmd(
         f"{'dry run, nothing written: ' if dry_run else ''}{s.problems} problems ({s.configs} config rows): "
         f"{s.new} new, {s.updated} updated, {s.skipped} skipped, {s.conflicts} conflicts"
         + (f"; {s.launch_specs} launch specs, {s.launch_specs_new} added" if s.launch_specs else "")
+        + (f"; {s.binaries} binaries, {s.binaries_new} added" if s.binaries else "")
+        + (f"; signed by key {s.signed_by}" if s.signed_by else "")
     )
+
+
+@main.command()
+@click.argument("path")
+@json_option
+def keygen(path: str, as_json: bool) -> None:
+    """Make an Ed25519 key pair for signing exports: PATH (private, mode 0600) and PATH.pub (public:
+    list it in TUNECACHE_TRUSTED_KEYS where exports are imported). Needs tunecache[sign]."""
+    from tunecache.signing import keygen as make_key
+
+    out = make_key(path)
+    if as_json:
+        _json_out(out)
+    else:
+        click.echo(
+            f"wrote {out['private_key']} (private: keep it secret) and {out['public_key']} (key {out['key_id']})"
+        )
 
 
 class _ExchangeProgress:

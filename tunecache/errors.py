@@ -41,6 +41,15 @@ class CaptureMissError(TunecacheError):
         )
 
 
+class UntrustedFileError(TunecacheError):
+    """An export file would install binaries or launch specs (code that runs on every GPU of a
+    fleet) but carries no signature by a key in ``TUNECACHE_TRUSTED_KEYS``; nothing was written."""
+
+
+class SigningError(TunecacheError):
+    """A signing key cannot be made, read or used (or the ``sign`` extra is not installed)."""
+
+
 class ImportFormatError(TunecacheError):
     """An export file is malformed; nothing from it was written."""
 

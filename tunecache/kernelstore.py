@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 
-from tunecache import counters, settings, writeback
+from tunecache import binaries, counters, settings, writeback
 from tunecache.errors import StoreError
 from tunecache.model import ConfigResult, LaunchSpec, Problem
 from tunecache.store import Store, shared_store
@@ -69,6 +69,7 @@ class KernelStore:
             self.fetch(store, h)
             if h is not None:
                 self.specs = store.get_specs(h)
+                binaries.place_for(store, self.specs)  # before any compile: Triton finds them
 
     def wait_for_prefetch(self, timeout: float = 60.0) -> None:
         opening = self.opening

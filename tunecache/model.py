@@ -15,7 +15,9 @@ Bulk paths (export, import, a warm start's fetch) index rows by the offsets thes
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
+import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -122,6 +124,43 @@ class LaunchSpec:
     triton_version: str
 
 
+#: The config hash of a companion's launch spec: a plain ``@triton.jit`` kernel (e.g. a merge stage)
+#: whose binaries the user asked to keep with an autotuned kernel's (``tunecache.binaries.record_companions``).
+COMPANION_CONFIG = "0" * 32
+
+#: The binary file each Triton backend writes next to a kernel's metadata (``backend.binary_ext``).
+BINARY_EXTS = {"cuda": "cubin", "hip": "hsaco"}
+
+
+@dataclass(frozen=True)
+class Binary:
+    """What Triton's compile cache holds for one compiled specialisation, enough to load it without
+    compiling (what ``TRITON_STORE_BINARY_ONLY`` keeps): its metadata JSON and its binary, filed by
+    Triton under ``name.json`` and ``name.<ext>`` in the cache directory of ``triton_key``."""
+
+    triton_key: str  # Triton's cache-key hash of the specialisation: CompiledKernel.hash, LaunchSpec.kernel_hash
+    sha256: str  # content address: binary_sha256() of everything below and triton_key
+    name: str  # Triton's file name stem for it (the kernel's name, at most 150 characters)
+    ext: str  # the binary's extension: BINARY_EXTS of its backend
+    triton_version: str
+    metadata: bytes  # the .json file, as Triton wrote it
+    binary: bytes  # the .cubin / .hsaco
+
+    @property
+    def size(self) -> int:
+        return len(self.metadata) + len(self.binary)
+
+
+def binary_sha256(triton_key: str, name: str, ext: str, triton_version: str, metadata: bytes, binary: bytes) -> str:
+    """The content address of a :class:`Binary`: every byte of it, and the key it is filed under,
+    length-prefixed so that no two different binaries frame to the same bytes."""
+    h = hashlib.sha256(b"tunecache-binary-1\0")
+    for part in (triton_key.encode(), name.encode(), ext.encode(), triton_version.encode(), metadata, binary):
+        h.update(len(part).to_bytes(8, "big"))
+        h.update(part)
+    return h.hexdigest()
+
+
 # --------------------------------------------------------------------------------------------
 # The one JSON shape (the export format's) and the one row shape (the store's columns)
 # --------------------------------------------------------------------------------------------
@@ -169,6 +208,9 @@ LAUNCH_SPEC_FIELDS = (
     "triton_version",
     "spec",
 )
+#: A binary line's fields (version 3): the kernel whose launch spec references it, then the :class:`Binary`
+#: (metadata as text, binary as base64).
+BINARY_FIELDS = ("kernel", "source_hash", "triton_key", "sha256", "name", "ext", "triton_version", "metadata", "binary")
 #: Fields holding a naive UTC datetime (ISO 8601 text in JSON).
 TIMESTAMP_FIELDS = frozenset({"created_at", "updated_at", "last_hit_at", "measured_at"})
 #: Fields holding a JSON value that the store keeps as text in a column ``<field>_json``.
@@ -281,6 +323,47 @@ def launch_spec_from_json(obj: Mapping[str, Any]) -> tuple[str, str, str, Launch
 def launch_spec_row(kernel: str, source_hash: str, target_digest: str, spec: LaunchSpec) -> dict[str, Any]:
     """A launch spec as a ``launch_specs`` row, without the host and time the store stamps on it."""
     return dict(zip(LAUNCH_SPEC_COLUMNS, launch_spec_to_json(kernel, source_hash, target_digest, spec).values()))
+
+
+def binary_row(kernel: str, source_hash: str, b: Binary) -> dict[str, Any]:
+    """A binary as a ``binaries`` row, without the host and time the store stamps on it."""
+    return {
+        "triton_key": b.triton_key,
+        "sha256": b.sha256,
+        "source_hash": source_hash,
+        "kernel": kernel[:255],
+        "name": b.name,
+        "ext": b.ext,
+        "triton_version": b.triton_version,
+        "size": b.size,
+        "metadata": b.metadata,
+        "binary": b.binary,
+    }
+
+
+def binary_to_json(kernel: str, source_hash: str, b: Binary) -> dict[str, Any]:
+    """A binary line (version 3): the metadata as its JSON text, the binary in base64."""
+    return {
+        "kernel": kernel,
+        "source_hash": source_hash,
+        "triton_key": b.triton_key,
+        "sha256": b.sha256,
+        "name": b.name,
+        "ext": b.ext,
+        "triton_version": b.triton_version,
+        "metadata": b.metadata.decode(),
+        "binary": base64.b64encode(b.binary).decode(),
+    }
+
+
+def binary_from_json(obj: Mapping[str, Any]) -> tuple[str, str, Binary]:
+    """The inverse of :func:`binary_to_json`: (kernel, source_hash, binary). Raises ValueError for
+    base64 that is not strictly that."""
+    data = base64.b64decode(obj["binary"], validate=True)
+    b = Binary(
+        obj["triton_key"], obj["sha256"], obj["name"], obj["ext"], obj["triton_version"], obj["metadata"].encode(), data
+    )
+    return obj["kernel"], obj["source_hash"], b
 
 
 def problem_row(p: Problem) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +34,8 @@ from typing import Any
 from tunecache.errors import ConfigurationError
 
 MODES = ("readwrite", "readonly", "offline", "strict", "off")
+#: The largest binary tunecache stores: base64 in an export line (4 MiB at most) with its metadata.
+MAX_BINARY_BYTES = 5 << 19  # 2.5 MiB
 _FALSE = ("0", "false", "off", "no")
 _TRUE = ("1", "true", "on", "yes")
 
@@ -79,6 +82,21 @@ def _count(minimum: int) -> Callable[[str], int]:
             raise _Bad(f"must be an integer >= {minimum}") from None
         if v < minimum:
             raise _Bad(f"must be an integer >= {minimum}")
+        return v
+
+    return parse
+
+
+def _bytes_up_to(cap: int) -> Callable[[str], int]:
+    """A size in bytes (``K``/``M`` suffixes of 1024), at least 1 and at most ``cap``."""
+
+    def parse(raw: str) -> int:
+        m = re.fullmatch(r"\s*(\d+)\s*([kKmM]?)i?[bB]?\s*", raw)
+        if not m:
+            raise _Bad("must be a size in bytes like 2097152, 512K or 2M")
+        v = int(m.group(1)) << {"": 0, "k": 10, "m": 20}[m.group(2).lower()]
+        if not 1 <= v <= cap:
+            raise _Bad(f"must be between 1 byte and {cap} bytes")
         return v
 
     return parse
@@ -162,6 +180,31 @@ SETTINGS: dict[str, Setting] = {
         Setting("TUNECACHE_CPU_BENCH_REPS", "3", _count(1), "repetitions of the CPU timer under TRITON_INTERPRET=1"),
         Setting(
             "TUNECACHE_TARGET_OVERRIDE", None, _json_object, "JSON object replacing detected target fields (tests)"
+        ),
+        Setting(
+            "TUNECACHE_BINARIES",
+            "1",
+            _switch,
+            "upload the winners' compiled binaries after tuning; place stored ones into Triton's cache at start",
+        ),
+        Setting(
+            "TUNECACHE_BINARY_MAX_BYTES",
+            "2M",
+            _bytes_up_to(MAX_BINARY_BYTES),
+            f"largest binary uploaded (metadata included); at most {MAX_BINARY_BYTES} (an export line's room)",
+        ),
+        Setting(
+            "TUNECACHE_KERNEL_BINARIES_MAX_BYTES",
+            "64M",
+            _bytes_up_to(1 << 40),
+            "most binary bytes stored per kernel source (all its targets); further binaries are not uploaded",
+        ),
+        Setting(
+            "TUNECACHE_TRUSTED_KEYS",
+            None,
+            _text,
+            "public keys (files or `tunecache-ed25519 ...` text, comma-separated) whose signed exports may "
+            "install binaries and launch specs",
         ),
     )
 }

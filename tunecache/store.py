@@ -57,13 +57,16 @@ from tunecache.errors import SchemaError, StoreError, StoreNotFoundError, StoreR
 from tunecache.errors import driver_message as _reason
 from tunecache.identity import search_space_hash
 from tunecache.model import (
+    COMPANION_CONFIG,
     CONFIG_ROW_COLUMNS,
     FAILED_STATUSES,
     PROBLEM_COLUMNS,
     STATUSES,
+    Binary,
     ConfigResult,
     LaunchSpec,
     Problem,
+    binary_row,
     config_from_row,
     config_row,
     launch_spec_row,
@@ -219,6 +222,27 @@ launch_specs = sa.Table(
     sa.Column("kernel_hash", Digest, nullable=False),
     sa.Column("triton_version", sa.String(32), nullable=False),
     sa.Column("spec_json", sa.Text, nullable=False),
+    sa.Column("host", sa.String(255), nullable=False),
+    sa.Column("created_at", Timestamp, nullable=False),
+)
+
+# What Triton's compile cache holds for each winner's specialisation (tunecache.binaries), filed by
+# Triton's own cache key (a launch spec's kernel_hash) and addressed by the sha256 of its content:
+# a fresh host places them into its Triton cache, verified, before the preload. MySQL's BLOB is 64 KiB.
+Blob = sa.LargeBinary().with_variant(mysql_dialect.LONGBLOB(), "mysql", "mariadb")
+binaries = sa.Table(
+    "binaries",
+    metadata,
+    sa.Column("triton_key", Digest, primary_key=True),
+    sa.Column("sha256", Digest, nullable=False),
+    sa.Column("source_hash", Digest, nullable=False, index=True),
+    sa.Column("kernel", sa.String(255), nullable=False),
+    sa.Column("name", sa.String(150), nullable=False),
+    sa.Column("ext", sa.String(16), nullable=False),
+    sa.Column("triton_version", sa.String(32), nullable=False),
+    sa.Column("size", sa.Integer, nullable=False),
+    sa.Column("metadata", Blob, nullable=False),
+    sa.Column("binary", Blob, nullable=False),
     sa.Column("host", sa.String(255), nullable=False),
     sa.Column("created_at", Timestamp, nullable=False),
 )
@@ -483,7 +507,7 @@ def _alembic_config(conn: Connection | None = None) -> Any:
 #: The migrations this code knows, oldest first (tests check it against Alembic's script directory).
 #: Kept as constants so that opening an up-to-date store, on every server start, needs no Alembic
 #: import (about 0.3 s): Alembic is loaded only when there is something to migrate.
-SCHEMA_REVISIONS = ("0001", "0002", "0003", "0004")
+SCHEMA_REVISIONS = ("0001", "0002", "0003", "0004", "0005")
 SCHEMA_HEAD = SCHEMA_REVISIONS[-1]
 
 
@@ -665,6 +689,14 @@ class Store:
     def revision(self) -> str | None:
         with self._read("reading the schema revision") as conn:
             return _current_revision(conn)
+
+    def select_only(self) -> bool:
+        """PostgreSQL: whether this login may only read the tables (a ``tunecache db grant --reader``
+        role). Such a store is opened read-only, as a read-only SQLite file is: a serving worker then
+        never attempts a write the server would refuse (hits, counters, specs)."""
+        q = "SELECT to_regclass('problems') IS NOT NULL AND NOT has_table_privilege(to_regclass('problems'), 'INSERT')"
+        with self._read("reading the role's privileges") as conn:
+            return bool(conn.exec_driver_sql(q).scalar())
 
     def check_schema(self, migrate: bool) -> None:
         """Migrate to head if allowed, refuse a schema newer than this code, never downgrade."""
@@ -1095,6 +1127,94 @@ class Store:
                 out.setdefault(t, []).append(LaunchSpec(*rest))
         return out
 
+    # ---- compiled binaries (tunecache.binaries) -------------------------------------------------
+
+    def binary_heads(self, triton_keys: Sequence[str]) -> dict[str, tuple[str, str, str]]:
+        """(name, ext, sha256) of every stored binary among ``triton_keys``, without their bytes: a
+        restart reads the bytes only of binaries its Triton cache lacks."""
+        c = binaries.c
+        out: dict[str, tuple[str, str, str]] = {}
+        keys = sorted(set(triton_keys))
+        with self._read("binaries") as conn:
+            for i in range(0, len(keys), 500):
+                q = sa.select(c.triton_key, c.name, c.ext, c.sha256).where(c.triton_key.in_(keys[i : i + 500]))
+                out.update((k, (n, e, h)) for k, n, e, h in conn.execute(q))
+        return out
+
+    def get_binaries(self, triton_keys: Sequence[str]) -> list[Binary]:
+        """The stored binaries among ``triton_keys``, in key order (unverified: see tunecache.binaries)."""
+        c = binaries.c
+        cols = (c.triton_key, c.sha256, c.name, c.ext, c.triton_version, c.metadata, c.binary)
+        keys = sorted(set(triton_keys))
+        out: list[Binary] = []
+        with self._read("binaries") as conn:
+            for i in range(0, len(keys), 100):
+                q = sa.select(*cols).where(c.triton_key.in_(keys[i : i + 100])).order_by(c.triton_key)
+                out += [Binary(k, h, n, e, v, bytes(m), bytes(b)) for k, h, n, e, v, m, b in conn.execute(q)]
+        return out
+
+    def put_binaries(
+        self, kernel: str, source_hash: str, bins: Sequence[Binary], max_kernel_bytes: int | None = None
+    ) -> int:
+        """Store binaries of one kernel source (a binary already stored is kept); returns how many were
+        new. With ``max_kernel_bytes``, a binary that would take the kernel's stored bytes past it is
+        left out (checked in the writing transaction; concurrent uploaders may pass it by a binary each)."""
+        if not bins:
+            return 0
+        with self._write("store binaries") as conn:
+            used = 0
+            if max_kernel_bytes is not None:
+                q = sa.select(sa.func.coalesce(sa.func.sum(binaries.c.size), 0))
+                used = int(conn.execute(q.where(binaries.c.source_hash == source_hash)).scalar_one())
+            rows = []
+            for b in bins:
+                if max_kernel_bytes is not None and used + b.size > max_kernel_bytes:
+                    continue
+                used += b.size
+                rows.append(binary_row(kernel, source_hash, b))
+            return self.add_binaries(conn, rows)
+
+    def add_binaries(self, conn: Connection, rows: Sequence[dict[str, Any]]) -> int:
+        """Insert binaries rows (without host and created_at, stamped here) inside the caller's
+        transaction; a binary already stored under its key is kept. Returns how many were new."""
+        now, host = utcnow(), hostname()
+        return sum(self._inserted(conn, binaries, {**r, "host": host, "created_at": now}) for r in rows)
+
+    def binary_usage(self) -> dict[str, tuple[int, int]]:
+        """(count, bytes) of the stored binaries, by kernel name."""
+        c = binaries.c
+        q = sa.select(c.kernel, sa.func.count(), sa.func.coalesce(sa.func.sum(c.size), 0)).group_by(c.kernel)
+        with self._read("binaries") as conn:
+            return {k: (int(n), int(b)) for k, n, b in conn.execute(q)}
+
+    def _unreferenced_binaries(self) -> sa.ColumnElement[bool]:
+        """No launch spec that a stored winner (or a companion of a stored kernel and target) uses."""
+        s, p = launch_specs.c, problems.c
+        same = sa.and_(p.source_hash == s.source_hash, p.target_digest == s.target_digest)
+        used = sa.exists().where(
+            s.kernel_hash == binaries.c.triton_key,
+            sa.or_(
+                sa.exists().where(same, p.winner_config_hash == s.config_hash),
+                sa.and_(s.config_hash == COMPANION_CONFIG, sa.exists().where(same)),
+            ),
+        )
+        return ~used
+
+    def gc_binaries(self, *, dry_run: bool = False) -> list[tuple[str, str, int]]:
+        """Drop the binaries no winner references; returns (triton_key, kernel, size) of each one
+        dropped (or that would be)."""
+        c = binaries.c
+        q = sa.select(c.triton_key, c.kernel, c.size).where(self._unreferenced_binaries()).order_by(c.triton_key)
+        if dry_run:
+            with self._read("gc binaries") as conn:
+                return [(k, n, int(z)) for k, n, z in conn.execute(q)]
+        with self._write("gc binaries") as conn:
+            gone = [(k, n, int(z)) for k, n, z in conn.execute(q)]
+            keys = [g[0] for g in gone]
+            for i in range(0, len(keys), 500):
+                conn.execute(sa.delete(binaries).where(c.triton_key.in_(keys[i : i + 500])))
+        return gone
+
     # ---- leases (one benchmark per key across hosts) --------------------------------------
 
     def try_lease(self, digest: str, holder: str, ttl: float) -> bool:
@@ -1293,7 +1413,8 @@ def open_store(
 ) -> Store:
     """Open (and on first use create and migrate) the store at ``url`` or ``TUNECACHE_URL``.
 
-    ``readonly=None`` detects a read-only SQLite file or directory. ``migrate=None`` follows
+    ``readonly=None`` detects a read-only SQLite file or directory, and a PostgreSQL login that may
+    only SELECT (:meth:`Store.select_only`). ``migrate=None`` follows
     ``TUNECACHE_AUTO_MIGRATE`` (default on). ``create=False`` opens only a store that exists, with
     its schema (else :class:`StoreNotFoundError`): for readers, which must not create one. Raises
     :class:`StoreError` with a message naming the host (never the password) when the database
@@ -1303,6 +1424,8 @@ def open_store(
         migrate = settings.get("TUNECACHE_AUTO_MIGRATE")
     store = connect(url, readonly=readonly, create=create)
     try:
+        if readonly is None and store.dialect == "postgresql" and store.select_only():
+            store.readonly = True  # a reader role (tunecache db grant --reader): never attempt a write
         if not create and store.revision() is None:
             raise StoreNotFoundError(
                 f"no store at {store.masked_url}: it has no tunecache schema; run `tunecache db upgrade` to create one"

@@ -6,6 +6,7 @@ API is re-exported here: :func:`export`, :func:`import_` and what they take and 
 
 from tunecache.exchange.export import export
 from tunecache.exchange.format import (
+    BINARIES_VERSION,
     CONFLICT_POLICIES,
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -19,6 +20,7 @@ from tunecache.exchange.format import (
 from tunecache.exchange.importer import ImportSummary, import_
 
 __all__ = [
+    "BINARIES_VERSION",
     "CONFLICT_POLICIES",
     "FORMAT_NAME",
     "FORMAT_VERSION",

@@ -8,6 +8,7 @@ spends most of its time in exactly this loop (docs/benchmarks.md).
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import datetime as dt
 import gzip
@@ -28,6 +29,7 @@ import sqlalchemy as sa
 from tunecache.errors import TunecacheError
 from tunecache.exchange.format import (
     BATCH,
+    BINARIES_VERSION,
     FORMAT_NAME,
     FORMAT_VERSION,
     GZIP_LEVEL,
@@ -38,6 +40,7 @@ from tunecache.exchange.format import (
     tunecache_version,
 )
 from tunecache.model import (
+    BINARY_FIELDS,
     CONFIG_ROW_COLUMNS,
     LAUNCH_SPEC_COLUMNS,
     LAUNCH_SPEC_FIELDS,
@@ -45,7 +48,8 @@ from tunecache.model import (
     TIMESTAMP_FIELDS,
     utcnow,
 )
-from tunecache.store import Store, configs, filter_clauses, launch_specs, problems
+from tunecache.signing import Signer
+from tunecache.store import Store, binaries, configs, filter_clauses, launch_specs, problems
 from tunecache.target import TARGET_FIELDS
 
 log = logging.getLogger("tunecache")
@@ -66,6 +70,8 @@ _C_HASH, _C_CONFIG, _C_STATUS, _C_DIGEST = _C["config_hash"], _C["config_json"],
 _C_MEDIAN, _C_P20, _C_P80, _C_SAMPLES = _C["median_ms"], _C["p20_ms"], _C["p80_ms"], _C["samples"]
 _C_FAILURE, _C_HOST, _C_MEASURED = _C["failure"], _C["host"], _C["measured_at"]
 _S_HASH, _S_KERNEL = LAUNCH_SPEC_COLUMNS.index("spec_hash"), LAUNCH_SPEC_COLUMNS.index("kernel")
+_S_SOURCE, _S_KERNEL_HASH = LAUNCH_SPEC_COLUMNS.index("source_hash"), LAUNCH_SPEC_COLUMNS.index("kernel_hash")
+_B_READ = ("triton_key", "sha256", "name", "ext", "triton_version", "metadata", "binary")
 
 
 def export(
@@ -80,6 +86,8 @@ def export(
     compress: bool | None = None,
     progress: Progress | None = None,
     with_launch_specs: bool = True,
+    with_binaries: bool = False,
+    signer: Signer | None = None,
 ) -> dict[str, Any]:
     """Write the matching problems, with every config row, to ``out`` (a path, ``"-"`` or a binary file).
 
@@ -92,11 +100,18 @@ def export(
     a temporary file first. A path is written next to itself and renamed into place, so an
     interrupted export never leaves a half file under the real name. ``compress`` defaults to
     "the path ends in .gz". Returns a summary: problems, configs, bytes, body_sha256, seconds.
+
+    ``with_binaries`` adds the compiled binaries the exported launch specs reference, and
+    ``signer`` signs the file (both write version 3, see :mod:`tunecache.exchange.format`).
     """
     t0 = time.perf_counter()
     filters = {"kernel": kernel, "arch": arch, "device": device, "driver": driver, "since": since}
     created = utcnow().isoformat()
-    version = FORMAT_VERSION if with_launch_specs else 1
+    if (with_binaries or signer is not None) and not with_launch_specs:
+        raise ValueError("binaries and signatures come with launch specs: drop --no-launch-specs")
+    v3 = with_binaries or signer is not None
+    version = BINARIES_VERSION if v3 else FORMAT_VERSION if with_launch_specs else 1
+    counts: dict[str, int] = {"binaries": 0}
 
     def header(n_problems: int, n_configs: int, n_specs: int, sha: str) -> bytes:
         h = {
@@ -111,18 +126,34 @@ def export(
         }
         if with_launch_specs:
             h["launch_specs"] = n_specs
+        if v3:
+            h["binaries"] = counts["binaries"]
+            h["signed_by"] = signer.key_id if signer is not None else None
         return orjson.dumps(h)
+
+    def trailer(header_line: bytes) -> bytes:
+        """The signature line (empty when unsigned) of the file whose header line is ``header_line``."""
+        if signer is None:
+            return b""
+        return orjson.dumps({"signature": signer.sign(header_line)}, option=orjson.OPT_APPEND_NEWLINE)
+
+    def body(f: IO[bytes]) -> tuple[int, int, int, str]:
+        n_problems, n_configs, n_specs, n_bins, sha = _write_body(
+            store, f, filters, progress, with_launch_specs, with_binaries
+        )
+        counts["binaries"] = n_bins
+        return n_problems, n_configs, n_specs, sha
 
     path = None if is_stream(out) else Path(os.fspath(out))  # type: ignore[arg-type]
     if compress is None:
         compress = path is not None and path.suffix == ".gz"
     if path is None:
-        with tempfile.TemporaryFile(prefix=".tunecache-export-") as body:
-            n_problems, n_configs, n_specs, sha = _write_body(store, body, filters, progress, with_launch_specs)
-            body.seek(0)
+        with tempfile.TemporaryFile(prefix=".tunecache-export-") as tmp:
+            n_problems, n_configs, n_specs, sha = body(tmp)  # type: ignore[arg-type]
+            tmp.seek(0)
             target = sys.stdout.buffer if out == "-" else out
             line = header(n_problems, n_configs, n_specs, sha) + b"\n"
-            size = _emit(target, line, body, compress)  # type: ignore[arg-type]
+            size = _emit(target, line, tmp, compress, trailer(line))  # type: ignore[arg-type]
         where = "-" if out == "-" else str(getattr(out, "name", "<stream>"))
     else:
         if not path.parent.is_dir():
@@ -132,21 +163,19 @@ def export(
         try:
             os.fchmod(fd, 0o666 & ~_umask())  # mkstemp's 0600 would make the export private to its writer
             with os.fdopen(fd, "w+b") as f:
-                reserved = _header_block(b"", slot, compress)
+                reserved = _header_block(_header_line(b"", slot), compress)
                 f.write(reserved)
                 if compress:
                     with gzip.GzipFile(filename="", fileobj=f, mode="wb", compresslevel=GZIP_LEVEL, mtime=0) as gz:
-                        n_problems, n_configs, n_specs, sha = _write_body(
-                            store,
-                            gz,  # type: ignore[arg-type]
-                            filters,
-                            progress,
-                            with_launch_specs,
-                        )
+                        n_problems, n_configs, n_specs, sha = body(gz)  # type: ignore[arg-type]
                 else:
-                    n_problems, n_configs, n_specs, sha = _write_body(store, f, filters, progress, with_launch_specs)
+                    n_problems, n_configs, n_specs, sha = body(f)
+                line = _header_line(header(n_problems, n_configs, n_specs, sha), slot)
+                sig = trailer(line)
+                if sig:  # after the body: a gzip member of its own when compressed
+                    f.write(gzip.compress(sig, compresslevel=GZIP_LEVEL, mtime=0) if compress else sig)
                 size = f.tell()
-                block = _header_block(header(n_problems, n_configs, n_specs, sha), slot, compress)
+                block = _header_block(line, compress)
                 if len(block) != len(reserved):  # pragma: no cover - stored deflate blocks have fixed sizes
                     raise TunecacheError("internal error: the export header does not fit its reserved space")
                 f.seek(0)
@@ -162,6 +191,8 @@ def export(
         "problems": n_problems,
         "configs": n_configs,
         "launch_specs": n_specs,
+        "binaries": counts["binaries"],
+        "signed_by": signer.key_id if signer is not None else None,
         "version": version,
         "bytes": size,
         "compressed": compress,
@@ -172,9 +203,13 @@ def export(
     return summary
 
 
-def _header_block(header: bytes, slot: int, compress: bool) -> bytes:
-    """The header line padded with spaces to ``slot`` bytes; gzip'd as stored blocks (a fixed size)."""
-    line = header + b" " * (slot - 1 - len(header)) + b"\n"
+def _header_line(header: bytes, slot: int) -> bytes:
+    """The header line padded with spaces to ``slot`` bytes: what a signature signs."""
+    return header + b" " * (slot - 1 - len(header)) + b"\n"
+
+
+def _header_block(line: bytes, compress: bool) -> bytes:
+    """The padded header line as written: gzip'd as stored blocks (a fixed size) when compressing."""
     return gzip.compress(line, compresslevel=0, mtime=0) if compress else line
 
 
@@ -192,16 +227,19 @@ def _umask() -> int:
     return mask
 
 
-def _emit(f: IO[bytes], header: bytes, body: IO[bytes], compress: bool) -> int:
-    """Header line then body into ``f`` (through gzip if asked); return the bytes written."""
+def _emit(f: IO[bytes], header: bytes, body: IO[bytes], compress: bool, trailer: bytes = b"") -> int:
+    """Header line, body, then the signature line if any, into ``f`` (through gzip if asked);
+    return the bytes written."""
     counter = _CountingWriter(f)
     if compress:
         with gzip.GzipFile(filename="", fileobj=counter, mode="wb", compresslevel=GZIP_LEVEL, mtime=0) as gz:  # type: ignore[arg-type]
             gz.write(header)
             shutil.copyfileobj(body, gz, 1 << 20)
+            gz.write(trailer)
     else:
         counter.write(header)
         shutil.copyfileobj(body, counter, 1 << 20)
+        counter.write(trailer)
     counter.flush()
     return counter.count
 
@@ -245,8 +283,13 @@ def _iso_from_sqlite(v: str | None) -> str | None:
 
 
 def _write_body(
-    store: Store, body: IO[bytes], filters: dict[str, Any], progress: Progress | None, with_specs: bool
-) -> tuple[int, int, int, str]:
+    store: Store,
+    body: IO[bytes],
+    filters: dict[str, Any],
+    progress: Progress | None,
+    with_specs: bool,
+    with_binaries: bool = False,
+) -> tuple[int, int, int, int, str]:
     """Stream problems in digest order, a batch at a time with its config rows, as JSON lines.
 
     Keyset pagination (digest > last) over the primary keys: no per-problem query, no server-side
@@ -342,7 +385,9 @@ def _write_body(
                 problems.c.source_hash == s.source_hash, problems.c.target_digest == s.target_digest, *where
             )
             q = sa.select(*(s[c] for c in LAUNCH_SPEC_COLUMNS)).where(of_exported)
+            refs: dict[str, tuple[str, str]] = {}  # kernel_hash -> (kernel, source_hash) of its first spec
             for row in conn.execute(q.order_by(s.source_hash, s.target_digest, s.spec_hash)):
+                refs.setdefault(row[_S_KERNEL_HASH], (row[_S_KERNEL], row[_S_SOURCE]))
                 line = dumps(dict(zip(LAUNCH_SPEC_FIELDS, row)), option=newline)
                 if len(line) > MAX_LINE_BYTES:  # pragma: no cover - a spec is a few KiB
                     raise TunecacheError(
@@ -351,4 +396,25 @@ def _write_body(
                 body.write(line)
                 sha.update(line)
                 n_specs += 1
-    return n_problems, n_configs, n_specs, sha.hexdigest()
+        n_bins = 0
+        if with_binaries and with_specs:
+            # The binaries those specs reference, in key order, a few at a time (each up to 2.5 MiB).
+            b = binaries.c
+            keys = sorted(refs)
+            for i in range(0, len(keys), 50):
+                q = sa.select(*(b[c] for c in _B_READ)).where(b.triton_key.in_(keys[i : i + 50]))
+                for key, digest, name, ext, version, md, data in conn.execute(q.order_by(b.triton_key)):
+                    kernel_name, source = refs[key]
+                    obj = dict(zip(BINARY_FIELDS, (kernel_name, source, key, digest, name, ext, version)))
+                    obj["metadata"] = bytes(md).decode()
+                    obj["binary"] = base64.b64encode(bytes(data)).decode()
+                    line = dumps(obj, option=newline)
+                    if len(line) > MAX_LINE_BYTES:
+                        raise TunecacheError(
+                            f"binary {key[:16]} of {kernel_name} is a {len(line)}-byte line; import accepts at most "
+                            f"{MAX_LINE_BYTES}: delete it (it is stored over TUNECACHE_BINARY_MAX_BYTES)"
+                        )
+                    body.write(line)
+                    sha.update(line)
+                    n_bins += 1
+    return n_problems, n_configs, n_specs, n_bins, sha.hexdigest()

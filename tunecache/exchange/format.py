@@ -14,12 +14,13 @@ bulk writes are the store's (:meth:`tunecache.store.Store.bulk_load`). The field
 config row and a launch spec are :mod:`tunecache.model`'s JSON shape, which ``tunecache ls --json``
 and ``show --json`` print too.
 
-File format, version 2
-======================
+File format, version 2 (and 3)
+==============================
 
 Version 2 is version 1 plus the winners' launch specs (below). Export writes version 2, or
 version 1 with ``with_launch_specs=False`` (``tunecache export --no-launch-specs``) for a
-tunecache that reads only version 1; import reads both.
+tunecache that reads only version 1, or version 3 (below) with binaries or a signature; import
+reads all three.
 
 `JSON Lines <https://jsonlines.org>`_ written with orjson, UTF-8, one object per line, every line
 ending in ``\\n``. A path ending in ``.gz`` is gzip-compressed (import also recognises gzip by its
@@ -41,7 +42,9 @@ body_sha256        hex sha256 of the exact bytes of every line after the header
 created_at         ISO 8601 UTC time of the export
 filters            the export's filters: ``kernel``, ``arch``, ``device``, ``driver``, ``since``
                    (string or null)
-launch_specs       version 2 only: number of launch-spec lines after the problems
+launch_specs       version 2 and 3: number of launch-spec lines after the problems
+binaries           version 3 only: number of binary lines after the launch specs
+signed_by          version 3 only: key id of the signature on the last line, or null
 =================  ==========================================================================
 
 Every following line is one problem, in digest order, with all its config rows (failed ones
@@ -98,7 +101,8 @@ spec_hash). Import validates them always and adds them only when asked (``with_l
 ``tunecache import --launch-specs``), whatever ``on_conflict`` says (a spec already stored is
 kept). A spec carries no code (the kernel is always the importing process's own) but it does
 steer what Triton compiles and under which cache key, which import cannot verify without a GPU:
-add specs only from a file trusted like the store itself, such as your own export.
+so import adds them only from a file signed by a trusted key (version 3, below), or with
+``trust_unsigned`` (``--trust-unsigned``) for a file trusted like the store itself.
 
 ==============  ===========================================================================
 field           value
@@ -112,6 +116,41 @@ kernel_hash     64 hex: Triton's hash of the compiled binary
 triton_version  the Triton version that compiled it (at most 32 characters)
 spec            string: Triton's serialised specialisation, a JSON object
 ==============  ===========================================================================
+
+Version 3: binaries and a signature
+-----------------------------------
+
+Version 3 is version 2 plus two header fields, ``binaries`` (the number of binary lines after the
+launch specs) and ``signed_by`` (the key id of the signature, or null), the binary lines, and, when
+signed, one last line. ``tunecache export --binaries`` and ``--sign KEY`` write it; a plain export
+stays version 2, byte for byte what it was.
+
+A binary line is what Triton's compile cache holds for one winner's specialisation
+(:mod:`tunecache.binaries`), for every binary a launch spec in the file references, ordered by
+``triton_key``:
+
+==============  ===========================================================================
+field           value
+==============  ===========================================================================
+kernel          kernel name of the launch spec that references it
+source_hash     64 hex: that launch spec's kernel source
+triton_key      64 hex: Triton's cache key of the specialisation, the spec's ``kernel_hash``
+sha256          64 hex, recomputed on import: :func:`tunecache.model.binary_sha256`
+name            the file-name stem Triton gives it: a kernel name, ``[A-Za-z_][A-Za-z0-9_]*``
+ext             ``cubin`` (CUDA) or ``hsaco`` (HIP): the metadata's backend's binary
+triton_version  the Triton that compiled it
+metadata        string: the metadata JSON file as Triton wrote it; its ``hash`` must be ``triton_key``
+binary          string: the binary file, base64 (at most 2.5 MiB before encoding)
+==============  ===========================================================================
+
+The signature line, only when ``signed_by`` is not null, is not part of the body (nor of
+``body_sha256``): ``{"signature": {"algorithm": "ed25519", "key_id": 16 hex, "public_key": base64
+of the 32-byte key, "value": base64 of the signature}}``. It signs ``tunecache-export-signature-1\n``
+followed by the header line exactly as written (its padding and newline included, uncompressed).
+The header holds the body's sha256, so the signature covers every byte before it: a byte changed
+anywhere fails the import. Import checks the signature of every signed file; ``import --binaries``
+and ``--launch-specs`` further require that its key is one of ``TUNECACHE_TRUSTED_KEYS``, unless
+``--trust-unsigned`` (:mod:`tunecache.signing`).
 
 Unknown fields, missing fields, ``true`` where an integer is expected, NaN or Infinity (not
 JSON), a duplicate digest, config hash or launch spec: each is an error naming the line. A later
@@ -153,9 +192,13 @@ from tunecache.errors import ImportFormatError, TunecacheError
 from tunecache.identity import CONFIG_FIELDS
 
 FORMAT_NAME = "tunecache-export"
+#: The version a plain export writes (problems and launch specs).
 FORMAT_VERSION = 2
-#: Versions import reads: 1 (problems only) and 2 (problems, then the winners' launch specs).
-READABLE_VERSIONS = (1, 2)
+#: The version of an export with binaries or a signature (``export --binaries``, ``--sign``).
+BINARIES_VERSION = 3
+#: Versions import reads: 1 (problems only), 2 (problems, then the winners' launch specs) and 3
+#: (then their binaries, and a signature).
+READABLE_VERSIONS = (1, 2, 3)
 #: Longest line import accepts (newline included). A problem with 12 configs takes about 4 KiB; the
 #: limit leaves room for ~10,000 configs per problem while keeping a hostile file's memory bounded.
 #: Export refuses to write a longer line, so every export can be imported.
@@ -172,6 +215,9 @@ Source = str | os.PathLike[str] | IO[bytes]
 
 HEADER_FIELDS_V1 = ("format", "version", "tunecache", "problems", "configs", "body_sha256", "created_at", "filters")
 HEADER_FIELDS = (*HEADER_FIELDS_V1, "launch_specs")
+HEADER_FIELDS_V3 = (*HEADER_FIELDS, "binaries", "signed_by")
+#: The fields of a version 3 file's signature object (its last line, when signed).
+SIGNATURE_FIELDS = ("algorithm", "key_id", "public_key", "value")
 FILTER_FIELDS = ("kernel", "arch", "device", "driver", "since")
 #: A config object's fields (plus ``ir_override`` in configs that have one).
 CONFIG_OBJECT_FIELDS = ("kwargs", *CONFIG_FIELDS, "pre_hook")

@@ -22,11 +22,12 @@ import orjson
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from tunecache import signing
 from tunecache.bulk import BulkWriter
-from tunecache.errors import ImportFormatError, StoreReadOnlyError
+from tunecache.errors import ImportFormatError, StoreReadOnlyError, UntrustedFileError
 from tunecache.exchange import validate
 from tunecache.exchange.format import CONFLICT_POLICIES, MAX_LINE_BYTES, Progress, Rewind, Source, open_source
-from tunecache.exchange.validate import Invalid, Scan, check_spec
+from tunecache.exchange.validate import Invalid, Scan, check_binary, check_spec
 from tunecache.identity import canonical_json
 from tunecache.model import CONFIG_COLUMNS, PROBLEM_COLUMNS, PROBLEM_FIELDS, TIMESTAMP_FIELDS
 from tunecache.store import Store, configs, misses, problems
@@ -59,6 +60,9 @@ class ImportSummary:
     configs: int = 0
     launch_specs: int = 0  # in the file (version 2)
     launch_specs_new: int = 0  # of those, not stored before
+    binaries: int = 0  # in the file (version 3)
+    binaries_new: int = 0  # of those, not stored before
+    signed_by: str | None = None  # the key id of the file's (verified) signature
     dry_run: bool = False
     seconds: float = 0.0
 
@@ -75,6 +79,8 @@ def import_(
     progress: Progress | None = None,
     max_line_bytes: int = MAX_LINE_BYTES,
     with_launch_specs: bool = False,
+    with_binaries: bool = False,
+    trust_unsigned: bool = False,
 ) -> ImportSummary:
     """Import an export file (path, ``"-"`` or binary file) into ``store``: all of it, or nothing.
 
@@ -84,18 +90,30 @@ def import_(
     ``faster`` (replace when the incoming winner is faster). ``dry_run`` validates and counts.
     ``with_launch_specs`` also adds the file's launch specs (validated either way): they steer
     which specialisations Triton compiles and loads at the next start, so only for a file trusted
-    like the store itself (your own export, e.g. during an image build).
+    like the store itself (your own export, e.g. during an image build). ``with_binaries`` also adds
+    the file's compiled binaries (and its launch specs): code that every GPU of the fleet will run.
+    Both require a file signed by a key of ``TUNECACHE_TRUSTED_KEYS``, else raise
+    :class:`UntrustedFileError` before anything is written, unless ``trust_unsigned``.
     """
     if on_conflict not in CONFLICT_POLICIES:
         raise ValueError(f"on_conflict must be one of {', '.join(CONFLICT_POLICIES)}, not {on_conflict!r}")
     if store.readonly and not dry_run:  # say so before minutes of validation, not after
         raise StoreReadOnlyError(f"import: store {store.masked_url} is opened read-only")
+    with_launch_specs = with_launch_specs or with_binaries  # a binary is placed for its launch specs
+    trusted = None if trust_unsigned or not with_launch_specs else signing.trusted_keys()  # a bad entry: now
     t0 = time.perf_counter()
     with open_source(src) as (reader, gz):
         scan = validate.scan(reader, gz, max_line_bytes, progress)
         log.debug("tunecache: import validated %d lines in %.2fs", scan.lines, time.perf_counter() - t0)
+        if with_launch_specs:
+            _check_trust(scan, trusted, with_binaries)
         summary = ImportSummary(
-            problems=len(scan.problems), configs=scan.configs, launch_specs=scan.specs, dry_run=dry_run
+            problems=len(scan.problems),
+            configs=scan.configs,
+            launch_specs=scan.specs,
+            binaries=scan.binaries,
+            signed_by=scan.signed_by,
+            dry_run=dry_run,
         )
         if dry_run:
             with store.snapshot("import (dry run)") as conn:
@@ -105,10 +123,13 @@ def import_(
                 conn = writer.conn
                 write, delete = _decide(conn, scan, on_conflict, summary)
                 add_specs: Callable[[list[dict[str, Any]]], int] | None = None
+                add_bins: Callable[[list[dict[str, Any]]], int] | None = None
                 if with_launch_specs and scan.specs:  # additive, whatever the conflict policy
                     add_specs = partial(store.add_specs, conn)
-                summary.launch_specs_new = _apply(
-                    conn, writer, reader, gz, max_line_bytes, scan, write, delete, add_specs, progress
+                if with_binaries and scan.binaries:
+                    add_bins = partial(store.add_binaries, conn)
+                summary.launch_specs_new, summary.binaries_new = _apply(
+                    conn, writer, reader, gz, max_line_bytes, scan, write, delete, add_specs, add_bins, progress
                 )
                 t_commit = time.perf_counter()
             log.debug("tunecache: import committed in %.2fs", time.perf_counter() - t_commit)
@@ -123,6 +144,27 @@ def import_(
         summary.conflicts,
     )
     return summary
+
+
+def _check_trust(scan: Scan, trusted: dict[str, bytes] | None, with_binaries: bool) -> None:
+    """Refuse to install launch specs or binaries from a file no trusted key signed (``trusted`` None:
+    the caller passed ``trust_unsigned``). The signature itself was verified by the scan."""
+    what = "binaries and launch specs" if with_binaries else "launch specs"
+    if trusted is None:
+        if scan.signed_by is None:
+            log.warning("tunecache: importing %s from an unsigned file (--trust-unsigned)", what)
+        return
+    if scan.signed_by is None:
+        raise UntrustedFileError(
+            f"refusing to import {what} from an unsigned file: they steer or are the code every GPU runs. "
+            "Sign it (`tunecache export --sign KEY`) and list the public key in TUNECACHE_TRUSTED_KEYS, or pass "
+            "--trust-unsigned for a file you trust like your own store; nothing was imported"
+        )
+    if scan.signed_by not in trusted:
+        raise UntrustedFileError(
+            f"refusing to import {what}: the file is signed by key {scan.signed_by}, which is not in "
+            f"TUNECACHE_TRUSTED_KEYS ({', '.join(sorted(trusted)) or 'empty'}); nothing was imported"
+        )
 
 
 def _decide(conn: Connection, scan: Scan, on_conflict: str, summary: ImportSummary) -> tuple[set[str], list[str]]:
@@ -167,10 +209,12 @@ def _apply(
     write: set[str],
     delete: list[str],
     add_specs: Callable[[list[dict[str, Any]]], int] | None,
+    add_bins: Callable[[list[dict[str, Any]]], int] | None,
     progress: Progress | None,
-) -> int:
+) -> tuple[int, int]:
     """Pass 2, inside the import's transaction: delete what is replaced, insert, drop resolved misses,
-    and with ``add_specs`` add the launch specs. Returns how many launch specs were new."""
+    with ``add_specs`` add the launch specs and with ``add_bins`` the binaries. Returns how many
+    launch specs and binaries were new."""
     for i in range(0, len(delete), _LOOKUP_CHUNK):
         chunk = delete[i : i + _LOOKUP_CHUNK]
         conn.execute(sa.delete(configs).where(configs.c.digest.in_(chunk)))
@@ -179,24 +223,40 @@ def _apply(
     if missed:
         conn.execute(sa.delete(misses).where(misses.c.digest.in_(sorted(missed))))
     t0 = time.perf_counter()
-    specs_new = 0
+    specs_new = bins_new = 0
     if write or add_specs is not None:
         writer.prepare(sum(n for digest, _, _, n in scan.problems if digest in write))
         sha = hashlib.sha256()
 
-        def put(p_rows: list[tuple[Any, ...]], c_rows: list[tuple[Any, ...]], s_rows: list[dict[str, Any]]) -> None:
-            nonlocal specs_new
+        def put(
+            p_rows: list[tuple[Any, ...]],
+            c_rows: list[tuple[Any, ...]],
+            s_rows: list[dict[str, Any]],
+            b_rows: list[dict[str, Any]],
+        ) -> None:
+            nonlocal specs_new, bins_new
             writer.write(p_rows, c_rows)
             if s_rows and add_specs is not None:
                 specs_new += add_specs(s_rows)
+            if b_rows and add_bins is not None:
+                bins_new += add_bins(b_rows)
 
         n = len(scan.problems)
         pairs = scan.pairs if add_specs is not None else None
+        refs = scan.refs if add_bins is not None else None
         with _Pipeline(put, threaded=writer.threaded) as pipe:
-            for done, p_rows, c_rows, s_rows in _row_batches(
-                reader.lines(gz, max_line), write, writer.timestamp, sha, n, pairs
+            for done, p_rows, c_rows, s_rows, b_rows in _row_batches(
+                reader.lines(gz, max_line),
+                write,
+                writer.timestamp,
+                sha,
+                n,
+                pairs,
+                scan.specs,
+                refs,
+                n + scan.specs + scan.binaries,
             ):
-                pipe.put(p_rows, c_rows, s_rows)
+                pipe.put(p_rows, c_rows, s_rows, b_rows)
                 if progress is not None:
                     progress("write", min(done, n), n)
         if sha.hexdigest() != scan.sha:
@@ -204,7 +264,7 @@ def _apply(
     t1 = time.perf_counter()
     writer.finish()
     log.debug("tunecache: import wrote rows in %.2fs, finished in %.2fs", t1 - t0, time.perf_counter() - t1)
-    return specs_new
+    return specs_new, bins_new
 
 
 def _row_batches(
@@ -214,11 +274,16 @@ def _row_batches(
     sha: Any,
     n_problems: int,
     spec_pairs: set[tuple[str, str]] | None,
-) -> Iterator[tuple[int, list[tuple[Any, ...]], list[tuple[Any, ...]], list[dict[str, Any]]]]:
-    """Database rows of the problems to write, in batches; every line (valid: pass 1) goes into ``sha``,
-    the launch-spec lines after the ``n_problems`` problems too. With ``spec_pairs`` (the problems'
-    kernels and targets) those lines become launch_specs rows, in batches of at most
-    ``_SPEC_BATCH_BYTES`` of spec text: memory stays a few lines whatever the file holds.
+    n_specs: int = 0,
+    bin_refs: set[bytes] | None = None,
+    n_body: int | None = None,
+) -> Iterator[tuple[int, list[tuple[Any, ...]], list[tuple[Any, ...]], list[dict[str, Any]], list[dict[str, Any]]]]:
+    """Database rows of the problems to write, in batches; every body line (valid: pass 1) goes into
+    ``sha``, the launch-spec lines after the ``n_problems`` problems and the binary lines after the
+    ``n_specs`` specs too (a signature line after them, not). With ``spec_pairs`` (the problems'
+    kernels and targets) the spec lines become launch_specs rows, and with ``bin_refs`` (the specs'
+    kernel hashes) the binary lines binaries rows, in batches of at most ``_SPEC_BATCH_BYTES`` of
+    line text: memory stays a few lines whatever the file holds.
 
     Timings go in as parsed (an int in a Double column reads back as a float); JSON columns get
     canonical JSON, the form ``Store.put`` writes.
@@ -230,20 +295,31 @@ def _row_batches(
     p_rows: list[tuple[Any, ...]] = []
     c_rows: list[tuple[Any, ...]] = []
     s_rows: list[dict[str, Any]] = []
+    b_rows: list[dict[str, Any]] = []
     s_bytes = 0
     done = 0
+    if n_body is None:
+        n_body = n_problems + n_specs
+    n_spec_end = n_problems + n_specs
     for lineno, line in lines:
-        sha.update(line)
         done += 1
+        if done > n_body:
+            continue  # the signature line of a signed file: not part of the body
+        sha.update(line)
         try:
             if done > n_problems:
-                if spec_pairs is None:
-                    continue
-                s_rows.append(check_spec(loads(line), spec_pairs, None))
+                if done > n_spec_end:
+                    if bin_refs is None:
+                        continue
+                    b_rows.append(check_binary(loads(line), bin_refs, None))
+                else:
+                    if spec_pairs is None:
+                        continue
+                    s_rows.append(check_spec(loads(line), spec_pairs, None))
                 s_bytes += len(line)
-                if s_bytes >= _SPEC_BATCH_BYTES or len(s_rows) >= WRITE_BATCH:
-                    yield done, p_rows, c_rows, s_rows
-                    p_rows, c_rows, s_rows, s_bytes = [], [], [], 0
+                if s_bytes >= _SPEC_BATCH_BYTES or len(s_rows) + len(b_rows) >= WRITE_BATCH:
+                    yield done, p_rows, c_rows, s_rows, b_rows
+                    p_rows, c_rows, s_rows, b_rows, s_bytes = [], [], [], [], 0
                 continue
             if not write:
                 continue
@@ -259,10 +335,10 @@ def _row_batches(
         p_rows.append(p_row)
         c_rows.extend(c_row)
         if len(c_rows) >= WRITE_BATCH or len(p_rows) >= WRITE_BATCH:
-            yield done, p_rows, c_rows, s_rows
-            p_rows, c_rows, s_rows, s_bytes = [], [], [], 0
-    if p_rows or s_rows:
-        yield done, p_rows, c_rows, s_rows
+            yield done, p_rows, c_rows, s_rows, b_rows
+            p_rows, c_rows, s_rows, b_rows, s_bytes = [], [], [], [], 0
+    if p_rows or s_rows or b_rows:
+        yield done, p_rows, c_rows, s_rows, b_rows
 
 
 def _rows(

@@ -12,7 +12,7 @@ import hashlib
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -20,31 +20,40 @@ import orjson
 from tunecache.errors import ImportFormatError
 from tunecache.exchange.format import (
     BATCH,
+    BINARIES_VERSION,
     CONFIG_OBJECT_FIELDS,
     FILTER_FIELDS,
     FORMAT_NAME,
     FORMAT_VERSION,
     HEADER_FIELDS,
     HEADER_FIELDS_V1,
+    HEADER_FIELDS_V3,
     MAX_FAILURE_DEPTH,
     READABLE_VERSIONS,
+    SIGNATURE_FIELDS,
     Progress,
     Rewind,
     tunecache_version,
 )
 from tunecache.identity import CONFIG_FIELDS, canonical_json, config_hash_of, problem_digest
 from tunecache.model import (
+    BINARY_FIELDS,
     CONFIG_ROW_FIELDS,
     LAUNCH_SPEC_FIELDS,
     PROBLEM_FIELDS,
     STATUSES,
+    binary_from_json,
+    binary_row,
     launch_spec_from_json,
     launch_spec_row,
 )
+from tunecache.settings import MAX_BINARY_BYTES
 from tunecache.store import problems
 from tunecache.target import TARGET_FIELDS, Target
 
 _SPEC_SET = frozenset(LAUNCH_SPEC_FIELDS)
+_BINARY_SET = frozenset(BINARY_FIELDS)
+_SIGNATURE_SET = frozenset(SIGNATURE_FIELDS)
 _PROBLEM_SET = frozenset(PROBLEM_FIELDS)
 _CONFIG_ROW_SET = frozenset(CONFIG_ROW_FIELDS)
 _N_CONFIG_ROW_FIELDS = len(CONFIG_ROW_FIELDS)
@@ -104,13 +113,17 @@ def _check_header(obj: Any) -> dict[str, Any]:
         raise Invalid(
             f"unsupported format version {version}: this tunecache ({tunecache_version()}) reads versions "
             f"{', '.join(map(str, READABLE_VERSIONS))}"
-            + ("; upgrade tunecache to import this file" if version > FORMAT_VERSION else "")
+            + ("; upgrade tunecache to import this file" if version > max(READABLE_VERSIONS) else "")
         )
-    fields = HEADER_FIELDS_V1 if version == 1 else HEADER_FIELDS
+    fields = HEADER_FIELDS_V1 if version == 1 else HEADER_FIELDS if version == FORMAT_VERSION else HEADER_FIELDS_V3
     _check_fields(obj, frozenset(fields), fields, "the header")
     if version == 1:
         obj = {**obj, "launch_specs": 0}
-    for name in ("problems", "configs", "launch_specs"):
+    if version < BINARIES_VERSION:
+        obj = {**obj, "binaries": 0, "signed_by": None}
+    if obj["signed_by"] is not None and not _is_hex(obj["signed_by"], 16):
+        raise Invalid("header field 'signed_by' must be null or a key id of 16 lowercase hex digits")
+    for name in ("problems", "configs", "launch_specs", "binaries"):
         v = obj[name]
         if type(v) is not int or v < 0:
             raise Invalid(f"header field {name!r} must be a non-negative integer, got {v!r}")
@@ -364,40 +377,61 @@ class Scan:
     configs: int
     specs: int  # launch-spec lines (version 2), validated; pass 2 re-reads them if they are to be added
     pairs: set[tuple[str, str]]  # (source_hash, target digest) of the problems, which specs must belong to
+    binaries: int = 0  # binary lines (version 3), validated (content hash, key binding, names)
+    refs: set[bytes] = field(default_factory=set)  # digests of (source_hash, kernel_hash) of the specs
+    signed_by: str | None = None  # the key id whose signature verified (version 3), else None
 
 
 def scan(reader: Rewind, gz: bool, max_line: int, progress: Progress | None) -> Scan:
     """Pass 1: validate every line and hash the body, one line in memory at a time.
 
     What it keeps is bounded by the work, not by the file: a few hashes per problem, 48 bytes per
-    launch spec (to refuse duplicates), never a line. A launch-spec line may be 4 MiB of text that
-    gzip shrinks a thousandfold; pass 2 re-reads them only when they are to be added.
+    launch spec and binary (to refuse duplicates), never a line. A launch-spec line may be 4 MiB of
+    text that gzip shrinks a thousandfold; pass 2 re-reads them only when they are to be added.
+    A signed file's signature is checked here (whether its key is trusted is the caller's business).
     """
     header: dict[str, Any] | None = None
+    header_line = b""
+    signature: dict[str, Any] | None = None
+    sig_line = 0
     sha = hashlib.sha256()
     seen: dict[str, int] = {}
     found: list[tuple[str, str | None, float | None, int]] = []
-    n_found_specs = 0
+    n_found_specs = n_found_bins = 0
     pairs: set[tuple[str, str]] = set()  # (source_hash, target digest) of the problems
     seen_specs: set[bytes] = set()
+    refs: set[bytes] = set()
+    seen_bins: set[str] = set()
     n_configs = 0
     validator = _Validator()
     lineno = 0
-    announced = n_specs = 0
+    announced = n_specs = n_bins = 0
     for lineno, line in reader.lines(gz, max_line):
         try:
             obj = _loads(line)
             if header is None:
                 header = _check_header(obj)
-                announced, n_specs = header["problems"], header["launch_specs"]
+                header_line = line
+                announced, n_specs, n_bins = header["problems"], header["launch_specs"], header["binaries"]
                 continue
             if len(found) >= announced:
-                if n_found_specs >= n_specs:
+                if n_found_specs < n_specs:
+                    check_spec(obj, pairs, seen_specs)
+                    refs.add(_ref(obj["source_hash"], obj["kernel_hash"]))
+                    n_found_specs += 1
+                elif n_found_bins < n_bins:
+                    check_binary(obj, refs, seen_bins)
+                    n_found_bins += 1
+                elif header["signed_by"] is not None and signature is None:
+                    signature = check_signature(obj, header["signed_by"])
+                    sig_line = lineno
+                    continue  # not part of the body
+                else:
+                    v3 = f", {n_bins} binaries" + (" and a signature" if header["signed_by"] else "")
                     raise Invalid(
-                        f"more lines than the {announced} problems and {n_specs} launch specs the header announces"
+                        f"more lines than the {announced} problems and {n_specs} launch specs"
+                        f"{v3 if header['version'] >= BINARIES_VERSION else ''} the header announces"
                     )
-                check_spec(obj, pairs, seen_specs)
-                n_found_specs += 1
                 sha.update(line)
                 continue
             digest, winner, winner_ms, n = validator.problem(obj)
@@ -426,6 +460,16 @@ def scan(reader: Rewind, gz: bool, max_line: int, progress: Progress | None) -> 
             f"unexpected end of file after {n_found_specs} of the {n_specs} launch specs the header announces "
             "(truncated file?)",
         )
+    if n_found_bins != n_bins:
+        raise ImportFormatError(
+            lineno + 1,
+            f"unexpected end of file after {n_found_bins} of the {n_bins} binaries the header announces "
+            "(truncated file?)",
+        )
+    if header["signed_by"] is not None and signature is None:
+        raise ImportFormatError(
+            lineno + 1, "the header says the file is signed but its signature line is missing (truncated file?)"
+        )
     if n_configs != header["configs"]:
         raise ImportFormatError(1, f"the header announces {header['configs']} config rows but the file has {n_configs}")
     digest = sha.hexdigest()
@@ -435,11 +479,87 @@ def scan(reader: Rewind, gz: bool, max_line: int, progress: Progress | None) -> 
             f"sha256 {digest[:16]}... does not match the header's body_sha256 {header['body_sha256'][:16]}...: "
             "one of these lines was edited or corrupted after export (the checksum cannot tell which); "
             "export the file again",
-            last=lineno,
+            last=lineno - (1 if signature is not None else 0),
         )
+    if signature is not None:
+        from tunecache import signing
+
+        if not signing.verify(signature, header_line):
+            raise ImportFormatError(
+                sig_line,
+                f"the signature by key {signature['key_id']} does not verify: the file was changed after it "
+                "was signed; nothing was imported",
+            )
     if progress is not None:
         progress("validate", len(found), announced)
-    return Scan(header, digest, lineno, found, n_configs, n_found_specs, pairs)
+    return Scan(
+        header,
+        digest,
+        lineno,
+        found,
+        n_configs,
+        n_found_specs,
+        pairs,
+        n_found_bins,
+        refs,
+        signature["key_id"] if signature is not None else None,
+    )
+
+
+def _ref(source_hash: str, kernel_hash: str) -> bytes:
+    return hashlib.sha256(f"{source_hash}{kernel_hash}".encode()).digest()
+
+
+def check_binary(obj: Any, refs: set[bytes], seen: set[str] | None) -> dict[str, Any]:
+    """Validate one binary line (version 3); return its binaries row values (without host and time).
+
+    A binary is code: its content must match its sha256, its metadata must be filed under its
+    Triton key, its names must be plain (:func:`tunecache.binaries.problems_of`), and a launch spec of
+    this file must reference it (``refs``), so nothing arrives that no winner uses.
+    """
+    from tunecache.binaries import problems_of
+
+    _check_fields(obj, _BINARY_SET, BINARY_FIELDS, "a binary")
+    for name in ("source_hash", "triton_key", "sha256"):
+        if not _is_hex(obj[name], 64):
+            raise Invalid(f"binary {name} must be 64 lowercase hex digits")
+    _text(obj["kernel"], "kernel", 255)
+    _text(obj["triton_version"], "triton_version", 32)
+    for name in ("name", "ext", "metadata", "binary"):
+        _text(obj[name], name, None)
+    try:
+        kernel, source_hash, b = binary_from_json(obj)
+    except ValueError:
+        raise Invalid("binary 'binary' must be base64") from None
+    if len(b.name) > 150 or len(b.ext) > 16:
+        raise Invalid("binary name or ext too long")
+    if b.size > MAX_BINARY_BYTES:
+        raise Invalid(f"binary {b.triton_key[:16]}... is {b.size} bytes, over the {MAX_BINARY_BYTES} a binary may be")
+    why = problems_of(b)
+    if why is not None:
+        raise Invalid(f"binary {b.triton_key[:16]}... ({b.name}) refused: {why}")
+    if _ref(source_hash, b.triton_key) not in refs:
+        raise Invalid(f"binary {b.triton_key[:16]}... is referenced by no launch spec of its kernel in this file")
+    if seen is not None:
+        if b.triton_key in seen:
+            raise Invalid(f"duplicate binary {b.triton_key[:16]}...")
+        seen.add(b.triton_key)
+    return binary_row(kernel, source_hash, b)
+
+
+def check_signature(obj: Any, signed_by: str) -> dict[str, Any]:
+    """Check the shape of a signature line (version 3); return its signature object."""
+    _check_fields(obj, frozenset({"signature"}), ("signature",), "the signature line")
+    sig = obj["signature"]
+    _check_fields(sig, _SIGNATURE_SET, SIGNATURE_FIELDS, "the signature")
+    if sig["algorithm"] != "ed25519":
+        raise Invalid(f"signature algorithm {sig['algorithm']!r} is not ed25519")
+    for name in ("key_id", "public_key", "value"):
+        if type(sig[name]) is not str or len(sig[name]) > 200:
+            raise Invalid(f"signature field {name!r} must be a short string")
+    if sig["key_id"] != signed_by:
+        raise Invalid(f"the signature is by key {sig['key_id'][:16]}, the header says {signed_by}")
+    return sig
 
 
 def check_spec(obj: Any, pairs: set[tuple[str, str]], seen: set[bytes] | None) -> dict[str, Any]:

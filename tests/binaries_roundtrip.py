@@ -1,0 +1,180 @@
+"""Real sm90 binaries, compiled offline on any machine (ptxas ships with Triton), through the store,
+an export and into an empty Triton cache. Two phases, each a fresh process (the tests run under the
+interpreter, where nothing is compiled), each printing one JSON line for tests/test_binaries.py:
+
+    build   compile the winners of two tuning keys for sm90 into an empty Triton cache
+            (TRITON_CACHE_DIR), store their problems and launch specs in TUNECACHE_URL, and
+            upload their binaries with tunecache.binaries.upload (what the autotuner calls after
+            storing its specs); the merge kernel too, as a companion.
+    place   another empty Triton cache, the store TUNECACHE_URL (imported from the export): the
+            tunecache kernel's load_winners places the binaries into Triton's cache and preloads
+            the specs. Reports every compile Triton made and whether it was a cache hit.
+
+Only the CUDA device query is answered here (there is no GPU), as in tests/preload_roundtrip.py.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import sys
+
+os.environ.pop("TRITON_INTERPRET", None)
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.compiler.compiler as compiler_module  # noqa: E402
+import triton.runtime.jit as jit_module  # noqa: E402
+from triton import knobs  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource, CompiledKernel, make_backend  # noqa: E402
+
+import tunecache  # noqa: E402
+from tunecache import background, binaries, preload  # noqa: E402
+from tunecache.identity import canonical_key, problem_digest  # noqa: E402
+from tunecache.model import ConfigResult, Problem  # noqa: E402
+from tunecache.store import open_store  # noqa: E402
+from tunecache.target import detect_target  # noqa: E402
+
+TARGET = GPUTarget("cuda", 90, 32)
+SIG = {"X": "*fp32", "Y": "*fp32", "N": "i32", "BLOCK": "constexpr"}
+ALIGNED = {(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]]}
+
+
+class _Device:  # what Triton asks the CUDA driver in JITFunction.preload: the current device
+    def get_current_device(self) -> int:
+        return 0
+
+    def get_current_target(self) -> GPUTarget:
+        return TARGET
+
+
+class _Driver:
+    active = _Device()
+
+
+def _stub(jf, backend) -> dict:
+    """An empty per-device kernel cache for ``jf``, as create_binder sets up on a GPU."""
+    cache: dict = {}
+    jf.device_caches[0] = (cache, {}, TARGET, backend, None)
+    jf.compile, jf.ASTSource = triton.compile, ASTSource
+    return cache
+
+
+def _launch_key(jf, backend, block: int, warps: int, ptrs: tuple, n: int = 100) -> str:
+    binder = jit_module.create_function_from_signature(jf.signature, jf.params, backend)
+    spec, opts = binder(*ptrs, n, BLOCK=block, num_warps=warps, num_stages=1)[1:3]
+    return str(spec) + str(opts)
+
+
+def build() -> dict:
+    import binkernel as bk
+
+    backend = make_backend(TARGET)
+    x, y = torch.zeros(256), torch.zeros(256)
+    cache = _stub(bk.add_one, backend)
+
+    def compile_one(block: int, warps: int, attrs: dict, ptrs: tuple) -> None:
+        src = ASTSource(bk.add_one, SIG, {"BLOCK": block}, attrs)
+        k = triton.compile(src, target=TARGET, options={"num_warps": warps, "num_stages": 1})
+        cache[_launch_key(bk.add_one, backend, block, warps, ptrs)] = k
+
+    # What the benchmarks of two tuning keys leave in Triton's kernel cache: both configs; the
+    # 128/2w winner in two specialisations (aligned and not).
+    compile_one(64, 4, ALIGNED, (x, y))
+    compile_one(128, 2, ALIGNED, (x, y))
+    compile_one(128, 2, {}, (x[1:], y[1:]))
+    # The companion: a plain kernel, compiled once.
+    mcache = _stub(bk.merge, backend)
+    msrc = ASTSource(bk.merge, {"X": "*fp32", "N": "i32", "BLOCK": "constexpr"}, {"BLOCK": 64}, {})
+    mk = triton.compile(msrc, target=TARGET, options={"num_warps": 4, "num_stages": 1})
+    binder = jit_module.create_function_from_signature(bk.merge.signature, bk.merge.params, backend)
+    spec, opts = binder(x[1:], 100, BLOCK=64, num_warps=4, num_stages=1)[1:3]
+    mcache[str(spec) + str(opts)] = mk
+
+    tuned = bk.tuned
+    ident = tuned.identity
+    target = detect_target()
+    store = open_store()
+    hashes = {}
+    for n, cfg in ((100, bk.CONFIGS[1]), (4096, bk.CONFIGS[0])):  # key -> its winner
+        h = tuned.config_ids(cfg)[1]
+        hashes[n] = h
+        key = canonical_key(["N"], [n])
+        p = Problem(
+            digest=problem_digest(ident.source_hash, target, key),
+            kernel=tuned.kernel_name,
+            source_hash=ident.source_hash,
+            target=target,
+            key_json=key,
+            batch_bucket=None,
+            tuning_seconds=1.0,
+            host="tuner",
+        )
+        cdict = {"kwargs": dict(cfg.kwargs), "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+        cdict.update(num_ctas=1, maxnreg=None, pre_hook=None)
+        store.put(p, [ConfigResult(h, cdict, "ok", 0.5, 0.4, 0.6, 3)])
+    uploaded = 0
+    specs = []
+    for n in (100, 4096):
+        cfg = bk.CONFIGS[1] if n == 100 else bk.CONFIGS[0]
+        got = preload.capture(bk.add_one, cfg, hashes[n])
+        store.put_specs(tuned.kernel_name, ident.source_hash, target.digest, got)
+        uploaded += binaries.upload(store, bk.add_one, tuned.kernel_name, ident.source_hash, got)
+        specs += got
+    companions = binaries.record_companions(tuned, bk.merge, store=store)
+    again = binaries.upload(store, bk.add_one, tuned.kernel_name, ident.source_hash, specs)  # stored already
+    heads = store.binary_heads([s.kernel_hash for s in specs])
+    store.close()
+    return {
+        "source_hash": ident.source_hash,
+        "kernel": tuned.kernel_name,
+        "specs": len(specs),
+        "uploaded": uploaded,
+        "companions": companions,
+        "uploaded_again": again,
+        "kernel_hashes": sorted({s.kernel_hash for s in specs}),
+        "heads": sorted(heads),
+        "merge_hash": str(mk.hash),
+        "cubins": {str(k.hash): hashlib.sha256(k.asm["cubin"]).hexdigest() for k in [*cache.values(), mk]},
+    }
+
+
+def place() -> dict:
+    compiles: list[dict] = []
+    knobs.compilation.listener = lambda src, metadata, metadata_group, times, cache_hit: compiles.append(
+        {"name": src.name, "hash": metadata["hash"], "cache_hit": cache_hit}
+    )
+    import binkernel as bk
+
+    backend = make_backend(TARGET)
+    cache = _stub(bk.add_one, backend)
+    jit_module.driver = _Driver()
+    compiler_module.driver = _Driver()  # Triton 3.4: compile(src, target=None) asks the driver
+    inits = []
+    CompiledKernel._init_handles = lambda self: inits.append(self.hash)
+    background.submit(lambda: None).result(timeout=60)  # the kernel's background prefetch (and placement)
+    tunecache.reset_stats()
+    loaded = bk.tuned.load_winners(0)  # what runs once CUDA is up: place, then preload
+    cache_dir = os.environ["TRITON_CACHE_DIR"]
+    groups = sorted(os.path.basename(os.path.dirname(p)) for p in glob.glob(f"{cache_dir}/*/__grp__*.json"))
+    # The companion was placed with the winners: its first launch's compile is a cache hit too.
+    msrc = ASTSource(bk.merge, {"X": "*fp32", "N": "i32", "BLOCK": "constexpr"}, {"BLOCK": 64}, {})
+    mk = triton.compile(msrc, target=TARGET, options={"num_warps": 4, "num_stages": 1})
+    return {
+        "loaded": loaded,
+        "stats": tunecache.stats(),
+        "compiles": compiles,
+        "inits": sorted(inits),
+        "cached": sorted(str(k.hash) for k in cache.values()),
+        "groups": len(groups),
+        "merge_hash": str(mk.hash),
+        "cubins": {str(k.hash): hashlib.sha256(k.asm["cubin"]).hexdigest() for k in [*cache.values(), mk]},
+    }
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    print(json.dumps(build() if sys.argv[1] == "build" else place()))

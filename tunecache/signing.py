@@ -1,0 +1,173 @@
+"""Signing: Ed25519 keys, signatures of export files, and the keys a host trusts.
+
+An export that carries binaries (or launch specs) carries code that will run on every GPU of a
+fleet, so ``tunecache export --sign KEY`` signs it and ``import --binaries``/``--launch-specs``
+accept it only when the signature verifies against a key in ``TUNECACHE_TRUSTED_KEYS``.
+
+Keys (``tunecache keygen PATH``): PATH holds the private key (PKCS#8 PEM, unencrypted, mode 0600:
+keep it in the build system's secret store), ``PATH.pub`` the public key as one line,
+``tunecache-ed25519 <base64 of the 32 raw bytes> <key id>``. A key id is the first 16 hex digits of
+the sha256 of the raw public key. ``TUNECACHE_TRUSTED_KEYS`` lists public keys, comma-separated,
+each a ``.pub`` file's path or its text.
+
+The cryptography is the ``cryptography`` package's (extra ``sign``), imported only here and only
+when a key is made, used or checked.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import os
+from pathlib import Path
+from typing import Any
+
+from tunecache import settings
+from tunecache.errors import ConfigurationError, SigningError
+
+PUBLIC_PREFIX = "tunecache-ed25519"
+ALGORITHM = "ed25519"
+#: What an export's signature signs: this, then the header line exactly as written (padding and
+#: newline included). The header carries the sha256 of every body line, so the one signature
+#: covers every byte of the file before it.
+SIGNED_CONTEXT = b"tunecache-export-signature-1\n"
+
+
+def _crypto() -> Any:
+    try:
+        from cryptography.hazmat.primitives.asymmetric import ed25519
+    except ImportError:
+        raise SigningError(
+            "signing and verifying exports needs the 'cryptography' package: pip install 'tunecache[sign]'"
+        ) from None
+    return ed25519
+
+
+def key_id(raw_public: bytes) -> str:
+    return hashlib.sha256(raw_public).hexdigest()[:16]
+
+
+def public_line(raw_public: bytes) -> str:
+    return f"{PUBLIC_PREFIX} {base64.b64encode(raw_public).decode()} {key_id(raw_public)}"
+
+
+def keygen(path: str | os.PathLike[str], *, overwrite: bool = False) -> dict[str, str]:
+    """Write a new private key to ``path`` (mode 0600) and its public key to ``path.pub``."""
+    from cryptography.hazmat.primitives import serialization
+
+    ed25519 = _crypto()
+    priv_path = Path(path)
+    pub_path = Path(f"{priv_path}.pub")
+    for p in (priv_path, pub_path):
+        if p.exists() and not overwrite:
+            raise SigningError(f"{p} exists: not overwriting a key (remove it, or choose another path)")
+    key = ed25519.Ed25519PrivateKey.generate()
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    raw = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+    fd = os.open(priv_path, flags, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(pem)
+    os.chmod(priv_path, 0o600)  # an existing file keeps its mode through O_CREAT
+    pub_path.write_text(public_line(raw) + "\n")
+    return {"private_key": str(priv_path), "public_key": str(pub_path), "key_id": key_id(raw)}
+
+
+class Signer:
+    """A private key read from a ``tunecache keygen`` file."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        from cryptography.hazmat.primitives import serialization
+
+        ed25519 = _crypto()
+        try:
+            data = Path(path).read_bytes()
+        except OSError as e:
+            raise SigningError(f"cannot read the signing key {path}: {e.strerror or e}") from None
+        try:
+            key = serialization.load_pem_private_key(data, password=None)
+        except (ValueError, TypeError) as e:
+            raise SigningError(
+                f"{path} is not an unencrypted PEM private key (make one with `tunecache keygen`): {e}"
+            ) from None
+        if not isinstance(key, ed25519.Ed25519PrivateKey):
+            raise SigningError(f"{path} is not an Ed25519 key (make one with `tunecache keygen`)")
+        self._key = key
+        self.raw_public = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+        self.key_id = key_id(self.raw_public)
+
+    def sign(self, header_line: bytes) -> dict[str, str]:
+        """The signature object of an export whose header line is ``header_line``."""
+        sig = self._key.sign(SIGNED_CONTEXT + header_line)
+        return {
+            "algorithm": ALGORITHM,
+            "key_id": self.key_id,
+            "public_key": base64.b64encode(self.raw_public).decode(),
+            "value": base64.b64encode(sig).decode(),
+        }
+
+
+def _strict_b64(text: str) -> bytes:
+    """Base64 in its one canonical spelling: decoders ignore the unused low bits of the last
+    character, so two spellings decode alike and a flipped bit there would go unnoticed."""
+    raw = base64.b64decode(text, validate=True)
+    if base64.b64encode(raw).decode() != text:
+        raise ValueError("not canonical base64")
+    return raw
+
+
+def verify(signature: dict[str, str], header_line: bytes) -> bool:
+    """Whether ``signature`` (checked for shape by the caller) signs ``header_line`` with the public
+    key it names. Trust in that key is :func:`trusted_keys`'s business."""
+    from cryptography.exceptions import InvalidSignature
+
+    ed25519 = _crypto()
+    try:
+        raw = _strict_b64(signature["public_key"])
+        sig = _strict_b64(signature["value"])
+        if key_id(raw) != signature["key_id"]:
+            return False
+        ed25519.Ed25519PublicKey.from_public_bytes(raw).verify(sig, SIGNED_CONTEXT + header_line)
+    except (InvalidSignature, ValueError, binascii.Error):
+        return False
+    return True
+
+
+def parse_public(text: str, where: str) -> bytes:
+    """The raw public key of a ``tunecache-ed25519 BASE64 [comment]`` line."""
+    parts = text.split()
+    if len(parts) < 2 or parts[0] != PUBLIC_PREFIX:
+        raise ConfigurationError(f"{where}: not a tunecache public key (expected '{PUBLIC_PREFIX} BASE64 ...')")
+    try:
+        raw = base64.b64decode(parts[1], validate=True)
+    except (ValueError, binascii.Error):
+        raw = b""
+    if len(raw) != 32:
+        raise ConfigurationError(f"{where}: the key is not 32 bytes of base64 (an Ed25519 public key)")
+    return raw
+
+
+def trusted_keys(environ: Any = None) -> dict[str, bytes]:
+    """The public keys of ``TUNECACHE_TRUSTED_KEYS``, by key id. A bad entry raises
+    :class:`ConfigurationError` naming it: a typo must not silently trust nothing (or anything)."""
+    value = settings.get("TUNECACHE_TRUSTED_KEYS", environ) or ""
+    out: dict[str, bytes] = {}
+    for entry in (e.strip() for e in value.split(",")):
+        if not entry:
+            continue
+        if entry.startswith(PUBLIC_PREFIX):
+            raw = parse_public(entry, "TUNECACHE_TRUSTED_KEYS")
+        else:
+            try:
+                text = Path(entry).read_text()
+            except OSError as e:
+                raise ConfigurationError(
+                    f"TUNECACHE_TRUSTED_KEYS: cannot read the public key file {entry}: {e.strerror or e}"
+                ) from None
+            raw = parse_public(text.strip(), f"TUNECACHE_TRUSTED_KEYS: {entry}")
+        out[key_id(raw)] = raw
+    return out
+
+
+__all__ = ["ALGORITHM", "PUBLIC_PREFIX", "Signer", "key_id", "keygen", "public_line", "trusted_keys", "verify"]
