@@ -229,7 +229,8 @@ def _venv(where: Path, hooked: bool) -> Path:
     ).stdout.strip()
     # Lends this interpreter's packages (triton, torch, sqlalchemy...) and the checkout's tunecache
     # to both venvs alike; .pth files inside the lent directories are not run.
-    Path(purelib, "lend.pth").write_text(f"{sysconfig.get_paths()['purelib']}\n{ROOT}\n")
+    lent = [p for p in sys.path if p.endswith("site-packages") and Path(p).is_dir()] + [str(ROOT)]
+    Path(purelib, "lend.pth").write_text("".join(f"{p}\n" for p in lent))
     if hooked:
         shutil.copy(PTH, Path(purelib, PTH.name))
         shutil.copy(STARTUP, Path(purelib, STARTUP.name))

@@ -19,12 +19,16 @@ ROOT = Path(__file__).resolve().parent.parent
 SOURCES = (
     sorted((ROOT / "tunecache").rglob("*.py"))
     + sorted((ROOT / "kernels").rglob("*.py"))
-    + [ROOT / "_tunecache_startup.py"]
+    + [ROOT / "_tunecache_startup.py", ROOT / "tunecache-install.pth"]  # the .pth line is Python too
 )
-#: The one direct read allowed: the .pth start-up hook runs in every Python process and must not import
-#: tunecache (0.2 s) to learn that TUNECACHE_INSTALL is unset; it only tests presence, and the value is
-#: parsed by tunecache.settings once Triton is imported.
-ALLOWED_DIRECT_READS = {("_tunecache_startup.py", "TUNECACHE_INSTALL")}
+#: The only direct reads allowed: the .pth start-up hook runs in every Python process and must not import
+#: anything (not even its own module: a first path-based import costs ~2 ms) to learn that
+#: TUNECACHE_INSTALL is unset; both only test presence, and the value is parsed by tunecache.settings
+#: once Triton is imported.
+ALLOWED_DIRECT_READS = {
+    ("_tunecache_startup.py", "TUNECACHE_INSTALL"),
+    ("tunecache-install.pth", "TUNECACHE_INSTALL"),
+}
 NAME = re.compile(r"\bTUNECACHE_[A-Z0-9_]+\b")
 
 
