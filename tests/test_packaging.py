@@ -52,3 +52,58 @@ def test_wheel_install_then_db_upgrade(tmp_path, pg_url):
         assert json.loads(r.stdout)["counts"]["problems"] == 0
     # no generic top-level packages installed
     assert not (Path(new_site) / "kernels").exists() and not (Path(new_site) / "migrations").exists()
+
+
+def _venv_lending_deps(where: Path) -> Path:
+    """A venv that sees this one's dependencies (torch, triton...) but not its tunecache."""
+    import sysconfig
+
+    subprocess.run([sys.executable, "-m", "venv", str(where)], check=True)
+    py = where / "bin" / "python"
+    site = subprocess.run(
+        [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    Path(site, "lend-deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    return py
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("editable", [False, True], ids=["wheel", "editable"])
+def test_the_install_ships_the_startup_hook(tmp_path, editable):
+    """``pip install tunecache`` (and ``pip install -e``, as scripts/_env.sh does) puts
+    tunecache-install.pth in site-packages: with TUNECACHE_INSTALL=1 a process that never names
+    tunecache has Triton's Autotuner hooked as soon as it imports Triton; unset, nothing is imported."""
+    import os
+
+    py = _venv_lending_deps(tmp_path / "venv")
+    args = ["-e", str(ROOT)] if editable else [str(ROOT)]
+    r = subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", *args], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    site = subprocess.run(
+        [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    assert (Path(site) / "tunecache-install.pth").read_text() == (ROOT / "tunecache-install.pth").read_text()
+    probe = (
+        "import sys, json; before = 'tunecache' in sys.modules; import triton.runtime.autotuner as a; "
+        "import tunecache; "
+        "print(json.dumps([before, hasattr(a.Autotuner.__init__, '__wrapped__'), tunecache.__file__]))"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    for value, hooked in (("1", True), ("", False)):
+        out = subprocess.run(
+            [str(py), "-c", probe],
+            env={**env, "TUNECACHE_INSTALL": value, "TRITON_INTERPRET": "1"},
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+        )
+        assert out.returncode == 0, out.stderr[-2000:]
+        before, patched, where = json.loads(out.stdout.strip().splitlines()[-1])
+        assert before is False and patched is hooked, (value, out.stderr[-2000:])
+        assert (str(ROOT) in where) if editable else (str(tmp_path / "venv") in where), where

@@ -14,7 +14,7 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from tunecache import buckets
-from tunecache.counters import reset_stats, stats
+from tunecache.counters import coverage, reset_stats, stats
 from tunecache.errors import (
     CaptureMissError,
     ConfigurationError,
@@ -35,6 +35,7 @@ __all__ = [
     "uninstall",
     "open_store",
     "stats",
+    "coverage",
     "reset_stats",
     "flush",
     "buckets",

@@ -26,6 +26,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -89,6 +90,24 @@ def capturing() -> bool:
         return False
 
 
+#: Triton's own ``Autotuner.__init__`` and ``run``, as imported: ``install()`` patches the base class's
+#: (see :func:`covering_init`), and tunecache's own calls go to these, never through the patch.
+BASE_INIT = Autotuner.__init__
+BASE_RUN = Autotuner.run
+
+
+class _computed:
+    """A read-only attribute computed at each access that an instance may still assign, as it may
+    Triton's ``cached_property`` (a ``property`` would make a library's ``self.do_bench = ...`` raise)."""
+
+    def __init__(self, f: Callable[[Any], Any]) -> None:
+        self.f = f
+        self.__doc__ = f.__doc__
+
+    def __get__(self, obj: Any, cls: type | None = None) -> Any:
+        return self if obj is None else self.f(obj)
+
+
 class _Ctx:
     """Everything about one miss: computed once per new tuning key, never on the launch path."""
 
@@ -139,6 +158,16 @@ class TunecacheAutotuner(Autotuner):
             do_bench=do_bench,
             cache_results=cache_results,
         )
+        self._tc_attach(cache_results, store, bucket)
+
+    def _tc_attach(
+        self,
+        cache_results: bool,
+        store: str | Store | None,
+        bucket: Mapping[str, Callable[[int], int]] | None,
+    ) -> None:
+        """Give an initialised Autotuner tunecache's state: from ``__init__``, or when ``install()``
+        adopts an Autotuner that a library built (its class then has TunecacheAutotuner under it)."""
         # Route every miss through check_disk_cache (3.6+ turns it off under the interpreter); the
         # user's own choice still applies in mode "off".
         self._tc_user_cache_results = cache_results
@@ -151,7 +180,11 @@ class TunecacheAutotuner(Autotuner):
             if not callable(f):
                 raise TypeError(f"bucket[{n!r}] must be a function of the batch size, got {type(f).__name__}")
         self._tc_bucket = bucket
+        fn = self.fn
         self._tc_name = kernel_name(fn)  # no parsing: the source is hashed later (see identity)
+        self._tc_set_name = "kernel_name" not in vars(self)
+        if self._tc_set_name:  # a library's subclass may set its own after this (fla does): kept
+            self.kernel_name = self._tc_name
         self._tc_ks = KernelStore(self._tc_name, store)  # the store, and this kernel's problems in memory
         self._tc_identity: KernelIdentity | None = None
         self._tc_identity_lock = threading.Lock()
@@ -161,6 +194,7 @@ class TunecacheAutotuner(Autotuner):
         self._tc_from_store: dict[Any, tuple[str, str]] = {}  # tuning key -> (digest, config hash)
         self._tc_lock = threading.RLock()
         background.register(self)
+        self.__dict__["run"] = functools.partial(_first_run, self)  # once: does it reach Autotuner.run?
         if current_mode() != "off" and settings.get("TUNECACHE_PREFETCH"):
             # Open the store and fetch this kernel's problems while the server loads its weights,
             # so the first launch pays no query, imports or connection set-up. No CUDA calls here:
@@ -234,11 +268,11 @@ class TunecacheAutotuner(Autotuner):
             winners = {p.winner_config_hash for p in ks.problems() if p.target.digest == target.digest}
             loaded, skipped = _preload.load(self.fn, [s for s in mine if s.config_hash in winners], dev)
         except Exception as e:  # noqa: BLE001 - best effort: launches load their kernels as before
-            log.debug("tunecache: %s: preload failed: %r", self.kernel_name, e)
+            log.debug("tunecache: %s: preload failed: %r", self._tc_name, e)
             return 0
         counters.count(None, None, preloaded=loaded, preload_skipped=skipped)
         if loaded or skipped:
-            log.debug("tunecache: %s: preloaded %d binaries (%d skipped)", self.kernel_name, loaded, skipped)
+            log.debug("tunecache: %s: preloaded %d binaries (%d skipped)", self._tc_name, loaded, skipped)
         return loaded
 
     def _record_specs(self, ctx: _Ctx, store: Store, best: str | None) -> None:
@@ -249,8 +283,8 @@ class TunecacheAutotuner(Autotuner):
             return
         specs = _preload.capture(self.fn, config, best)
         try:
-            store.put_specs(self.kernel_name, self.identity.source_hash, ctx.target.digest, specs)
-            binaries.upload(store, self.fn, self.kernel_name, self.identity.source_hash, specs)
+            store.put_specs(self._tc_name, self.identity.source_hash, ctx.target.digest, specs)
+            binaries.upload(store, self.fn, self._tc_name, self.identity.source_hash, specs)
         except StoreError as e:
             self._tc_ks.trouble("write", e)
 
@@ -264,10 +298,6 @@ class TunecacheAutotuner(Autotuner):
         self._tc_ks.reset(store)
 
     # ---- identity ---------------------------------------------------------------------------
-
-    @property
-    def kernel_name(self) -> str:
-        return self._tc_name
 
     def _may_hash_here(self) -> bool:
         """Whether this thread may hash the source now, before the first launch: only once the
@@ -326,7 +356,7 @@ class TunecacheAutotuner(Autotuner):
         self._tc_kwargs = kwargs
         return super().prune_configs(kwargs)
 
-    @property
+    @_computed
     def do_bench(self) -> Callable[..., Any]:  # shadows Autotuner.do_bench (a cached_property)
         base = self._do_bench
         if base is None:
@@ -377,7 +407,7 @@ class TunecacheAutotuner(Autotuner):
             exc = e
         elapsed = time.perf_counter() - t0
         timings = rnd.measured(h, orjson.loads(config_json), timings, exc)
-        counters.count(self.kernel_name, self._tc_ks.store, benchmarks=1, bench_seconds=elapsed)
+        counters.count(self._tc_name, self._tc_ks.store, benchmarks=1, bench_seconds=elapsed)
         return timings
 
     def check_disk_cache(self, tuning_key: Any, configs: list, bench_fn: Callable[[], None]) -> bool:
@@ -427,7 +457,7 @@ class TunecacheAutotuner(Autotuner):
         timings = {c: rows[h].timings() for h, c in by_hash.items() if h in rows}
         self._settle(ctx.key, by_hash[win], timings, stored=(p.digest, win))
         if hit:
-            counters.count(self.kernel_name, self._tc_ks.store, hits=1, saved_seconds=p.tuning_seconds or 0.0)
+            counters.count(self._tc_name, self._tc_ks.store, hits=1, saved_seconds=p.tuning_seconds or 0.0)
             writeback.hit(self._tc_ks.store, p.digest)
 
     def _problem(self, ctx: _Ctx, seconds: float = 0.0, best: str | None = None) -> Problem:
@@ -453,7 +483,7 @@ class TunecacheAutotuner(Autotuner):
         capture = capturing()
         if capture or mode == "offline":
             return self._fallback(ctx, "capture" if capture else "offline", mode)
-        counters.count(self.kernel_name, self._tc_ks.store, misses=1)
+        counters.count(self._tc_name, self._tc_ks.store, misses=1)
         store = self._tc_ks.get()
         if mode == "readonly" or store is None or store.readonly:
             return self._bench_unstored(ctx, p, bench_fn, keep=mode != "readonly" and store is None)
@@ -462,7 +492,7 @@ class TunecacheAutotuner(Autotuner):
     def _fallback(self, ctx: _Ctx, reason: str, mode: str) -> bool:
         """No benchmark now: nearest stored bucket's winner, else the first config. Deterministic."""
         if reason == "capture" and mode == "strict":
-            raise CaptureMissError(self.kernel_name, dict(zip(ctx.names, ctx.values)))
+            raise CaptureMissError(self._tc_name, dict(zip(ctx.names, ctx.values)))
         near = winner.nearest(
             self._tc_ks.problems(),
             ctx.hashes,
@@ -472,13 +502,13 @@ class TunecacheAutotuner(Autotuner):
         )
         cfg = dict(zip(ctx.hashes, ctx.configs))[near] if near is not None else ctx.configs[0]
         self._settle(ctx.key, cfg)
-        counters.count(self.kernel_name, None, **{f"{reason}_fallbacks": 1})
+        counters.count(self._tc_name, None, **{f"{reason}_fallbacks": 1})
         counters.warn_once(
-            self.kernel_name,
+            self._tc_name,
             reason,
             "tunecache: %s: no stored config for %s during %s; using %s without benchmarking. "
             "Run `tunecache misses` and tune these keys before the next start.",
-            self.kernel_name,
+            self._tc_name,
             ctx.key_json,
             "CUDA graph capture" if reason == "capture" else "offline mode",
             cfg,
@@ -528,7 +558,7 @@ class TunecacheAutotuner(Autotuner):
         if pruning is not None:
             log.info(
                 "tunecache: %s: driver changed; re-checking %d of %d configs",
-                self.kernel_name,
+                self._tc_name,
                 len(pruning.keep),
                 len(ctx.hashes),
             )
@@ -563,7 +593,7 @@ class TunecacheAutotuner(Autotuner):
         return singleflight.run(
             store,
             ctx.digest,
-            kernel=self.kernel_name,
+            kernel=self._tc_name,
             what=ctx.key_json,
             lead=lambda lease: self._bench_and_store(ctx, store, bench_fn, lease),
             settled=settled,
@@ -647,7 +677,7 @@ class TunecacheAutotuner(Autotuner):
         # failed earlier (pruning, benchmarking, a bad argument), and no stored winner is to blame.
         previous, self.best_config = getattr(self, "best_config", None), None
         try:
-            return super().run(*args, **kwargs)
+            return BASE_RUN(self, *args, **kwargs)
         except Exception as e:
             launched = self.best_config
             if launched is None:
@@ -659,7 +689,7 @@ class TunecacheAutotuner(Autotuner):
             if key not in self._tc_from_store or self.cache.get(key) is not launched:
                 raise
             self._poisoned([key], e)
-        return super().run(*args, **kwargs)
+        return BASE_RUN(self, *args, **kwargs)
 
     def _tuning_key(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple:
         """The tuning key ``Autotuner.run`` built for this call (the same steps in 3.4-3.9); used
@@ -669,6 +699,33 @@ class TunecacheAutotuner(Autotuner):
         key = [_args[k] for k in self.keys if k in _args]
         key += [str(v.dtype) for v in _args.values() if hasattr(v, "dtype")]
         return tuple(key)
+
+    def _tc_record_uncovered(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+        """Record the first key of a kernel tunecache could not serve as a miss with reason
+        ``uncovered`` (``tunecache misses``, ``tunecache stats``), written in the background. Never raises."""
+        try:
+            mode = current_mode()
+            if mode in ("off", "readonly") or len(self.configs) < 2:
+                return
+            self.nargs, self._tc_kwargs = dict(zip(self.arg_names, args)), dict(kwargs)
+            try:
+                ctx = self._context(self._tuning_key(args, kwargs), self.configs)
+            finally:
+                self.nargs = None
+            problem = self._problem(ctx)
+        except Exception as e:  # noqa: BLE001 - a report, never a failed launch
+            log.debug("tunecache: %s: cannot record the uncovered key: %r", self._tc_name, e)
+            return
+
+        def write() -> None:
+            store = self._tc_ks.get()
+            if store is not None and not store.readonly:
+                try:
+                    store.record_miss(problem, "uncovered")
+                except StoreError as e:
+                    self._tc_ks.trouble("write", e)
+
+        background.submit(write)
 
     def _poisoned(self, keys: list[Any], exc: Exception) -> None:
         status, failure = classify(exc)
@@ -686,7 +743,7 @@ class TunecacheAutotuner(Autotuner):
             counters.count(None, None, poisoned=1)
             log.warning(
                 "tunecache: %s: stored winner %s failed on this target (%s: %s); marked %s and re-resolving",
-                self.kernel_name,
+                self._tc_name,
                 h[:12],
                 type(exc).__name__,
                 str(exc)[:200],
@@ -700,4 +757,165 @@ class TunecacheAutotuner(Autotuner):
                     self._tc_ks.trouble("write", e)
 
 
-__all__ = ["TunecacheAutotuner", "capturing", "driver_change_policy", "preload_enabled", "winner_tolerance"]
+# ---- every Autotuner of the process (install) ------------------------------------------------------
+#
+# Libraries build autotuners that never go through ``triton.autotune``: their own subclasses of
+# Autotuner (fla's CachedAutotuner, with its own ``run`` that calls ``super().run``), constructed
+# directly. ``install()`` patches the base class's ``__init__`` and ``run`` with the two functions
+# below, which adopt every instance: its class becomes one with TunecacheAutotuner between the
+# library's class and Autotuner, so the library's own methods still run first and every
+# ``super()`` call they make, and Triton's own calls of the hooks, reach tunecache.
+
+_covering: dict[type, type] = {}
+_adopted: weakref.WeakSet[Any] = weakref.WeakSet()  # adopted by install(): uninstall() releases them
+_adopt_lock = threading.RLock()
+_NOT_ENTERED = object()  # a first call's mark in ``nargs``, which Autotuner.run replaces at once
+#: Attributes of TunecacheAutotuner that a library's class must not define itself.
+_OURS = ("identity", "config_ids", "wait_for_prefetch", "load_winners", "after_fork_in_child", "fork_locks")
+
+
+def covering_class(cls: type) -> type:
+    """The class an instance of ``cls`` gets when adopted: TunecacheAutotuner for Triton's own
+    Autotuner; for a library's subclass, one of the same name with TunecacheAutotuner under it
+    (``cls``'s methods first, then tunecache's, then Triton's). Raises TypeError naming what
+    stands in the way."""
+    if issubclass(cls, TunecacheAutotuner):
+        return cls
+    if cls is Autotuner:
+        return TunecacheAutotuner
+    with _adopt_lock:
+        got = _covering.get(cls)
+        if got is None:
+            clash = sorted({n for k in cls.__mro__ if not issubclass(Autotuner, k) for n in _OURS if n in vars(k)})
+            if clash:
+                raise TypeError(f"it defines {', '.join(clash)}, which tunecache's hooks use")
+            ns = {"__module__": cls.__module__, "__qualname__": cls.__qualname__, "_tc_library_class": cls}
+            got = _covering[cls] = type(cls.__name__, (cls, TunecacheAutotuner), ns)
+        return got
+
+
+def adopt(tuner: Any) -> bool:
+    """Make an Autotuner built by other code a tunecache one (once); False, reported, where its class
+    cannot take tunecache's hooks."""
+    with _adopt_lock:
+        if isinstance(tuner, TunecacheAutotuner):
+            return True
+        if "_tc_declined" in vars(tuner):
+            return False
+        cls = type(tuner)
+        try:
+            tuner.__class__ = covering_class(cls)
+        except TypeError as e:
+            tuner._tc_declined = True
+            _report_uncovered(kernel_name(tuner.fn), cls, str(e))
+            return False
+        tuner._tc_attach(tuner.cache_results, None, None)  # cache_results: as Triton set it for them
+        _adopted.add(tuner)
+        return True
+
+
+def covering_init(self: Any, *args: Any, **kwargs: Any) -> None:
+    """``Autotuner.__init__`` while installed: Triton's own, then adoption (not in mode "off")."""
+    BASE_INIT(self, *args, **kwargs)
+    if isinstance(self, TunecacheAutotuner):
+        return  # its own __init__ attaches
+    if current_mode() == "off":
+        self._tc_declined = True
+        return
+    adopt(self)
+
+
+def covering_run(self: Any, *args: Any, **kwargs: Any) -> Any:
+    """``Autotuner.run`` while installed. Reached only by instances not adopted at construction: built
+    before ``install()`` (adopted now, mid-call, and served from here on) or declined (Triton's run)."""
+    if "_tc_declined" not in vars(self) and adopt(self):
+        self.__dict__.pop("run", None)  # this call reached the base class: covered
+        counters.kernel_seen(self._tc_name, _library_class(self), covered=True)
+        return TunecacheAutotuner.run(self, *args, **kwargs)
+    return BASE_RUN(self, *args, **kwargs)
+
+
+def release(tuner: Any) -> None:
+    """Undo :func:`adopt` (``uninstall()``): Triton's class and ``cache_results`` back; in-memory
+    resolutions (``cache``) stay, as Triton keeps them. Tunecache's private ``_tc_*`` state stays
+    inert (a background prefetch may still hold it)."""
+    with _adopt_lock:
+        if tuner not in _adopted:
+            return
+        cls = _library_class(tuner)
+        _adopted.discard(tuner)
+        tuner.__dict__.pop("run", None)
+        if tuner.__dict__.get("kernel_name") == tuner._tc_name and tuner._tc_set_name:
+            del tuner.__dict__["kernel_name"]
+        tuner.cache_results = tuner._tc_user_cache_results
+        tuner.__class__ = cls
+        background.unregister(tuner)
+
+
+def adopted() -> list[Any]:
+    """The Autotuners ``install()`` adopted and ``uninstall()`` would release."""
+    return list(_adopted)
+
+
+def _library_class(tuner: Any) -> type:
+    cls = type(tuner)
+    if cls is TunecacheAutotuner and tuner in _adopted:
+        return Autotuner
+    return vars(cls).get("_tc_library_class", cls)
+
+
+def _first_run(self: Any, *args: Any, **kwargs: Any) -> Any:
+    """An instance's first call (set as its ``run`` by ``_tc_attach``, removed at once): observes
+    whether the call reached ``Autotuner.run``, i.e. tunecache's hooks. A subclass whose ``run``
+    returns without it is reported once, with its name and why."""
+    if self.__dict__.pop("run", None) is None:  # another thread is observing the first call
+        return self.run(*args, **kwargs)
+    self.nargs = _NOT_ENTERED  # Autotuner.run sets nargs first thing
+    ok = False
+    try:
+        out = self.run(*args, **kwargs)
+        ok = True
+        return out
+    finally:
+        entered = self.nargs is not _NOT_ENTERED
+        if not entered:
+            self.nargs = None
+        if entered:
+            counters.kernel_seen(self._tc_name, _library_class(self), covered=True)
+        elif ok:
+            cls = _library_class(self)
+            why = f"{cls.__module__}.{cls.__qualname__}.run returned without calling Autotuner.run"
+            _report_uncovered(self._tc_name, cls, why)
+            self._tc_record_uncovered(args, kwargs)
+        else:  # failed before reaching the base class: observe the next call
+            self.__dict__.setdefault("run", functools.partial(_first_run, self))
+
+
+def _report_uncovered(name: str, cls: type, why: str) -> None:
+    counters.kernel_seen(name, cls, covered=False, why=why)
+    counters.warn_once(
+        name,
+        "uncovered",
+        "tunecache: %s (%s): not served by tunecache: %s. Its configs are chosen and benchmarked as "
+        "that class does, and nothing is stored for it.",
+        name,
+        cls.__qualname__,
+        why,
+    )
+
+
+__all__ = [
+    "BASE_INIT",
+    "BASE_RUN",
+    "TunecacheAutotuner",
+    "adopt",
+    "adopted",
+    "capturing",
+    "covering_class",
+    "covering_init",
+    "covering_run",
+    "driver_change_policy",
+    "preload_enabled",
+    "release",
+    "winner_tolerance",
+]

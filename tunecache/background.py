@@ -49,6 +49,12 @@ def register(tuner: Tuner) -> None:
     _tuners.add(tuner)
 
 
+def unregister(tuner: Tuner) -> None:
+    """Forget ``tuner`` (``uninstall()`` released it to Triton)."""
+    _tuners.discard(tuner)
+    _autoload.discard(tuner)
+
+
 def tuners() -> list[Any]:
     """Every tunecache autotuner of this process still alive."""
     return list(_tuners)

@@ -385,24 +385,32 @@ def _failure_text(f: dict[str, Any] | None) -> str:
 @json_option
 @click.pass_context
 def stats(ctx: click.Context, as_json: bool) -> None:
-    """Per-kernel hits, misses, benchmarks and seconds saved (persisted by every process), and the
-    count and bytes of its stored binaries."""
+    """Per-kernel hits, misses, benchmarks and seconds saved (persisted by every process), the count
+    and bytes of its stored binaries, and which kernels tunecache saw but could not serve
+    (``covered`` false; see ``tunecache misses``)."""
     store = _open(ctx)
-    rows = store.kernel_stats()
+    rows = [{**r, "covered": True} for r in store.kernel_stats()]
+    zero = {"hits": 0, "misses": 0, "benchmarks": 0, "bench_seconds": 0.0, "saved_seconds": 0.0, "updated_at": None}
     usage = store.binary_usage()
-    counters = ("hits", "misses", "benchmarks", "bench_seconds", "saved_seconds")
-    rows += [
-        {"kernel": k, **dict.fromkeys(counters, 0), "updated_at": None}
-        for k in usage
-        if k not in {r["kernel"] for r in rows}
-    ]  # binaries of a kernel that no process has counted yet (an imported store)
+    known = {r["kernel"]: r for r in rows}
+    for k in usage:  # binaries of a kernel that no process has counted yet (an imported store)
+        if k not in known:
+            known[k] = {"kernel": k, **zero, "covered": True}
+            rows.append(known[k])
+    uncovered = sorted({m["kernel"] for m in store.list_misses() if m["reason"] == "uncovered"})
+    for k in uncovered:
+        if k in known:
+            known[k]["covered"] = False  # served in some processes (another version?), not in others
+        else:
+            rows.append({"kernel": k, **zero, "covered": False})
     for r in rows:
         r["binaries"], r["binary_bytes"] = usage.get(r["kernel"], (0, 0))
+    rows.sort(key=lambda r: r["kernel"])
     if as_json:
         _json_out(rows)
         return
     _table(
-        ["KERNEL", "HITS", "MISSES", "BENCHMARKS", "BENCH_S", "SAVED_S", "BINARIES", "BIN_BYTES"],
+        ["KERNEL", "HITS", "MISSES", "BENCHMARKS", "BENCH_S", "SAVED_S", "BINARIES", "BIN_BYTES", "COVERED"],
         (
             [
                 r["kernel"],
@@ -413,17 +421,23 @@ def stats(ctx: click.Context, as_json: bool) -> None:
                 f"{r['saved_seconds']:.1f}",
                 r["binaries"],
                 r["binary_bytes"],
+                "yes" if r["covered"] else "NO",
             ]
             for r in rows
         ),
     )
+    n_cov = sum(r["covered"] for r in rows)
+    click.echo(f"kernels seen: {len(rows)}, covered by tunecache: {n_cov}")
+    if n_cov < len(rows):
+        click.echo("not covered: their autotuner never reached Autotuner.run (the process logged why once)")
 
 
 @main.command()
 @json_option
 @click.pass_context
 def misses(ctx: click.Context, as_json: bool) -> None:
-    """Keys that missed during a CUDA graph capture or in offline mode: tune them next image build."""
+    """Keys that missed during a CUDA graph capture or in offline mode (tune them next image build), and
+    the first key of kernels tunecache could not serve (reason ``uncovered``)."""
     store = _open(ctx)
     rows = store.list_misses()
     if as_json:

@@ -32,6 +32,8 @@ COUNTERS = (
     "poisoned",
     "preloaded",
     "preload_skipped",
+    "kernels_seen",
+    "kernels_covered",
 )
 
 #: The counters a store keeps per kernel (table ``kernel_stats``).
@@ -41,6 +43,7 @@ _lock = threading.Lock()
 _counters: Counter[str] = Counter()
 _warned: set[tuple[str, str]] = set()
 _warned_lock = threading.Lock()
+_coverage: dict[str, dict[str, Any]] = {}  # kernel -> its class, covered, why not (see coverage())
 
 
 def stats() -> dict[str, float]:
@@ -53,6 +56,7 @@ def stats() -> dict[str, float]:
 def reset_stats() -> None:
     with _lock:
         _counters.clear()
+        _coverage.clear()
 
 
 def count(kernel: str | None, store: Any, **deltas: float) -> None:
@@ -65,6 +69,24 @@ def count(kernel: str | None, store: Any, **deltas: float) -> None:
         persisted = {k: v for k, v in deltas.items() if k in PERSISTED}
         if persisted:
             writeback.add_stats(store, kernel, persisted)
+
+
+def kernel_seen(kernel: str, cls: type, covered: bool, why: str | None = None) -> None:
+    """A kernel's first call in this process, and whether it reached tunecache's hooks (counted once
+    per kernel: ``kernels_seen``, ``kernels_covered``; see :func:`coverage`)."""
+    with _lock:
+        if kernel in _coverage:
+            return
+        _coverage[kernel] = {"class": f"{cls.__module__}.{cls.__qualname__}", "covered": covered, "why": why}
+        _counters["kernels_seen"] += 1
+        _counters["kernels_covered"] += int(covered)
+
+
+def coverage() -> dict[str, dict[str, Any]]:
+    """Every kernel this process launched through an Autotuner tunecache saw: ``{name: {"class",
+    "covered", "why"}}``; ``why`` says what kept an uncovered one from tunecache."""
+    with _lock:
+        return {k: dict(v) for k, v in _coverage.items()}
 
 
 def warn_once(kernel: str, what: str, msg: str, *args: Any) -> None:

@@ -1,10 +1,12 @@
 """How code gets a tunecache autotuner: the ``@tunecache.autotune`` decorator, ``install()`` for
-third-party kernels decorated with plain ``@triton.autotune``, and ``load_winners()`` for every
-kernel defined so far.
+every other Autotuner of the process (plain ``@triton.autotune``, libraries' own subclasses), and
+``load_winners()`` for every kernel defined so far.
 """
 
 from __future__ import annotations
 
+import functools
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -71,36 +73,58 @@ def load_winners(device: int | None = None) -> int:
     return sum(t.load_winners(device) for t in background.tuners())
 
 
-_originals: dict[str, Any] = {}
+_originals: dict[str, Any] = {}  # Autotuner's own attributes that install() replaced
+_MISSING = object()
+_install_lock = threading.Lock()
+
+
+def _patch(base: Any, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` in ``base``'s place, looking like it (name, docstring, signature) to code that inspects it."""
+
+    def patched(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return fn(self, *args, **kwargs)
+
+    functools.update_wrapper(patched, base)
+    return patched
 
 
 def install() -> None:
-    """Make ``triton.autotune`` build tunecache autotuners, so unmodified third-party kernels
-    decorated after this call use the store. Idempotent."""
-    import triton
-    import triton.runtime
-    import triton.runtime.autotuner as at
+    """Serve every Triton Autotuner of this process from the store, with no change to the code that
+    builds them: ``triton.autotune`` however it was imported, Autotuners constructed directly,
+    libraries' own subclasses (their methods run first; their ``super()`` calls reach tunecache),
+    and instances built before this call (adopted at their next launch). Patches the base class's
+    ``__init__`` and ``run`` only; :func:`uninstall` puts them back. Idempotent.
 
-    if _originals:
-        return
-    _originals.update(triton=triton.autotune, runtime=triton.runtime.autotune, autotuner=at.autotune)
-    triton.autotune = autotune
-    triton.runtime.autotune = autotune
-    at.autotune = autotune
+    ``TUNECACHE_INSTALL=1`` does this in every Python process at start (see ``_tunecache_startup``).
+    """
+    from tunecache import autotuner as tc
+
+    with _install_lock:
+        if _originals:
+            return
+        for name, fn in (("__init__", tc.covering_init), ("run", tc.covering_run)):
+            base = Autotuner.__dict__.get(name, _MISSING)
+            _originals[name] = base
+            setattr(Autotuner, name, _patch(getattr(Autotuner, name), fn))
 
 
 def uninstall() -> None:
-    """Undo :func:`install`; kernels decorated meanwhile keep their tunecache autotuner."""
-    import triton
-    import triton.runtime
-    import triton.runtime.autotuner as at
+    """Undo :func:`install`: Autotuner's own ``__init__`` and ``run`` back (the very objects), and every
+    instance it adopted back to its own class and ``cache_results``. Kernels built with
+    ``tunecache.autotune`` stay tunecache's."""
+    from tunecache import autotuner as tc
 
-    if not _originals:
-        return
-    triton.autotune = _originals["triton"]
-    triton.runtime.autotune = _originals["runtime"]
-    at.autotune = _originals["autotuner"]
-    _originals.clear()
+    with _install_lock:
+        if not _originals:
+            return
+        for name, base in _originals.items():
+            if base is _MISSING:
+                delattr(Autotuner, name)
+            else:
+                setattr(Autotuner, name, base)
+        _originals.clear()
+        for t in tc.adopted():
+            tc.release(t)
 
 
 def installed() -> bool:

@@ -177,6 +177,12 @@ SETTINGS: dict[str, Setting] = {
             "a config this close to the fastest that wins other keys is chosen",
         ),
         Setting("TUNECACHE_HOST_ID", None, _text, "the host recorded in rows; unset: the hostname"),
+        Setting(
+            "TUNECACHE_INSTALL",
+            "0",
+            _switch,
+            "every Python process runs tunecache.install() when it imports Triton (the .pth start-up hook)",
+        ),
         Setting("TUNECACHE_CPU_BENCH_REPS", "3", _count(1), "repetitions of the CPU timer under TRITON_INTERPRET=1"),
         Setting(
             "TUNECACHE_TARGET_OVERRIDE", None, _json_object, "JSON object replacing detected target fields (tests)"

@@ -1,0 +1,93 @@
+"""Interpreter start-up hook of tunecache (``tunecache-install.pth`` imports this where
+``TUNECACHE_INSTALL`` is set).
+
+With ``TUNECACHE_INSTALL`` set, every Python process serves every Triton Autotuner it builds from the
+store, with no code change: servers, their spawned tensor-parallel workers, scripts. This module
+only puts a finder on ``sys.meta_path``; it never imports Triton, torch or tunecache. When something
+imports ``triton``, the finder calls ``tunecache.install()`` right after Triton's package finished
+initialising, before any library can build an Autotuner from it.
+
+Unset (the default) it costs one environment lookup in the .pth line, which then imports nothing:
+that line and the check below are the only reads of a ``TUNECACHE_*`` variable outside
+``tunecache.settings``, for speed (importing ``tunecache`` costs about 0.2 s; even importing this
+module, ~2 ms), and tests/test_settings.py allows exactly these. The value is parsed by
+``tunecache.settings`` when Triton is imported: ``TUNECACHE_INSTALL=0`` installs nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# No other import: ``typing`` alone would cost every Python process ~8 ms (measured: scripts/bench_library.py).
+
+
+class _Loader:
+    """Triton's own loader, then ``install()``; every other attribute is the wrapped loader's."""
+
+    def __init__(self, loader: object) -> None:
+        self._loader = loader
+
+    def create_module(self, spec: object) -> object:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: object) -> None:
+        module.__loader__ = module.__spec__.loader = self._loader  # the module keeps Triton's loader
+        self._loader.exec_module(module)
+        _install()
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._loader, name)
+
+
+class _Finder:
+    """Finds nothing itself: wraps the loader of the ``triton`` package that the other finders find."""
+
+    def find_spec(self, name: str, path: object = None, target: object = None) -> object:
+        if name != "triton":
+            return None
+        _remove()
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            spec = find(name, path, target) if find is not None else None
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _Loader(spec.loader)
+                return spec
+        return None
+
+
+_finder = _Finder()
+
+
+def _remove() -> None:
+    if _finder in sys.meta_path:
+        sys.meta_path.remove(_finder)
+
+
+def _install() -> None:
+    """``tunecache.install()`` if ``TUNECACHE_INSTALL`` says so; a failure is logged, never raised:
+    a broken start-up hook must not break every import of Triton."""
+    try:
+        from tunecache import settings
+
+        if settings.get("TUNECACHE_INSTALL"):
+            from tunecache.decorator import install
+
+            install()
+    except Exception as e:  # noqa: BLE001
+        import logging
+
+        logging.getLogger("tunecache").warning("tunecache: TUNECACHE_INSTALL: not installed: %r", e)
+
+
+def activate() -> None:
+    """Install when Triton is imported (at once if it is already)."""
+    if "triton" in sys.modules:
+        _install()
+    elif _finder not in sys.meta_path:
+        sys.meta_path.insert(0, _finder)
+
+
+if os.environ.get("TUNECACHE_INSTALL"):
+    activate()

@@ -1,0 +1,343 @@
+#!/usr/bin/env python3
+"""Issue 14: tunecache with a real library's own autotuners (fla-core), and the .pth hook's cost.
+
+    python3 scripts/bench_library.py --out DIR             # on the H200: everything below
+    python3 scripts/bench_library.py --out DIR --pth-only  # any machine: the start-up hook's cost only
+
+fla-core (flash-linear-attention, 0.6.0) builds most of its autotuners as its own
+``CachedAutotuner(Autotuner)``, constructed directly, never through ``triton.autotune``. Forward
+passes of ``chunk_gated_delta_rule``, ``fused_recurrent_gated_delta_rule`` and ``chunk_gla`` at
+T = 256, 1024, 4096 (B=1, H=16, K=V=128, bf16), fla's own per-host cache off (FLA_CACHE_RESULTS=0),
+each start a fresh process, cubins cached (one stock start first fills the Triton cache):
+
+  stock-cold         stock Triton, empty Triton cache (fills it; reported, not a target)
+  stock-restart      stock Triton, cubins cached: every autotuner benchmarks again
+  tunecache-first    TUNECACHE_INSTALL=1 (the .pth hook; no tunecache in the child's code), empty store
+  tunecache-restart  the same, store filled: target 0 configs benchmarked, of ANY autotuner class
+
+Every child times its passes twice: the first (the start) and again in the same process with every
+winner known ("second call"); target: a tunecache restart's first passes within 1.1x of that second
+call. Benchmarks are counted per autotuner class by wrapping Triton's own ``Autotuner._bench`` at
+the class level in the child (``+tunecache`` marks a class tunecache serves), so a benchmark that
+tunecache does not see is counted too.
+
+The .pth hook: where tunecache-install.pth is not in the interpreter's site-packages (tunecache on
+PYTHONPATH, not pip-installed), each tunecache child processes a copy of it with
+``site.addsitedir`` as its first statement: the same line the interpreter runs at start. The JSON
+says which ("activation").
+
+Start-up cost: ``python -c pass`` in a bare venv vs one with the hook installed, TUNECACHE_INSTALL
+unset and set, interleaved (side by side), medians and ratios to bare; and ``import triton`` unset vs
+set (set: tunecache is imported and installed there).
+
+Writes DIR/bench_library.json and DIR/bench_library.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import site
+import statistics
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PTH = ROOT / "tunecache-install.pth"
+STARTUP = ROOT / "_tunecache_startup.py"
+SEQ_LENS = (256, 1024, 4096)
+OPS = ("chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "chunk_gla")
+
+CHILD = r"""
+import json, os, sys, time
+if os.environ.get("BENCH_ADDSITEDIR"):
+    import site
+    site.addsitedir(os.environ["BENCH_ADDSITEDIR"])  # runs tunecache-install.pth, as interpreter start does
+import torch, triton
+import torch.nn.functional as F
+from triton.runtime.autotuner import Autotuner
+
+counts = {}
+base_bench = Autotuner._bench
+
+def counting(self, *args, **kwargs):
+    cls = type(self)
+    tc = any(c.__name__ == "TunecacheAutotuner" for c in cls.__mro__)
+    name = cls.__name__ + ("+tunecache" if tc else "")
+    counts[name] = counts.get(name, 0) + 1
+    return base_bench(self, *args, **kwargs)
+
+Autotuner._bench = counting
+import fla.ops as ops  # builds its autotuners (CachedAutotuner, triton.autotune) here
+
+B, H, K, V = 1, 16, 128, 128
+dev, dt = "cuda", torch.bfloat16
+gen = torch.Generator(device=dev).manual_seed(0)
+inputs = {}
+for T in SEQ_LENS:
+    r = lambda *s: torch.randn(*s, device=dev, generator=gen)
+    q = F.normalize(r(B, T, H, K), dim=-1).to(dt)
+    k = F.normalize(r(B, T, H, K), dim=-1).to(dt)
+    v = r(B, T, H, V).to(dt)
+    g = F.logsigmoid(r(B, T, H)).float()
+    gk = F.logsigmoid(r(B, T, H, K)).to(dt)
+    beta = torch.sigmoid(r(B, T, H)).to(dt)
+    inputs[T] = (q, k, v, g, gk, beta)
+
+def passes():
+    outs = {}
+    with torch.no_grad():
+        for T, (q, k, v, g, gk, beta) in inputs.items():
+            o1, _ = ops.chunk_gated_delta_rule(q, k, v, g, beta)
+            o2, _ = ops.fused_recurrent_gated_delta_rule(q, k, v, g=g, beta=beta)
+            o3, _ = ops.chunk_gla(q, k, v, gk)
+            outs[T] = (o1, o2, o3)
+    torch.cuda.synchronize()
+    return outs
+
+torch.cuda.synchronize()
+t0 = time.perf_counter()
+first = passes()
+t_first = time.perf_counter() - t0
+benched_first = dict(counts)
+t0 = time.perf_counter()
+second = passes()
+t_second = time.perf_counter() - t0
+same = all(torch.equal(a, b) for T in first for a, b in zip(first[T], second[T]))
+finite = all(bool(torch.isfinite(o.float()).all()) for T in first for o in first[T])
+classes = {}
+import gc
+for obj in gc.get_objects():
+    if isinstance(obj, Autotuner):
+        cls = type(obj)
+        tc = any(c.__name__ == "TunecacheAutotuner" for c in cls.__mro__)
+        n = cls.__name__ + ("+tunecache" if tc else "")
+        classes[n] = classes.get(n, 0) + 1
+out = {
+    "first_s": t_first,
+    "second_s": t_second,
+    "benchmarks_by_class": benched_first,
+    "benchmarks": sum(benched_first.values()),
+    "benchmarks_second_call": sum(counts.values()) - sum(benched_first.values()),
+    "autotuners_by_class": classes,
+    "outputs_finite": finite,
+    "second_call_same_outputs": same,
+    "tunecache_imported": "tunecache" in sys.modules,
+}
+if "tunecache" in sys.modules:
+    import tunecache
+    from tunecache import decorator
+    tunecache.flush()
+    out["tunecache_installed"] = decorator.installed()
+    out["tunecache_stats"] = tunecache.stats()
+    cov = tunecache.coverage()
+    out["kernels_covered"] = sum(c["covered"] for c in cov.values())
+    out["kernels_uncovered"] = {k: c["why"] for k, c in cov.items() if not c["covered"]}
+print("RESULT " + json.dumps(out))
+"""
+
+
+def _pth_in_site() -> bool:
+    dirs = {sysconfig.get_paths()["purelib"], *site.getsitepackages()}
+    with_user = dirs | {site.getusersitepackages()} if site.ENABLE_USER_SITE else dirs
+    return any((Path(d) / PTH.name).exists() for d in with_user)
+
+
+def _child(env: dict[str, str], timeout: float) -> dict:
+    code = CHILD.replace("SEQ_LENS", repr(SEQ_LENS))
+    r = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=str(ROOT),
+    )
+    line = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
+    if r.returncode != 0 or not line:
+        return {"error": f"exit {r.returncode}", "stderr": r.stderr[-4000:]}
+    out = json.loads(line[-1][7:])
+    warned = [ln for ln in r.stderr.splitlines() if "tunecache" in ln]
+    out["tunecache_log"] = warned[-20:]
+    return out
+
+
+def gpu_phases(out_dir: Path, timeout: float) -> dict:
+    store = out_dir / "store.sqlite3"
+    for p in (store, Path(f"{store}-wal"), Path(f"{store}-shm")):
+        p.unlink(missing_ok=True)
+    triton_cache = out_dir / "triton-cache"
+    shutil.rmtree(triton_cache, ignore_errors=True)
+    base = {
+        "FLA_CACHE_RESULTS": "0",
+        "TRITON_CACHE_DIR": str(triton_cache),
+        "TUNECACHE_URL": f"sqlite:///{store}",
+        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
+        "TUNECACHE_INSTALL": "",
+    }
+    tc = {**base, "TUNECACHE_INSTALL": "1"}
+    if _pth_in_site():
+        activation = "tunecache-install.pth in site-packages"
+    else:
+        hook_dir = out_dir / "pth-site"
+        hook_dir.mkdir(exist_ok=True)
+        shutil.copy(PTH, hook_dir / PTH.name)
+        tc["BENCH_ADDSITEDIR"] = str(hook_dir)
+        activation = "tunecache-install.pth through site.addsitedir (tunecache not pip-installed here)"
+    phases = {}
+    for name, env in (
+        ("stock-cold", base),
+        ("stock-restart", base),
+        ("tunecache-first", tc),
+        ("tunecache-restart", tc),
+    ):
+        t0 = time.perf_counter()
+        phases[name] = _child(env, timeout)
+        phases[name]["process_s"] = time.perf_counter() - t0
+        brief = {k: phases[name].get(k) for k in ("benchmarks", "benchmarks_by_class", "first_s", "second_s")}
+        print(f"{name}: {json.dumps(brief)}", flush=True)
+    r = phases.get("tunecache-restart", {})
+    targets = {}
+    if "first_s" in r:
+        targets = {
+            "restart_benchmarks_any_class": r["benchmarks"],
+            "restart_first_over_second_call": r["first_s"] / r["second_s"],
+            "zero_benchmarks_met": r["benchmarks"] == 0,
+            "within_1_1x_met": r["first_s"] <= 1.1 * r["second_s"],
+        }
+    return {"activation": activation, "phases": phases, "targets": targets}
+
+
+# ---- the start-up hook's cost ----------------------------------------------------------------------
+
+
+def _venv(where: Path, hooked: bool) -> Path:
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(where)], check=True)
+    py = where / "bin" / "python"
+    purelib = subprocess.run(
+        [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    # Lends this interpreter's packages (triton, torch, sqlalchemy...) and the checkout's tunecache
+    # to both venvs alike; .pth files inside the lent directories are not run.
+    lent = [p for p in sys.path if p.endswith("site-packages") and Path(p).is_dir()] + [str(ROOT)]
+    Path(purelib, "lend.pth").write_text("".join(f"{p}\n" for p in lent))
+    if hooked:
+        shutil.copy(PTH, Path(purelib, PTH.name))
+        shutil.copy(STARTUP, Path(purelib, STARTUP.name))
+    return py
+
+
+def _timed(py: Path, code: str, env: dict[str, str]) -> float:
+    t0 = time.perf_counter()
+    subprocess.run([str(py), "-c", code], env=env, check=True, capture_output=True)
+    return time.perf_counter() - t0
+
+
+def pth_cost(reps: int, triton_reps: int) -> dict:
+    tmp = Path(tempfile.mkdtemp(prefix="tc-pth-"))
+    try:
+        bare, hooked = _venv(tmp / "bare", False), _venv(tmp / "hooked", True)
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TUNECACHE_INSTALL")}
+        env.setdefault("TRITON_INTERPRET", "1")  # import triton needs no GPU either way
+        on = {**env, "TUNECACHE_INSTALL": "1"}
+        check = "import sys, triton.runtime.autotuner as a; assert hasattr(a.Autotuner.__init__, '__wrapped__')"
+        subprocess.run([str(hooked), "-c", check], env=on, check=True)  # the hook really installs
+        variants = {
+            "bare: python -c pass": (bare, "pass", env),
+            "hook, TUNECACHE_INSTALL unset": (hooked, "pass", env),
+            "hook, TUNECACHE_INSTALL=1": (hooked, "pass", on),
+        }
+        triton_variants = {
+            "bare: import triton": (bare, "import triton", env),
+            "hook, unset: import triton": (hooked, "import triton", env),
+            "hook, TUNECACHE_INSTALL=1: import triton (installs)": (hooked, "import triton", on),
+        }
+        out = {}
+        for group, n in ((variants, reps), (triton_variants, triton_reps)):
+            times: dict[str, list[float]] = {k: [] for k in group}
+            for py, code, e in group.values():  # warm the page cache
+                _timed(py, code, e)
+            for i in range(n):
+                names = list(group)
+                names = names[i % len(names) :] + names[: i % len(names)]  # rotate: side by side
+                for name in names:
+                    py, code, e = group[name]
+                    times[name].append(_timed(py, code, e))
+            first = statistics.median(times[next(iter(group))])
+            for name, ts in times.items():
+                med = statistics.median(ts)
+                out[name] = {
+                    "median_ms": round(med * 1e3, 2),
+                    "p10_ms": round(sorted(ts)[len(ts) // 10] * 1e3, 2),
+                    "p90_ms": round(sorted(ts)[(len(ts) * 9) // 10] * 1e3, 2),
+                    "runs": len(ts),
+                    "ratio_to_bare": round(med / first, 3),
+                }
+        return out
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def markdown(result: dict) -> str:
+    lines = ["# bench_library", ""]
+    g = result.get("gpu")
+    if g:
+        lines += [
+            f"activation: {g['activation']}",
+            "",
+            "| start | configs benchmarked | by autotuner class | passes (first) | passes (second call) |",
+            "| --- | --- | --- | --- | --- |",
+        ]
+        for name, p in g["phases"].items():
+            if "error" in p:
+                lines.append(f"| {name} | error: {p['error']} | | | |")
+                continue
+            by = ", ".join(f"`{k}` {v}" for k, v in sorted(p["benchmarks_by_class"].items())) or "-"
+            lines.append(f"| {name} | {p['benchmarks']} | {by} | {p['first_s']:.2f} s | {p['second_s']:.2f} s |")
+        lines += ["", f"targets: {json.dumps(g['targets'])}", ""]
+    lines += ["| start-up | median | p10-p90 | ratio to bare |", "| --- | --- | --- | --- |"]
+    for name, s in result["pth"].items():
+        lines.append(f"| {name} | {s['median_ms']} ms | {s['p10_ms']}-{s['p90_ms']} ms | {s['ratio_to_bare']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--pth-only", action="store_true", help="only the start-up hook's cost (any machine)")
+    ap.add_argument("--reps", type=int, default=40, help="runs of each `python -c pass` variant")
+    ap.add_argument("--triton-reps", type=int, default=8, help="runs of each `import triton` variant")
+    ap.add_argument("--timeout", type=float, default=540.0, help="seconds per fla child")
+    a = ap.parse_args()
+    a.out.mkdir(parents=True, exist_ok=True)
+    result: dict = {"python": sys.version.split()[0]}
+    if not a.pth_only:
+        import torch
+        import triton
+
+        result.update(triton=triton.__version__, torch=torch.__version__, device=torch.cuda.get_device_name())
+        try:
+            import fla
+
+            result["fla"] = getattr(fla, "__version__", "?")
+        except ImportError as e:
+            sys.exit(f"fla-core is not importable ({e}): pip install fla-core==0.6.0 einops")
+        result["gpu"] = gpu_phases(a.out, a.timeout)
+    result["pth"] = pth_cost(a.reps, a.triton_reps)
+    (a.out / "bench_library.json").write_text(json.dumps(result, indent=2))
+    (a.out / "bench_library.md").write_text(markdown(result))
+    print(markdown(result))
+
+
+if __name__ == "__main__":
+    main()
