@@ -189,8 +189,8 @@ def record_companions(tuner: Any, *fns: Any, store: Store | None = None) -> int:
         specs = preload.capture(fn, any_config, COMPANION_CONFIG)
         if not specs:
             continue
-        store.put_specs(tuner.kernel_name, tuner.identity.source_hash, target, specs)
-        n += upload(store, fn, tuner.kernel_name, tuner.identity.source_hash, specs)
+        store.put_specs(tuner.identity.name, tuner.identity.source_hash, target, specs)
+        n += upload(store, fn, tuner.identity.name, tuner.identity.source_hash, specs)
     return n
 
 
