@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from alembic import context
 
-from tunecache.store import metadata, resolve_url
+from tunecache.schema import metadata
+from tunecache.store import resolve_url
 
 config = context.config
 connection = config.attributes.get("connection")

@@ -405,7 +405,7 @@ def test_poisoned_stored_winner_is_marked_and_retuned(sqlite_url, caplog):
     # Make the stored winner a config that cannot compile: BLOCK=3 is not a power of two.
     import sqlalchemy as sa
 
-    from tunecache.store import configs as ctab
+    from tunecache.schema import configs as ctab
 
     poisoned = next(r for r in p.configs if r.config_hash != p.winner_config_hash)
     with store.engine.begin() as c:

@@ -24,7 +24,8 @@ import tunecache
 from tunecache import autotuner as at
 from tunecache import store as store_mod
 from tunecache.identity import config_identity
-from tunecache.store import ConfigResult, leases, open_store, replace
+from tunecache.schema import leases
+from tunecache.store import ConfigResult, open_store, replace
 from tunecache.target import hostname
 
 

@@ -178,7 +178,8 @@ def test_lease_of_a_dead_local_process_is_taken_over(store_url):
     dead.wait()
     import sqlalchemy as sa
 
-    from tunecache.store import lease_host, leases
+    from tunecache.schema import leases
+    from tunecache.store import lease_host
 
     # As a process of this host and PID namespace writes it (see test_leases.py for the others).
     with s.engine.begin() as c:
@@ -277,7 +278,7 @@ def test_upgrade_from_previous_revision_keeps_data(store_url):
     assert s.revision() == "0001"
     import sqlalchemy as sa
 
-    from tunecache.store import configs, problems
+    from tunecache.schema import configs, problems
 
     p = problem(3)
     from tunecache.model import utcnow
@@ -325,7 +326,8 @@ def test_mysql_store_works(mysql_url):
 def test_schema_constants_match_alembic_scripts():
     from alembic.script import ScriptDirectory
 
-    from tunecache.store import SCHEMA_HEAD, SCHEMA_REVISIONS, _alembic_config
+    from tunecache.schema import SCHEMA_HEAD, SCHEMA_REVISIONS
+    from tunecache.store import _alembic_config
 
     sd = ScriptDirectory.from_config(_alembic_config())
     assert sd.get_current_head() == SCHEMA_HEAD
