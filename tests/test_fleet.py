@@ -19,7 +19,8 @@ import pytest
 import sqlalchemy as sa
 from conftest import HERE, PG_URL, run_procs
 
-from tunecache.store import head_revision, open_store, resolve_url
+from tunecache.engine import resolve_url
+from tunecache.store import head_revision, open_store
 
 SCRIPTS = HERE.parent / "scripts"
 

@@ -21,10 +21,11 @@ import click
 import orjson
 
 from tunecache import settings
+from tunecache.engine import mask_raw
 from tunecache.errors import StoreReadOnlyError, TunecacheError
 from tunecache.model import Problem, config_to_json, problem_to_json, utcnow
 from tunecache.settings import current_mode
-from tunecache.store import Store, connect, mask_raw, open_store
+from tunecache.store import Store, connect, open_store
 
 log = logging.getLogger("tunecache")
 
