@@ -295,7 +295,7 @@ def ls_cmd(
 ) -> None:
     """List stored problems, newest first."""
     store = _open(ctx)
-    found = store.list(with_configs=True, **_filters(kernel, arch, device, driver))
+    found = store.find_problems(with_configs=True, **_filters(kernel, arch, device, driver))
     if limit:
         found = found[:limit]
     if as_json:
@@ -389,7 +389,7 @@ def stats(ctx: click.Context, as_json: bool) -> None:
     """Per-kernel hits, misses, benchmarks and seconds saved (persisted by every process), and the
     count and bytes of its stored binaries."""
     store = _open(ctx)
-    rows = store.kernel_stats()
+    rows = store.kernel_counters()
     usage = store.binary_usage()
     counters = ("hits", "misses", "benchmarks", "bench_seconds", "saved_seconds")
     rows += [

@@ -407,10 +407,10 @@ class Store:
             q = self._select_full().where(problems.c.digest.like(prefix + "%")).order_by(problems.c.digest)
             return self._rows_to_problems(conn.execute(q))
 
-    def list(self, *, with_configs: bool = False, limit: int | None = None, **filters: Any) -> list[Problem]:
+    def find_problems(self, *, with_configs: bool = False, limit: int | None = None, **filters: Any) -> list[Problem]:
         """Problems matching filters (see :func:`filter_clauses`), newest first."""
         where = filter_clauses(**filters)
-        with self._read("list") as conn:
+        with self._read("find_problems") as conn:
             if with_configs:
                 q = self._select_full().where(*where).order_by(problems.c.updated_at.desc(), problems.c.digest)
             else:
@@ -578,7 +578,7 @@ class Store:
         where = filter_clauses(**filters)
         if not where:
             raise ValueError("refusing to delete every problem without a filter")
-        found = self.list(**filters)
+        found = self.find_problems(**filters)
         if dry_run or not found:
             return found
         digests = [p.digest for p in found]
@@ -633,7 +633,7 @@ class Store:
         if conn.execute(update).rowcount == 0 and not self._inserted(conn, table, row):
             conn.execute(update)
 
-    def kernel_stats(self) -> list[dict[str, Any]]:
+    def kernel_counters(self) -> list[dict[str, Any]]:
         with self._read("stats") as conn:
             rows = conn.execute(sa.select(kernel_stats).order_by(kernel_stats.c.kernel)).mappings().all()
         return [{str(k): v for k, v in r.items()} for r in rows]

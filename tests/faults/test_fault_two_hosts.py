@@ -226,7 +226,7 @@ def test_two_hosts_killed_holder_is_taken_over_after_lease_expiry(pg_cluster, tw
     assert r["stats"]["lease_takeovers"] == 1 and r["stats"]["benchmarks"] == N_CONFIGS
     takeover = [m for m in log_lines(r) if "took over" in m]
     assert len(takeover) == 1 and HOSTS[0] in takeover[0] and "expired" in takeover[0], takeover
-    p = open_store(url).list(with_configs=True)
+    p = open_store(url).find_problems(with_configs=True)
     assert len(p) == 1 and p[0].host == HOSTS[1] and len(p[0].configs) == N_CONFIGS
     fault_report.update(
         isolated=two_hosts.isolated,
