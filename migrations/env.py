@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from alembic import context
 
-from tunecache.store import metadata, resolve_url
+from tunecache.engine import resolve_url
+from tunecache.schema import metadata
 
 config = context.config
 connection = config.attributes.get("connection")
@@ -15,9 +16,9 @@ if context.is_offline_mode():
         context.run_migrations()
 elif connection is None:
     # Plain `alembic upgrade head` from a checkout: open the store's URL ourselves.
-    from tunecache.store import _make_engine
+    from tunecache.engine import make_engine
 
-    engine = _make_engine(resolve_url(), readonly=False)
+    engine = make_engine(resolve_url(), readonly=False)
     with engine.connect() as conn:
         context.configure(connection=conn, target_metadata=metadata, render_as_batch=True)
         with context.begin_transaction():

@@ -33,8 +33,10 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from tunecache.engine import resolve_url
 from tunecache.identity import canonical_json, config_hash_of, problem_digest, search_space_hash, sha256_hex
-from tunecache.store import configs, open_store, problems, resolve_url
+from tunecache.schema import configs, problems
+from tunecache.store import open_store
 from tunecache.target import Target
 
 PG_URL = os.environ.get("TUNECACHE_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")

@@ -369,7 +369,7 @@ def main() -> None:
     from pgbouncer import PgBouncer
     from pgcluster import PgCluster, private_cluster_available
 
-    from tunecache.store import resolve_url
+    from tunecache.engine import resolve_url
 
     why = private_cluster_available()
     if why:

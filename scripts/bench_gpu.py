@@ -349,7 +349,7 @@ def child_oor(args: dict) -> dict:
 
     s = open_store(args["url"])
     rows = []
-    for p in s.list(with_configs=True):
+    for p in s.find_problems(with_configs=True):
         rows += [
             dict(bucket=p.batch_bucket, config=r.config, failure=r.failure)
             for r in p.configs

@@ -137,7 +137,7 @@ def moment(name: str, url: str) -> dict:
     out = wait(pid, r)
     if url.startswith("sqlite"):
         tunecache.flush()
-        out["stored_problems"] = len(open_store(url).list())
+        out["stored_problems"] = len(open_store(url).find_problems())
     return out
 
 
@@ -196,7 +196,7 @@ def hits(url: str, exit_how: str) -> dict:
     k2 = tinykernels.make_add(store=url)
     tinykernels.launch(k2, 64)  # a hit: queued in the parent, not written yet
     s = open_store(url)
-    p = s.list(with_configs=True)[0]
+    p = s.find_problems(with_configs=True)[0]
     assert s.get(p.digest).hit_count == 0 and writeback.pending_hits() == 1
     extra = replace(p, digest="f" * 64, key_json='[["N", 12345]]')
 

@@ -126,7 +126,7 @@ def test_added_config_benchmarks_only_the_new_one(sqlite_url):
     k2 = tinykernels.make_add(configs=tinykernels.CONFIGS[:5], store=sqlite_url)
     tinykernels.launch(k2, 100)
     assert tunecache.stats()["benchmarks"] == 1
-    p = open_store(sqlite_url).list(with_configs=True)[0]
+    p = open_store(sqlite_url).find_problems(with_configs=True)[0]
     assert len(p.configs) == 5
     tunecache.reset_stats()
     k3 = tinykernels.make_add(configs=tinykernels.CONFIGS[1:3], store=sqlite_url)  # a subset: all known
@@ -161,7 +161,7 @@ def test_failed_config_is_recorded_and_never_compiled_again(sqlite_url):
         return Spy(kern, kern.arg_names, configs, ["N"], None, None, do_bench=bench, store=sqlite_url)
 
     assert tinykernels.launch(make(), 50).kwargs["BLOCK"] == 32
-    p = open_store(sqlite_url).list(with_configs=True)[0]
+    p = open_store(sqlite_url).find_problems(with_configs=True)[0]
     rows = {r.config["kwargs"]["BLOCK"]: r for r in p.configs}
     assert rows[64].status == "out_of_resources"
     assert rows[64].failure["required"] == 786432 and rows[64].failure["limit"] == 232448
@@ -194,7 +194,7 @@ def test_bucket_puts_the_bucket_in_the_key_and_passes_the_real_size(sqlite_url):
     for n in (17, 20, 24):  # all bucket 24
         tinykernels.launch(k, n)  # launch asserts the output for the real n
     assert tunecache.stats()["benchmarks"] == len(tinykernels.CONFIGS)
-    probs = open_store(sqlite_url).list()
+    probs = open_store(sqlite_url).find_problems()
     assert [p.batch_bucket for p in probs] == [24]
     assert json.loads(probs[0].key_json)[0] == ["N", 24]
     with pytest.raises(ValueError, match="must also be in key"):
@@ -224,7 +224,7 @@ def test_offline_fallback_uses_the_nearest_stored_bucket(sqlite_url, monkeypatch
     k = tinykernels.make_add(store=sqlite_url, bucket={"N": tunecache.buckets.sglang})
     for n in (8, 64):
         tinykernels.launch(k, n)
-    stored = {p.batch_bucket: p.winner.config for p in open_store(sqlite_url).list(with_configs=True)}
+    stored = {p.batch_bucket: p.winner.config for p in open_store(sqlite_url).find_problems(with_configs=True)}
     monkeypatch.setenv("TUNECACHE_MODE", "offline")
     k2 = tinykernels.make_add(store=sqlite_url, bucket={"N": tunecache.buckets.sglang})
     tinykernels.launch(k2, 8)  # prefetch happens on this hit
@@ -316,7 +316,7 @@ def test_config_pre_hook_is_cached_and_its_identity_in_the_config(sqlite_url):
 
     cfgs = [triton.Config({"BLOCK": 16}, pre_hook=hook_a), triton.Config({"BLOCK": 32}, pre_hook=hook_a)]
     tinykernels.launch(tinykernels.make_add(configs=cfgs, store=sqlite_url), 40)
-    p = open_store(sqlite_url).list(with_configs=True)[0]
+    p = open_store(sqlite_url).find_problems(with_configs=True)[0]
     assert all("hook_a" in r.config["pre_hook"] for r in p.configs)
     tunecache.reset_stats()
     tinykernels.launch(tinykernels.make_add(configs=cfgs, store=sqlite_url), 40)
@@ -394,18 +394,18 @@ def test_stacks_over_heuristics(sqlite_url):
         tl.store(out + offs, tl.load(x + offs, mask=offs < N) + tl.load(y + offs, mask=offs < N), mask=offs < N)
 
     tinykernels.launch(k, 32)
-    assert open_store(sqlite_url).list()[0].kernel.endswith("k")
+    assert open_store(sqlite_url).find_problems()[0].kernel.endswith("k")
 
 
 def test_poisoned_stored_winner_is_marked_and_retuned(sqlite_url, caplog):
     k = tinykernels.make_add(store=sqlite_url)
     tinykernels.launch(k, 100)
     store = open_store(sqlite_url)
-    p = store.list(with_configs=True)[0]
+    p = store.find_problems(with_configs=True)[0]
     # Make the stored winner a config that cannot compile: BLOCK=3 is not a power of two.
     import sqlalchemy as sa
 
-    from tunecache.store import configs as ctab
+    from tunecache.schema import configs as ctab
 
     poisoned = next(r for r in p.configs if r.config_hash != p.winner_config_hash)
     with store.engine.begin() as c:
@@ -449,7 +449,7 @@ def test_driver_change_topk_benchmarks_only_previous_best(sqlite_url, monkeypatc
     k2 = tinykernels.make_add(store=sqlite_url)
     tinykernels.launch(k2, 100)
     assert tunecache.stats()["benchmarks"] == 2
-    newp = [p for p in open_store(sqlite_url).list(with_configs=True) if p.target.driver_version == "99999"][0]
+    newp = [p for p in open_store(sqlite_url).find_problems(with_configs=True) if p.target.driver_version == "99999"][0]
     assert sum(r.status == "pruned" for r in newp.configs) == len(tinykernels.CONFIGS) - 2
     monkeypatch.setenv("TUNECACHE_ON_DRIVER_CHANGE", "sometimes")
     with pytest.raises(ValueError, match="TUNECACHE_ON_DRIVER_CHANGE"):
@@ -590,7 +590,10 @@ def test_winner_within_tolerance_of_the_fastest_reuses_another_keys_winner(sqlit
         return out
 
     assert tune(tinykernels.make_add(configs=configs, store=sqlite_url)) == {100: 16, 200: 16, 300: 32}
-    stored = {p.batch_bucket or json.loads(p.key_json)[0][1]: p for p in open_store(sqlite_url).list(with_configs=True)}
+    stored = {
+        p.batch_bucket or json.loads(p.key_json)[0][1]: p
+        for p in open_store(sqlite_url).find_problems(with_configs=True)
+    }
     assert stored[200].winner.config["kwargs"] == {"BLOCK": 16} and stored[200].winner_ms == 1.015
     # A restart reads the same winners without benchmarking.
     tunecache.reset_stats()
@@ -618,7 +621,7 @@ def test_sixteen_processes_warm_36_buckets_once(fleet_url):
     assert len({json.dumps(r["winners"], sort_keys=True) for r in out}) == 1  # the whole fleet agrees
     s = open_store(store_url)
     assert s.counts()["problems"] == len(sizes)
-    assert all(len(p.configs) == len(tinykernels.CONFIGS) for p in s.list(with_configs=True))
+    assert all(len(p.configs) == len(tinykernels.CONFIGS) for p in s.find_problems(with_configs=True))
     print(f"16 workers x {len(sizes)} buckets: {time.time() - t0:.1f}s")
 
 
@@ -689,7 +692,7 @@ def test_a_call_that_fails_before_its_launch_marks_no_other_keys_winner(sqlite_u
     for n in (64, 100):
         tinykernels.launch(first, n)
     store = open_store(sqlite_url)
-    before = {p.digest: p.winner_config_hash for p in store.list()}
+    before = {p.digest: p.winner_config_hash for p in store.find_problems()}
     assert len(before) == 2 and len(set(before.values())) == 1  # both keys share one winner
     k = make()  # a restart: both keys come from the store, as one config object
     for n in (64, 100):
@@ -699,7 +702,7 @@ def test_a_call_that_fails_before_its_launch_marks_no_other_keys_winner(sqlite_u
     with pytest.raises(Exception, match="No valid autotuner configs|empty sequence"):
         tinykernels.launch(k, 7)
     assert tunecache.stats()["poisoned"] == 0
-    for p in store.list(with_configs=True):
+    for p in store.find_problems(with_configs=True):
         assert p.winner_config_hash == before[p.digest]
         assert all(r.ok for r in p.configs), [r.status for r in p.configs]
     assert tinykernels.launch(k, 64) is not None  # the good winners still launch
@@ -726,7 +729,7 @@ def test_configs_built_fresh_by_a_prune_are_stored_under_their_own_identity(sqli
     for n in range(1, 41):
         tinykernels.launch(k, n)
     tunecache.flush()
-    probs = open_store(sqlite_url).list(with_configs=True)
+    probs = open_store(sqlite_url).find_problems(with_configs=True)
     assert len(probs) == sum(len(prune(None, {"N": n})) > 1 for n in range(1, 41))  # one config: nothing to store
     wrong = [
         (json.loads(p.key_json), r.config, r.median_ms)

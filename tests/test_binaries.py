@@ -325,7 +325,7 @@ def test_gc_drops_the_binaries_no_winner_references(built, tmp_path):
     res = ok(cli("--url", url, "gc", "--days", "100000", "--json"))
     assert json.loads(res.output)["binaries"]["triton_keys"] == ["e" * 64]
     # One key's problem goes (the 4096 bucket, winner 64/4w): its binary goes, the rest stays.
-    big = [p for p in s.list() if "4096" in p.key_json]
+    big = [p for p in s.find_problems() if "4096" in p.key_json]
     s.delete(digests=[big[0].digest])
     gone = s.gc_binaries()
     assert len(gone) == 1 and gone[0][0] in built["kernel_hashes"]

@@ -122,8 +122,8 @@ def test_no_fragment_of_a_nasty_password_is_printed(password, pg_url, caplog):
 
     import tinykernels
 
+    from tunecache.engine import mask_raw, mask_url, resolve_url
     from tunecache.errors import StoreError
-    from tunecache.store import mask_raw, mask_url, resolve_url
 
     down = f"postgresql://tc:{password}@127.0.0.1:1/db"
     up = pg_url.replace("postgres@", f"postgres:{password}@")  # trust auth: the password is ignored

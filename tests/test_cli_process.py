@@ -21,10 +21,11 @@ import pytest
 import sqlalchemy as sa
 
 from tunecache.cli import main
+from tunecache.engine import resolve_url
 from tunecache.errors import ConfigurationError
 from tunecache.identity import canonical_key, config_hash_of, problem_digest
 from tunecache.model import ConfigResult, Problem
-from tunecache.store import head_revision, open_store, resolve_url
+from tunecache.store import head_revision, open_store
 from tunecache.target import Target
 
 HERE = Path(__file__).parent

@@ -110,7 +110,7 @@ def fill(url: str, n: int = 3) -> Store:
     for i in range(n):
         target, kernel = (H200, "tests.kernels.add_kernel") if i % 2 == 0 else (A100, "tests.kernels.mul_kernel")
         store.put(make_problem(1024 * (i + 1), target, kernel), make_results(1.0 + i))
-    first = store.list()[0]
+    first = store.find_problems()[0]
     store.record_hits({first.digest: 7})
     return store
 
@@ -120,7 +120,7 @@ def content(url: str) -> list[dict[str, Any]]:
     store = open_store(url)
     try:
         out = []
-        for p in sorted(store.list(with_configs=True), key=lambda p: p.digest):
+        for p in sorted(store.find_problems(with_configs=True), key=lambda p: p.digest):
             d = dataclasses.asdict(p)
             d["configs"] = sorted(d["configs"], key=lambda c: c["config_hash"])
             out.append(d)

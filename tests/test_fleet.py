@@ -19,7 +19,8 @@ import pytest
 import sqlalchemy as sa
 from conftest import HERE, PG_URL, run_procs
 
-from tunecache.store import head_revision, open_store, resolve_url
+from tunecache.engine import resolve_url
+from tunecache.store import head_revision, open_store
 
 SCRIPTS = HERE.parent / "scripts"
 
@@ -152,7 +153,7 @@ def test_every_command_works_through_pgbouncer(pgbouncer, pg_url, tmp_path):
         assert r.returncode == 0 and "error" not in r.stderr.lower(), (step, r.stdout[-2000:], r.stderr[-2000:])
         done[" ".join(step[:2])] = r
         if step[0] == "ls":
-            digest = next(p.digest for p in open_store(url).list())
+            digest = next(p.digest for p in open_store(url).find_problems())
             r = tc("show", digest[:12], env=env)
             assert r.returncode == 0 and digest[:12] in r.stdout, r.stderr[-2000:]
         assert i < 1 or open_store(url).revision() is not None
@@ -172,7 +173,7 @@ def test_200_concurrent_simulated_starts_through_pgbouncer_pool_10(pgbouncer, pg
 
     fill(pg_url, 4)
     s = open_store(pg_url)
-    p = s.list()[0]
+    p = s.find_problems()[0]
     s.close()
     plan = [
         ["get_kernel_problems", [p.kernel]],

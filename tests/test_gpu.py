@@ -126,7 +126,7 @@ c = torch.empty(128, 128, device="cuda")
 mm[(1,)](a, b, c, K)
 torch.cuda.synchronize()
 ok = torch.allclose(c, a.float() @ b.float(), rtol=1e-2, atol=1e-1)
-rows = [r for p in open_store().list(with_configs=True) for r in p.configs if r.status == "out_of_resources"]
+rows = [r for p in open_store().find_problems(with_configs=True) for r in p.configs if r.status == "out_of_resources"]
 print(json.dumps({"ok": ok, "winner": mm.best_config.kwargs, "failures": [r.failure for r in rows]}))
 """
 
@@ -234,7 +234,7 @@ for h in (8, 20, 128):
 q, idx, ref, ref_lse = cases[64]
 out, lse = sd.sparse_mla_decode(q, kv, idx, sm_scale, k_scale=k_scale)
 tuned = check(out, lse, ref, ref_lse)
-(p,) = open_store(os.environ["TUNECACHE_URL"]).list(with_configs=True)
+(p,) = open_store(os.environ["TUNECACHE_URL"]).find_problems(with_configs=True)
 oor = [r.failure for r in p.configs if r.status == "out_of_resources"]
 print(json.dumps({"worst": worst, "worst_lse": worst_lse, "empty_ok": empty_ok, "tuned": tuned,
                   "hopper": sd.split_kernel(kv) is sm90.split_kernel, "kernel": p.kernel,

@@ -24,7 +24,8 @@ import tunecache
 from tunecache import autotuner as at
 from tunecache import store as store_mod
 from tunecache.identity import config_identity
-from tunecache.store import ConfigResult, leases, open_store, replace
+from tunecache.schema import leases
+from tunecache.store import ConfigResult, open_store, replace
 from tunecache.target import hostname
 
 
@@ -126,7 +127,7 @@ def test_holder_that_loses_its_lease_notices_and_keeps_the_other_holders_result(
     first = tinykernels.make_add(configs=configs[:3], store=sqlite_url)
     tinykernels.launch(first, 100)
     s = open_store(sqlite_url)
-    (p,) = s.list(with_configs=True)
+    (p,) = s.find_problems(with_configs=True)
     cfg = {r.config_hash: r.config for r in p.configs}
 
     def rows(times: dict[int, float]) -> list[ConfigResult]:

@@ -16,7 +16,8 @@ from tunecache import fleet, report
 from tunecache.cli import main
 from tunecache.identity import problem_digest
 from tunecache.model import ConfigResult, Problem
-from tunecache.store import measurements, open_store
+from tunecache.schema import measurements
+from tunecache.store import open_store
 from tunecache.target import Target
 
 H200 = Target("cuda", "sm90", "NVIDIA H200", 132, 232448, 32, "13000", "580.159.04", "13.0", "3.6")
@@ -75,7 +76,7 @@ def test_the_store_keeps_every_hosts_timing_of_an_identical_problem(sqlite_url):
     """configs keeps one row per config (the first host's); measurements keeps each host's."""
     fill(sqlite_url, SLOW, keys=1)
     s = open_store(sqlite_url)
-    p = s.list(with_configs=True)[0]
+    p = s.find_problems(with_configs=True)[0]
     assert {c.host for c in p.configs} == {"gpu-a"}  # what configs alone could show
     with s.snapshot("t") as conn:
         rows = conn.execute(measurements.select()).mappings().all()

@@ -19,11 +19,12 @@ from conftest import run_procs
 
 import tunecache
 from tunecache.cli import main
+from tunecache.engine import resolve_url
 from tunecache.errors import StoreError, TunecacheError
 from tunecache.identity import problem_digest
 from tunecache.model import ConfigResult, Problem
 from tunecache.roles import grant
-from tunecache.store import connect, open_store, resolve_url
+from tunecache.store import connect, open_store
 from tunecache.target import Target
 
 SIZES = [64, 128, 256, 512]
@@ -72,7 +73,7 @@ def test_reader_resolves_every_key_with_no_error_and_every_write_is_refused_by_t
         assert "permission denied" not in r["stderr"], r["stderr"][-2000:]
     store = open_store(reader)
     assert store.readonly  # a role that may only SELECT opens the store read-only: no write is attempted
-    assert len(store.list()) == len(SIZES)
+    assert len(store.find_problems()) == len(SIZES)
     store.close()
 
     # Writes it attempts anyway (a store opened as writable, raw SQL): the server refuses each one.
@@ -97,13 +98,13 @@ def test_reader_resolves_every_key_with_no_error_and_every_write_is_refused_by_t
         with engine.connect() as c, pytest.raises(sa.exc.ProgrammingError, match="permission denied|must be owner"):
             c.exec_driver_sql(stmt)
     engine.dispose()
-    assert len(open_store(pg_url).list()) == len(SIZES)  # nothing changed
+    assert len(open_store(pg_url).find_problems()) == len(SIZES)  # nothing changed
 
 
 def first(url: str) -> Problem:
     s = open_store(url)
     try:
-        return s.list()[0]
+        return s.find_problems()[0]
     finally:
         s.close()
 
@@ -120,7 +121,7 @@ def test_a_tuner_writes_rows_but_not_the_schema_and_a_regrant_demotes(pg_url, ro
     tuner = as_role(pg_url, roles["tuner"])
     (r,) = run_procs("warm", 1, url=tuner, sizes=[*SIZES, 1024])  # one new key: benchmarked and stored
     assert r["stats"]["benchmarks"] > 0 and r["stats"]["store_errors"] == 0 and r["flushed"], r
-    assert len(s.list()) == len(SIZES) + 1
+    assert len(s.find_problems()) == len(SIZES) + 1
     engine = sa.create_engine(resolve_url(tuner))
     with engine.connect() as c, pytest.raises(sa.exc.ProgrammingError, match="permission denied|must be owner"):
         c.exec_driver_sql("DROP TABLE problems")

@@ -490,6 +490,6 @@ def test_autotuned_path_stores_the_bucket_and_matches_reference(sqlite_url):
     ref, ref_lse = sd.reference(q, kv, idx, 0.05)
     assert ((out.float() - ref).abs().max() / ref.abs().max()).item() <= 1e-2
     assert tunecache.stats()["benchmarks"] == len(sd.CONFIGS)
-    (p,) = open_store(sqlite_url).list(with_configs=True)
+    (p,) = open_store(sqlite_url).find_problems(with_configs=True)
     assert p.batch_bucket == 4 and dict(json.loads(p.key_json))["B"] == 4
     assert len(p.configs) == len(sd.CONFIGS)

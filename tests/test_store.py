@@ -134,10 +134,10 @@ def test_list_filters_delete_and_counts(store_url):
         s.put(problem(i), results())
     s.put(problem(9, target=old, kernel="other.kern"), results())
     assert s.counts()["problems"] == 4 and s.counts()["failed_configs"] == 4
-    assert len(s.list(kernel="kern")) == 4  # last component matches
-    assert len(s.list(kernel="other.kern")) == 1
-    assert len(s.list(driver="12080")) == 1 and len(s.list(driver="550.1")) == 1
-    assert len(s.list(arch="sm80")) == 0
+    assert len(s.find_problems(kernel="kern")) == 4  # last component matches
+    assert len(s.find_problems(kernel="other.kern")) == 1
+    assert len(s.find_problems(driver="12080")) == 1 and len(s.find_problems(driver="550.1")) == 1
+    assert len(s.find_problems(arch="sm80")) == 0
     dry = s.delete(dry_run=True, not_driver="13000")
     assert len(dry) == 1 and s.counts()["problems"] == 4
     gone = s.delete(not_driver="13000")
@@ -152,8 +152,8 @@ def test_hostile_filter_values_are_plain_values(store_url):
     s = open_store(store_url)
     s.put(problem(1), results())
     for evil in ["x' OR '1'='1", "%", "_", "kern'; DROP TABLE problems; --", '"', "\\"]:
-        assert s.list(kernel=evil) == []
-        assert s.list(arch=evil, device=evil, driver=evil) == []
+        assert s.find_problems(kernel=evil) == []
+        assert s.find_problems(arch=evil, device=evil, driver=evil) == []
     assert s.counts()["problems"] == 1
     s.close()
 
@@ -178,7 +178,8 @@ def test_lease_of_a_dead_local_process_is_taken_over(store_url):
     dead.wait()
     import sqlalchemy as sa
 
-    from tunecache.store import lease_host, leases
+    from tunecache.schema import leases
+    from tunecache.store import lease_host
 
     # As a process of this host and PID namespace writes it (see test_leases.py for the others).
     with s.engine.begin() as c:
@@ -193,7 +194,7 @@ def test_eight_processes_put_the_same_50_digests(store_url):
     s = open_store(store_url)
     assert s.counts()["problems"] == 50
     assert s.counts()["configs"] == 150
-    assert all(p.winner_config_hash == "c0" for p in s.list(with_configs=True))
+    assert all(p.winner_config_hash == "c0" for p in s.find_problems(with_configs=True))
     s.close()
 
 
@@ -277,7 +278,7 @@ def test_upgrade_from_previous_revision_keeps_data(store_url):
     assert s.revision() == "0001"
     import sqlalchemy as sa
 
-    from tunecache.store import configs, problems
+    from tunecache.schema import configs, problems
 
     p = problem(3)
     from tunecache.model import utcnow
@@ -325,7 +326,8 @@ def test_mysql_store_works(mysql_url):
 def test_schema_constants_match_alembic_scripts():
     from alembic.script import ScriptDirectory
 
-    from tunecache.store import SCHEMA_HEAD, SCHEMA_REVISIONS, _alembic_config
+    from tunecache.schema import SCHEMA_HEAD, SCHEMA_REVISIONS
+    from tunecache.store import _alembic_config
 
     sd = ScriptDirectory.from_config(_alembic_config())
     assert sd.get_current_head() == SCHEMA_HEAD
@@ -346,6 +348,6 @@ def test_counters_from_racing_processes_are_all_kept(store_url):
     with ThreadPoolExecutor(8) as ex:
         list(ex.map(one, range(40)))
     assert s.list_misses()[0]["count"] == 40
-    (row,) = s.kernel_stats()
+    (row,) = s.kernel_counters()
     assert row["hits"] == 40 and row["saved_seconds"] == pytest.approx(20.0)
     s.close()

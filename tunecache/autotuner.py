@@ -540,7 +540,7 @@ class TunecacheAutotuner(Autotuner):
             return None
         t = ctx.target
         try:
-            same_key = store.list(
+            same_key = store.find_problems(
                 with_configs=True,
                 source_hash=self.identity.source_hash,
                 key_json=ctx.key_json,

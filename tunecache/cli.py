@@ -21,10 +21,11 @@ import click
 import orjson
 
 from tunecache import settings
+from tunecache.engine import mask_raw
 from tunecache.errors import StoreReadOnlyError, TunecacheError
 from tunecache.model import Problem, config_to_json, problem_to_json, utcnow
 from tunecache.settings import current_mode
-from tunecache.store import Store, connect, mask_raw, open_store
+from tunecache.store import Store, connect, open_store
 
 log = logging.getLogger("tunecache")
 
@@ -294,7 +295,7 @@ def ls_cmd(
 ) -> None:
     """List stored problems, newest first."""
     store = _open(ctx)
-    found = store.list(with_configs=True, **_filters(kernel, arch, device, driver))
+    found = store.find_problems(with_configs=True, **_filters(kernel, arch, device, driver))
     if limit:
         found = found[:limit]
     if as_json:
@@ -389,7 +390,7 @@ def stats(ctx: click.Context, as_json: bool) -> None:
     and bytes of its stored binaries, and which kernels tunecache saw but could not serve
     (``covered`` false; see ``tunecache misses``)."""
     store = _open(ctx)
-    rows = [{**r, "covered": True} for r in store.kernel_stats()]
+    rows = [{**r, "covered": True} for r in store.kernel_counters()]
     zero = {"hits": 0, "misses": 0, "benchmarks": 0, "bench_seconds": 0.0, "saved_seconds": 0.0, "updated_at": None}
     usage = store.binary_usage()
     known = {r["kernel"]: r for r in rows}

@@ -19,7 +19,7 @@ from typing import Any
 
 import click
 
-from tunecache.store import mask_url
+from tunecache.engine import mask_url
 
 
 def _child(url: str, buckets: list[int] | None) -> dict[str, Any]:

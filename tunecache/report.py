@@ -24,7 +24,8 @@ import sqlalchemy as sa
 
 from tunecache import fleet
 from tunecache.model import FAILED_STATUSES, utcnow
-from tunecache.store import Store, configs, kernel_stats, measurements, misses, problems
+from tunecache.schema import configs, kernel_stats, measurements, misses, problems
+from tunecache.store import Store
 
 MAX_GROUPS = 12  # kernel x source x target groups drawn
 MAX_SCAN = 5000  # keys of one group read to choose the drawn ones from

@@ -1,25 +1,10 @@
-"""Store: tables, engine and queries for tuning results.
+"""Store: the queries and writes of tuning results, over the tables of :mod:`tunecache.schema`.
 
 One SQL schema serves the embedded SQLite default and a shared PostgreSQL or MySQL. Queries are
 SQLAlchemy Core (no ORM objects: a warm start builds hundreds of rows and must stay cheap), and
 every write is one transaction, so a reader sees a problem with all its config rows or not at all.
 
-SQLite settings, set explicitly on every connection (see also the README):
-
-=================  ===========  ==================================================================
-pragma             value        why
-=================  ===========  ==================================================================
-journal_mode       WAL          readers never block the one writer, so 16 workers can read while
-                                one writes a benchmark result
-busy_timeout       30000 ms     a writer waits for the lock instead of failing
-                                (``TUNECACHE_SQLITE_BUSY_MS``)
-synchronous        NORMAL       durable at every checkpoint; a power cut can lose the last commits,
-                                never corrupt the file. Results can be re-measured, so the fsync per
-                                commit of FULL is not worth its cost
-foreign_keys       ON           config rows go with their problem
-write transactions BEGIN        takes the write lock up front: a deferred transaction that reads
-                   IMMEDIATE    then writes can fail with SQLITE_BUSY without waiting
-=================  ===========  ==================================================================
+The engine, its SQLite settings and URL handling are :mod:`tunecache.engine`.
 
 A store whose file or directory is not writable (an image with a read-only root filesystem) is
 opened with ``mode=ro&immutable=1``: no lock files, no WAL, no writes; every write raises
@@ -40,19 +25,16 @@ import time
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
-from urllib.parse import quote, unquote
 
 import orjson
 import sqlalchemy as sa
-from sqlalchemy import event
-from sqlalchemy.dialects import mysql as mysql_dialect
-from sqlalchemy.engine import URL, Connection, Engine, make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, SQLAlchemyError
+from sqlalchemy.engine import URL, Connection, Engine
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from tunecache import counters, settings
 from tunecache.bulk import BulkWriter, bulk_writer
+from tunecache.engine import make_engine, mask_url, resolve_url, scrub, sqlite_os_cause, sqlite_path, sqlite_writable
 from tunecache.errors import SchemaError, StoreError, StoreNotFoundError, StoreReadOnlyError
 from tunecache.errors import driver_message as _reason
 from tunecache.identity import search_space_hash
@@ -75,416 +57,21 @@ from tunecache.model import (
     problem_row,
     utcnow,
 )
+from tunecache.schema import (
+    SCHEMA_HEAD,
+    SCHEMA_REVISIONS,
+    binaries,
+    configs,
+    kernel_stats,
+    launch_specs,
+    leases,
+    measurements,
+    misses,
+    problems,
+)
 from tunecache.target import hostname
 
 log = logging.getLogger("tunecache")
-
-
-# --------------------------------------------------------------------------------------------
-# Tables
-# --------------------------------------------------------------------------------------------
-
-metadata = sa.MetaData(
-    naming_convention={
-        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
-        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
-        "ck": "ck_%(table_name)s_%(constraint_name)s",
-        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
-        "pk": "pk_%(table_name)s",
-    }
-)
-
-Timestamp = sa.DateTime().with_variant(mysql_dialect.DATETIME(fsp=6), "mysql", "mariadb")
-Digest = sa.String(64)
-
-problems = sa.Table(
-    "problems",
-    metadata,
-    sa.Column("digest", Digest, primary_key=True),
-    sa.Column("kernel", sa.String(255), nullable=False),
-    sa.Column("source_hash", Digest, nullable=False),
-    sa.Column("target_digest", Digest, nullable=False),
-    sa.Column("backend", sa.String(16), nullable=False),
-    sa.Column("arch", sa.String(32), nullable=False),
-    sa.Column("device_name", sa.String(128), nullable=False),
-    sa.Column("sm_count", sa.Integer, nullable=False),
-    sa.Column("max_shared_mem", sa.Integer, nullable=False),
-    sa.Column("warp_size", sa.Integer, nullable=False),
-    sa.Column("driver_version", sa.String(32), nullable=False),
-    sa.Column("driver_release", sa.String(64), nullable=False),
-    sa.Column("cuda_runtime", sa.String(32), nullable=False),
-    sa.Column("triton_version", sa.String(16), nullable=False),
-    sa.Column("key_json", sa.Text, nullable=False),
-    sa.Column("batch_bucket", sa.Integer, nullable=True),
-    sa.Column("winner_config_hash", sa.String(32), nullable=True),
-    sa.Column("winner_ms", sa.Double, nullable=True),
-    sa.Column("search_space_hash", Digest, nullable=False),
-    sa.Column("tuning_seconds", sa.Double, nullable=False, default=0.0),
-    sa.Column("host", sa.String(255), nullable=False),
-    sa.Column("created_at", Timestamp, nullable=False),
-    sa.Column("updated_at", Timestamp, nullable=False),
-    sa.Column("hit_count", sa.Integer, nullable=False, default=0),
-    sa.Column("last_hit_at", Timestamp, nullable=True),
-    sa.Index(None, "source_hash", "target_digest"),  # warm-start bulk fetch
-    sa.Index(None, "kernel"),
-    sa.Index(None, "arch", "device_name"),
-    sa.Index(None, "driver_version"),
-    sa.Index(None, "updated_at"),
-    sa.Index(None, "last_hit_at"),  # gc
-)
-
-configs = sa.Table(
-    "configs",
-    metadata,
-    sa.Column("digest", Digest, sa.ForeignKey("problems.digest", ondelete="CASCADE"), primary_key=True),
-    sa.Column("config_hash", sa.String(32), primary_key=True),
-    sa.Column("config_json", sa.Text, nullable=False),
-    sa.Column("status", sa.String(20), nullable=False),
-    sa.Column("median_ms", sa.Double, nullable=True),
-    sa.Column("p20_ms", sa.Double, nullable=True),
-    sa.Column("p80_ms", sa.Double, nullable=True),
-    sa.Column("samples", sa.Integer, nullable=False, default=0),
-    sa.Column("failure", sa.Text, nullable=True),
-    sa.Column("host", sa.String(255), nullable=False),
-    sa.Column("measured_at", Timestamp, nullable=False),
-    sa.CheckConstraint(
-        "status IN ('ok', 'out_of_resources', 'compile_error', 'runtime_error', 'pruned')", name="status"
-    ),
-)
-
-leases = sa.Table(
-    "leases",
-    metadata,
-    sa.Column("digest", Digest, primary_key=True),
-    sa.Column("holder", sa.String(255), nullable=False),
-    sa.Column("host", sa.String(255), nullable=False),
-    sa.Column("pid", sa.Integer, nullable=False),
-    sa.Column("expires_at", sa.Double, nullable=False),  # epoch seconds (hosts are NTP-synced)
-)
-
-misses = sa.Table(
-    "misses",
-    metadata,
-    sa.Column("digest", Digest, primary_key=True),
-    sa.Column("reason", sa.String(16), primary_key=True),  # capture | offline
-    sa.Column("kernel", sa.String(255), nullable=False),
-    sa.Column("source_hash", Digest, nullable=False),
-    sa.Column("target_digest", Digest, nullable=False),
-    sa.Column("key_json", sa.Text, nullable=False),
-    sa.Column("count", sa.Integer, nullable=False, default=1),
-    sa.Column("host", sa.String(255), nullable=False),
-    sa.Column("first_seen", Timestamp, nullable=False),
-    sa.Column("last_seen", Timestamp, nullable=False),
-)
-
-kernel_stats = sa.Table(
-    "kernel_stats",
-    metadata,
-    sa.Column("kernel", sa.String(255), primary_key=True),
-    sa.Column("hits", sa.BigInteger, nullable=False, default=0),
-    sa.Column("misses", sa.BigInteger, nullable=False, default=0),
-    sa.Column("benchmarks", sa.BigInteger, nullable=False, default=0),
-    sa.Column("bench_seconds", sa.Double, nullable=False, default=0.0),
-    sa.Column("saved_seconds", sa.Double, nullable=False, default=0.0),
-    sa.Column("updated_at", Timestamp, nullable=False),
-)
-
-# Every host's own timings of identical problems (same digest: same kernel source, target and key),
-# which ``configs`` cannot hold: it keeps one row per config, the first measured. One row per
-# (digest, host, config), replaced when that host measures again, ok rows only: at most the ok
-# config rows times the hosts that benchmarked each problem. ``tunecache hosts`` compares hosts on
-# it (tunecache.fleet). No foreign key: an import that replaces a problem keeps the fleet's history;
-# delete() (invalidate, gc) removes a problem's rows with it.
-measurements = sa.Table(
-    "measurements",
-    metadata,
-    sa.Column("digest", Digest, primary_key=True),
-    sa.Column("host", sa.String(255), primary_key=True),
-    sa.Column("config_hash", sa.String(32), primary_key=True),
-    sa.Column("median_ms", sa.Double, nullable=False),
-    sa.Column("p20_ms", sa.Double, nullable=True),
-    sa.Column("p80_ms", sa.Double, nullable=True),
-    sa.Column("samples", sa.Integer, nullable=False, default=0),
-    sa.Column("measured_at", Timestamp, nullable=False),
-)
-
-# What Triton compiled each winner with (see tunecache.preload): a restart hands these to
-# JITFunction.preload while the server loads its weights. Per kernel source and target, not per
-# problem: one binary serves many batch buckets.
-launch_specs = sa.Table(
-    "launch_specs",
-    metadata,
-    sa.Column("source_hash", Digest, primary_key=True),
-    sa.Column("target_digest", Digest, primary_key=True),
-    sa.Column("spec_hash", Digest, primary_key=True),
-    sa.Column("kernel", sa.String(255), nullable=False),
-    sa.Column("config_hash", sa.String(32), nullable=False),
-    sa.Column("kernel_hash", Digest, nullable=False),
-    sa.Column("triton_version", sa.String(32), nullable=False),
-    sa.Column("spec_json", sa.Text, nullable=False),
-    sa.Column("host", sa.String(255), nullable=False),
-    sa.Column("created_at", Timestamp, nullable=False),
-)
-
-# What Triton's compile cache holds for each winner's specialisation (tunecache.binaries), filed by
-# Triton's own cache key (a launch spec's kernel_hash) and addressed by the sha256 of its content:
-# a fresh host places them into its Triton cache, verified, before the preload. MySQL's BLOB is 64 KiB.
-Blob = sa.LargeBinary().with_variant(mysql_dialect.LONGBLOB(), "mysql", "mariadb")
-binaries = sa.Table(
-    "binaries",
-    metadata,
-    sa.Column("triton_key", Digest, primary_key=True),
-    sa.Column("sha256", Digest, nullable=False),
-    sa.Column("source_hash", Digest, nullable=False, index=True),
-    sa.Column("kernel", sa.String(255), nullable=False),
-    sa.Column("name", sa.String(150), nullable=False),
-    sa.Column("ext", sa.String(16), nullable=False),
-    sa.Column("triton_version", sa.String(32), nullable=False),
-    sa.Column("size", sa.Integer, nullable=False),
-    sa.Column("metadata", Blob, nullable=False),
-    sa.Column("binary", Blob, nullable=False),
-    sa.Column("host", sa.String(255), nullable=False),
-    sa.Column("created_at", Timestamp, nullable=False),
-)
-
-if tuple(c.name for c in problems.c) != PROBLEM_COLUMNS or tuple(c.name for c in configs.c)[1:] != CONFIG_ROW_COLUMNS:
-    raise AssertionError("the tables' columns must be tunecache.model's row shape, in its order")  # pragma: no cover
-
-# --------------------------------------------------------------------------------------------
-# URLs and errors
-# --------------------------------------------------------------------------------------------
-
-
-def default_url() -> str:
-    import platformdirs
-
-    path = Path(platformdirs.user_cache_dir("tunecache")) / "tunecache.sqlite3"
-    return f"sqlite:///{path}"
-
-
-def resolve_url(url: str | URL | None = None) -> URL:
-    """The SQLAlchemy URL to use: argument, then ``TUNECACHE_URL``, then the per-user SQLite file.
-
-    ``postgresql://`` and ``mysql://`` without a driver pick psycopg 3 and PyMySQL, the drivers the
-    extras install.
-    """
-    raw = url if url is not None else (settings.get("TUNECACHE_URL") or default_url())
-    try:
-        u = raw if isinstance(raw, URL) else _parse_url(str(raw))
-    except (ArgumentError, ValueError):  # ValueError: a port that is not a number
-        raise StoreError(
-            f"malformed store URL {mask_raw(str(raw))!r}: expected e.g. sqlite:////path/tunecache.sqlite3 "
-            "or postgresql://user@host/db"
-        ) from None
-    drivers = {
-        "postgresql": "postgresql+psycopg",
-        "postgres": "postgresql+psycopg",
-        "mysql": "mysql+pymysql",
-        "mariadb": "mariadb+pymysql",
-    }
-    if u.drivername in drivers:
-        u = u.set(drivername=drivers[u.drivername])
-    return u
-
-
-# ``scheme://user:password@host...`` where the password holds a raw '@': RFC 3986 forbids it, yet
-# generated passwords have one often enough, and SQLAlchemy (like libpq) then ends the password at
-# the FIRST '@' and takes the rest of it for the host, which every message would print. The
-# userinfo ends at the LAST '@' instead (a raw '@' in a path or query after a password must then
-# be written %40).
-_PASSWORD_WITH_AT = re.compile(r"(?P<head>[\w+.-]+://)(?P<user>[^:/@\s]*):(?P<pw>.*@.*)@(?P<rest>[^@]*)", re.S)
-
-
-def _parse_url(raw: str) -> URL:
-    m = _PASSWORD_WITH_AT.fullmatch(raw)
-    if m is None:
-        return make_url(raw)
-    return make_url(m["head"] + m["user"] + "@" + m["rest"]).set(password=unquote(m["pw"]))
-
-
-def mask_url(u: URL | str) -> str:
-    """The URL to print: the password (however spelled) replaced by ``***``."""
-    if isinstance(u, str):
-        try:
-            u = _parse_url(u)
-        except (ArgumentError, ValueError):
-            return mask_raw(u)
-    return mask_raw(u.render_as_string(hide_password=True))
-
-
-def mask_raw(text: str) -> str:
-    """Hide ``user:password@`` in any URL-looking text; the userinfo ends at the LAST '@' of the
-    URL (a password may hold '@', ':', '/', '?' or '#'), so at worst more than the password is hidden."""
-    return re.sub(r"(://[^:/@\s]*:)\S*@", r"\1***@", text)
-
-
-def _scrub(text: str, u: URL) -> str:
-    """``text`` (a driver's message) with the store's password hidden, as given or URL-encoded."""
-    text = mask_raw(text)
-    if u.password:
-        pw = str(u.password)
-        for spelling in sorted({pw, quote(pw, safe=""), quote(pw)}, key=len, reverse=True):
-            text = text.replace(spelling, "***")
-    return text
-
-
-# --------------------------------------------------------------------------------------------
-# Engine
-# --------------------------------------------------------------------------------------------
-
-
-def _sqlite_path(u: URL) -> Path | None:
-    db = u.database
-    if not db or db == ":memory:" or db.startswith("file:"):
-        return None
-    return Path(db).expanduser()
-
-
-def _sqlite_writable(path: Path) -> bool:
-    parent = path.parent
-    if path.exists():
-        return os.access(path, os.W_OK) and os.access(parent, os.W_OK)
-    probe = parent
-    while not probe.exists():
-        probe = probe.parent
-    return os.access(probe, os.W_OK)
-
-
-def _sqlite_os_cause(u: URL, reason: str) -> str:
-    """The cause SQLite does not name: "unable to open database file" and "disk I/O error" say
-    nothing of a missing permission or a full disk. Returns " (...)" or ""."""
-    path = _sqlite_path(u)
-    if path is None or not any(s in reason for s in ("unable to open", "disk I/O error", "disk is full")):
-        return ""
-    causes = []
-    try:
-        path.stat()
-        if not os.access(path, os.R_OK):
-            causes.append(f"permission denied: uid {os.geteuid()} cannot read {path}")
-    except PermissionError:
-        causes.append(f"permission denied: uid {os.geteuid()} cannot enter {path.parent}")
-    except OSError:
-        pass
-    try:
-        st = os.statvfs(path.parent)
-        if st.f_bavail * st.f_frsize < 64 * 1024:
-            causes.append(f"no space left on the device of {path.parent}: {st.f_bavail * st.f_frsize} bytes free")
-    except OSError:
-        pass
-    return f" ({'; '.join(causes)})" if causes else ""
-
-
-def _make_engine(u: URL, readonly: bool) -> Engine:
-    if u.get_backend_name() == "sqlite":
-        path = _sqlite_path(u)
-        busy_ms = settings.get("TUNECACHE_SQLITE_BUSY_MS")
-        if readonly and path is not None:
-            uri = f"file:{path}?mode=ro&immutable=1"
-            engine = sa.create_engine(
-                "sqlite://",
-                creator=lambda: sqlite3.connect(uri, uri=True, check_same_thread=False),
-                poolclass=sa.pool.StaticPool,
-            )
-        else:
-            if path is not None:
-                path.parent.mkdir(parents=True, exist_ok=True)
-            engine = sa.create_engine(u, connect_args={"check_same_thread": False, "timeout": busy_ms / 1000})
-
-        @event.listens_for(engine, "connect")
-        def _on_connect(dbapi_conn: Any, _rec: Any) -> None:
-            dbapi_conn.isolation_level = None  # we emit BEGIN ourselves (see _on_begin)
-            cur = dbapi_conn.cursor()
-            cur.execute(f"PRAGMA busy_timeout={busy_ms}")
-            if not readonly:
-                _set_wal(cur, busy_ms)
-                cur.execute("PRAGMA synchronous=NORMAL")
-            cur.execute("PRAGMA foreign_keys=ON")
-            cur.close()
-
-        @event.listens_for(engine, "begin")
-        def _on_begin(conn: Connection) -> None:
-            # Writes take the write lock up front; reads run in autocommit (one statement each),
-            # except a snapshot (Store.snapshot): a deferred BEGIN, whose first read fixes what
-            # every later statement sees (WAL keeps it while writers commit).
-            opts = conn.get_execution_options()
-            if opts.get("tunecache_write"):
-                conn.exec_driver_sql("BEGIN IMMEDIATE")
-            elif opts.get("tunecache_snapshot"):
-                conn.exec_driver_sql("BEGIN")
-
-        return engine
-    connect_args: dict[str, Any] = {}
-    timeout = settings.get("TUNECACHE_CONNECT_TIMEOUT")
-    backend = u.get_backend_name()
-    if backend == "postgresql":
-        connect_args["connect_timeout"] = timeout
-        connect_args["application_name"] = "tunecache"
-        if u.get_driver_name() == "psycopg":
-            # No server-side prepared statements: psycopg prepares a query after 5 runs on a
-            # connection, and behind a transaction pooler (PgBouncer before 1.21) the next
-            # transaction may run on a server connection where it does not exist. A store
-            # runs few queries per connection, so preparing saves nothing worth that.
-            connect_args["prepare_threshold"] = None
-    elif backend in ("mysql", "mariadb"):
-        connect_args["connect_timeout"] = timeout
-    # Connections kept between operations. 0 (the default): none; each operation connects and
-    # closes, so a worker holds no server connection once its start is done nor across a
-    # benchmark, and a fleet costs connections only while it queries (see docs/scaling.md).
-    pool_size = settings.get("TUNECACHE_POOL_SIZE")
-    pool: dict[str, Any] = (
-        {"poolclass": sa.pool.NullPool}
-        if pool_size == 0
-        else {"pool_size": pool_size, "max_overflow": 4, "pool_pre_ping": True}
-    )
-    try:
-        return sa.create_engine(u, connect_args=connect_args, **pool)
-    except (NoSuchModuleError, ModuleNotFoundError) as e:
-        raise _driver_error(u, e) from None
-
-
-#: backend -> (the extra that installs its driver, that driver)
-_EXTRAS = {"postgresql": ("postgres", "psycopg"), "mysql": ("mysql", "pymysql"), "mariadb": ("mysql", "pymysql")}
-SUPPORTED_URLS = (
-    "sqlite:////path/file.sqlite3, postgresql://user@host/db (pip install 'tunecache[postgres]'), "
-    "mysql:// or mariadb://user@host/db (pip install 'tunecache[mysql]')"
-)
-
-
-def _driver_error(u: URL, e: Exception) -> StoreError:
-    """Suggest only what exists: a real extra for a known backend, the supported schemes otherwise."""
-    backend = u.get_backend_name()
-    if backend not in _EXTRAS:
-        return StoreError(
-            f"unsupported store URL scheme {u.drivername!r} ({mask_url(u)}); tunecache supports {SUPPORTED_URLS}"
-        )
-    extra, driver = _EXTRAS[backend]
-    if u.get_driver_name() == driver:
-        return StoreError(f"no database driver for {mask_url(u)} ({_reason(e)}): pip install 'tunecache[{extra}]'")
-    return StoreError(
-        f"no database driver {u.get_driver_name()!r} for {mask_url(u)} ({_reason(e)}): install it, or use "
-        f"{backend}:// ({driver}: pip install 'tunecache[{extra}]')"
-    )
-
-
-def _set_wal(cur: sqlite3.Cursor, busy_ms: int) -> None:
-    """``PRAGMA journal_mode=WAL``, retried up to the busy timeout.
-
-    Switching a new file to WAL needs its exclusive lock, and while another connection holds the
-    write lock (or is switching too) SQLite answers "database is locked" at once, without calling
-    its busy handler, because waiting could deadlock. Processes opening a fresh store together hit
-    exactly that; once the file is in WAL mode the statement takes no lock.
-    """
-    deadline = time.monotonic() + busy_ms / 1000
-    delay = 0.005
-    while True:
-        try:
-            cur.execute("PRAGMA journal_mode=WAL")
-            return
-        except sqlite3.OperationalError as e:
-            if "locked" not in str(e) or time.monotonic() >= deadline:
-                raise
-        time.sleep(delay)
-        delay = min(delay * 2, 0.1)
 
 
 # --------------------------------------------------------------------------------------------
@@ -502,13 +89,6 @@ def _alembic_config(conn: Connection | None = None) -> Any:
     if conn is not None:
         cfg.attributes["connection"] = conn
     return cfg
-
-
-#: The migrations this code knows, oldest first (tests check it against Alembic's script directory).
-#: Kept as constants so that opening an up-to-date store, on every server start, needs no Alembic
-#: import (about 0.3 s): Alembic is loaded only when there is something to migrate.
-SCHEMA_REVISIONS = ("0001", "0002", "0003", "0004", "0005")
-SCHEMA_HEAD = SCHEMA_REVISIONS[-1]
 
 
 def head_revision() -> str:
@@ -630,9 +210,9 @@ class Store:
         except StoreError:
             raise
         except (SQLAlchemyError, sqlite3.Error, OSError) as e:
-            reason = _scrub(_reason(e), self.url)
+            reason = scrub(_reason(e), self.url)
             if self.dialect == "sqlite":
-                reason += _sqlite_os_cause(self.url, reason)
+                reason += sqlite_os_cause(self.url, reason)
             missing = re.search(r"database \"([^\"]+)\" does not exist|Unknown database '([^']+)'", reason)
             if missing:
                 name = missing.group(1) or missing.group(2)
@@ -753,7 +333,7 @@ class Store:
     @contextlib.contextmanager
     def _migration_lock(self) -> Iterator[None]:
         if self.dialect == "sqlite":
-            path = _sqlite_path(self.url)
+            path = sqlite_path(self.url)
             if path is not None:
                 from filelock import FileLock
 
@@ -827,10 +407,10 @@ class Store:
             q = self._select_full().where(problems.c.digest.like(prefix + "%")).order_by(problems.c.digest)
             return self._rows_to_problems(conn.execute(q))
 
-    def list(self, *, with_configs: bool = False, limit: int | None = None, **filters: Any) -> list[Problem]:
+    def find_problems(self, *, with_configs: bool = False, limit: int | None = None, **filters: Any) -> list[Problem]:
         """Problems matching filters (see :func:`filter_clauses`), newest first."""
         where = filter_clauses(**filters)
-        with self._read("list") as conn:
+        with self._read("find_problems") as conn:
             if with_configs:
                 q = self._select_full().where(*where).order_by(problems.c.updated_at.desc(), problems.c.digest)
             else:
@@ -998,7 +578,7 @@ class Store:
         where = filter_clauses(**filters)
         if not where:
             raise ValueError("refusing to delete every problem without a filter")
-        found = self.list(**filters)
+        found = self.find_problems(**filters)
         if dry_run or not found:
             return found
         digests = [p.digest for p in found]
@@ -1053,7 +633,7 @@ class Store:
         if conn.execute(update).rowcount == 0 and not self._inserted(conn, table, row):
             conn.execute(update)
 
-    def kernel_stats(self) -> list[dict[str, Any]]:
+    def kernel_counters(self) -> list[dict[str, Any]]:
         with self._read("stats") as conn:
             rows = conn.execute(sa.select(kernel_stats).order_by(kernel_stats.c.kernel)).mappings().all()
         return [{str(k): v for k, v in r.items()} for r in rows]
@@ -1115,7 +695,7 @@ class Store:
                 finally:
                     writer.close()
             except dbapi_error as e:  # raw driver calls (COPY) bypass SQLAlchemy's error wrapping
-                raise StoreError(f"{what} failed on {self.masked_url}: {_scrub(_reason(e), self.url)}") from None
+                raise StoreError(f"{what} failed on {self.masked_url}: {scrub(_reason(e), self.url)}") from None
 
     def get_specs(self, source_hash: str) -> dict[str, list[LaunchSpec]]:
         """Every recorded specialisation of one kernel, by target digest, in one query."""
@@ -1390,7 +970,7 @@ def connect(url: str | URL | None = None, *, readonly: bool | None = None, creat
     u = resolve_url(url)
     try:
         if not create and u.get_backend_name() == "sqlite":
-            path = _sqlite_path(u)
+            path = sqlite_path(u)
             if path is not None and not path.exists():
                 raise StoreNotFoundError(
                     f"no store at {path}: nothing was stored there yet (a tuned kernel or `tunecache db upgrade` "
@@ -1399,11 +979,11 @@ def connect(url: str | URL | None = None, *, readonly: bool | None = None, creat
         if readonly is None:
             readonly = False
             if u.get_backend_name() == "sqlite":
-                path = _sqlite_path(u)
-                readonly = path is not None and not _sqlite_writable(path)
+                path = sqlite_path(u)
+                readonly = path is not None and not sqlite_writable(path)
                 if readonly and path is not None and not path.exists():
                     raise StoreError(f"store {mask_url(u)} does not exist and its directory is not writable")
-        return Store(u, _make_engine(u, readonly), readonly)
+        return Store(u, make_engine(u, readonly), readonly)
     except OSError as e:  # e.g. a directory on the way that this user cannot enter
         raise StoreError(f"cannot open store {mask_url(u)}: {e.strerror or e}") from None
 

@@ -9,7 +9,8 @@ import pytest
 import sqlalchemy as sa
 from faultlib import check_ok, collect, fault_report_fixture, log_lines, reap, spawn, wait_until  # noqa: F401
 
-from tunecache.store import SCHEMA_REVISIONS, connect, head_revision
+from tunecache.schema import SCHEMA_REVISIONS
+from tunecache.store import connect, head_revision
 
 N_PROCS = 8
 ROUNDS = 3

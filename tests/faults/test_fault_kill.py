@@ -12,7 +12,8 @@ import sqlalchemy as sa
 from faultlib import check_ok, collect, fault_report_fixture, log_lines, reap, spawn, wait_until  # noqa: F401
 
 import tunecache
-from tunecache.store import configs, leases, open_store, problems
+from tunecache.schema import configs, leases, problems
+from tunecache.store import open_store
 
 N_WORKERS = 16
 KILLS = 3
@@ -149,7 +150,7 @@ def test_kill_9_of_benchmarking_workers_16x36_on_postgresql(pg_url, tmp_path, fa
         takeovers = sum(r["stats"]["lease_takeovers"] for r in finished)  # the counter agrees with the log
         assert takeovers == sum(len([m for m in log_lines(r) if "took over" in m]) for r in finished)
         # The whole fleet (restarted servers included) launches the same stored winner per key.
-        stored = open_store(pg_url).list(with_configs=True)
+        stored = open_store(pg_url).find_problems(with_configs=True)
         assert len(stored) == len(sizes) and all(p.winner is not None and p.winner.ok for p in stored)
         winners = {tuple(sorted(r["winners"].items())) for r in finished}
         assert len(winners) == 1
@@ -201,8 +202,8 @@ def test_sixteen_processes_flush_counters_at_once_without_deadlock_or_loss(store
     for r in out:
         check_ok(r)  # includes: no StoreError (a deadlock) in any flush
     s = open_store(store_url)
-    hits = {p.digest: p.hit_count for p in s.list()}
-    stats = {r["kernel"]: r for r in s.kernel_stats()}
+    hits = {p.digest: p.hit_count for p in s.find_problems()}
+    stats = {r["kernel"]: r for r in s.kernel_counters()}
     s.close()
     assert set(hits.values()) == {n_procs * rounds}  # every increment of every row, none lost
     assert {k: (v["hits"], v["bench_seconds"]) for k, v in stats.items()} == {

@@ -13,7 +13,8 @@ from faultlib import check_ok, collect, fault_report_fixture, log_lines, spawn  
 
 from tunecache.identity import config_identity
 from tunecache.model import pick_winner
-from tunecache.store import configs, open_store, problems
+from tunecache.schema import configs, problems
+from tunecache.store import open_store
 
 SIZES = [64, 100]
 
@@ -28,7 +29,7 @@ def test_poisoned_winner_from_another_process_is_marked_and_replaced(store_url, 
     a = collect(spawn("kernel", {"url": store_url, "sizes": SIZES}), 240)
     check_ok(a)
     s = open_store(store_url)
-    stored = {p.batch_bucket or p.key_json: p for p in s.list(with_configs=True)}
+    stored = {p.batch_bucket or p.key_json: p for p in s.find_problems(with_configs=True)}
     assert len(stored) == len(SIZES)
     # 2. The row of size 64 is poisoned: its fastest config becomes one that cannot compile here
     #    (BLOCK=3, not a power of two), as if measured on another target or by older Triton.

@@ -15,16 +15,8 @@ from faultlib import check_ok, collect, fault_report_fixture, log_lines, spawn  
 from tunecache.errors import SchemaError
 from tunecache.identity import problem_digest
 from tunecache.model import ConfigResult, Problem, utcnow
-from tunecache.store import (
-    _config_values,
-    _problem_values,
-    configs,
-    connect,
-    head_revision,
-    leases,
-    open_store,
-    problems,
-)
+from tunecache.schema import configs, leases, problems
+from tunecache.store import _config_values, _problem_values, connect, head_revision, open_store
 from tunecache.target import Target
 
 OLD = "0001"

@@ -24,7 +24,8 @@ from faultlib import check_ok, collect, fault_report_fixture, log_lines, reap, s
 from pgcluster import pg_cluster_fixture  # noqa: F401
 
 import tunecache
-from tunecache.store import configs, leases, open_store, problems
+from tunecache.schema import configs, leases, problems
+from tunecache.store import open_store
 
 HOSTS = ("tc-host-a", "tc-host-b")
 N_CONFIGS = 6
@@ -225,7 +226,7 @@ def test_two_hosts_killed_holder_is_taken_over_after_lease_expiry(pg_cluster, tw
     assert r["stats"]["lease_takeovers"] == 1 and r["stats"]["benchmarks"] == N_CONFIGS
     takeover = [m for m in log_lines(r) if "took over" in m]
     assert len(takeover) == 1 and HOSTS[0] in takeover[0] and "expired" in takeover[0], takeover
-    p = open_store(url).list(with_configs=True)
+    p = open_store(url).find_problems(with_configs=True)
     assert len(p) == 1 and p[0].host == HOSTS[1] and len(p[0].configs) == N_CONFIGS
     fault_report.update(
         isolated=two_hosts.isolated,

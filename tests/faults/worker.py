@@ -333,7 +333,7 @@ def counters(url: str, start_at: float, rounds: int) -> dict:
     from tunecache.store import open_store
 
     s = open_store(url)
-    digests = [p.digest for p in s.list()]
+    digests = [p.digest for p in s.find_problems()]
     _status("idle")
     _wait(start_at)
     errors: list[str] = []

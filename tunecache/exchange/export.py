@@ -48,8 +48,9 @@ from tunecache.model import (
     TIMESTAMP_FIELDS,
     utcnow,
 )
+from tunecache.schema import binaries, configs, launch_specs, problems
 from tunecache.signing import Signer
-from tunecache.store import Store, binaries, configs, filter_clauses, launch_specs, problems
+from tunecache.store import Store, filter_clauses
 from tunecache.target import TARGET_FIELDS
 
 log = logging.getLogger("tunecache")

@@ -30,7 +30,8 @@ from tunecache.exchange.format import CONFLICT_POLICIES, MAX_LINE_BYTES, Progres
 from tunecache.exchange.validate import Invalid, Scan, check_binary, check_spec
 from tunecache.identity import canonical_json
 from tunecache.model import CONFIG_COLUMNS, PROBLEM_COLUMNS, PROBLEM_FIELDS, TIMESTAMP_FIELDS
-from tunecache.store import Store, configs, misses, problems
+from tunecache.schema import configs, misses, problems
+from tunecache.store import Store
 from tunecache.target import TARGET_FIELDS, Target
 
 log = logging.getLogger("tunecache")

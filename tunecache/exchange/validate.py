@@ -47,8 +47,8 @@ from tunecache.model import (
     launch_spec_from_json,
     launch_spec_row,
 )
+from tunecache.schema import problems
 from tunecache.settings import MAX_BINARY_BYTES
-from tunecache.store import problems
 from tunecache.target import TARGET_FIELDS, Target
 
 _SPEC_SET = frozenset(LAUNCH_SPEC_FIELDS)
