@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from dataclasses import replace
 
 import pytest
 import sqlalchemy as sa
@@ -24,8 +25,9 @@ import tunecache
 from tunecache import autotuner as at
 from tunecache import store as store_mod
 from tunecache.identity import config_identity
+from tunecache.model import ConfigResult
 from tunecache.schema import leases
-from tunecache.store import ConfigResult, open_store, replace
+from tunecache.store import open_store
 from tunecache.target import hostname
 
 
