@@ -234,3 +234,19 @@ def make_readonly(tmp_path: Path):
         subprocess.run(["umount", "-l", str(d)], check=False)
     for d in chmodded:
         os.chmod(d, 0o755)
+
+
+@pytest.fixture
+def roles(pg_url):
+    """Two fresh role names; dropped (with their privileges) after the test."""
+    names = {k: f"tc_{k}_{uuid.uuid4().hex[:8]}" for k in ("reader", "tuner")}
+    yield names
+    from tunecache.engine import resolve_url
+
+    admin = sa.create_engine(resolve_url(pg_url), isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        for r in names.values():
+            if c.exec_driver_sql("SELECT 1 FROM pg_roles WHERE rolname = %(r)s", {"r": r}).first():
+                c.exec_driver_sql(f'DROP OWNED BY "{r}"')
+                c.exec_driver_sql(f'DROP ROLE "{r}"')
+    admin.dispose()

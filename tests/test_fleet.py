@@ -119,7 +119,7 @@ def pgbouncer_pool(request) -> int:
     return request.getfixturevalue("pgbouncer").pool_size
 
 
-def test_every_command_works_through_pgbouncer(pgbouncer, pg_url, tmp_path):
+def test_every_command_works_through_pgbouncer(pgbouncer, pg_url, tmp_path, roles):
     """Every leaf command of the CLI, in a real process, with TUNECACHE_URL at PgBouncer: exit 0."""
     from test_cli_process import fill, leaf_commands, tc, write_warm_module
 
@@ -136,13 +136,15 @@ def test_every_command_works_through_pgbouncer(pgbouncer, pg_url, tmp_path):
         ("stats",),
         ("misses",),
         ("export", str(export)),
-        ("import", str(export), "--on-conflict", "replace", "--launch-specs"),
+        ("import", str(export), "--on-conflict", "replace", "--launch-specs", "--trust-unsigned"),
         ("invalidate", "--kernel", "tests.add", "--dry-run"),
         ("invalidate", "--kernel", "tests.add"),
         ("gc", "--days", "3650"),
         ("demo", "--url", url, "--buckets", "1", "--json"),  # the bundled kernel, twice, in fresh processes
         ("report", "-o", str(tmp_path / "report.html")),
         ("hosts", "--json"),
+        ("db", "grant", "--reader", roles["reader"], "--tuner", roles["tuner"]),
+        ("keygen", str(tmp_path / "signing-key")),
     ]
     assert {" ".join(s[:2]) if s[0] == "db" else s[0] for s in steps} | {"show"} == set(leaf_commands())
     done: dict[str, subprocess.CompletedProcess] = {}

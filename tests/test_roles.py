@@ -9,7 +9,6 @@ the schema.
 from __future__ import annotations
 
 import json
-import uuid
 
 import pytest
 import sqlalchemy as sa
@@ -28,20 +27,6 @@ from tunecache.store import connect, open_store
 from tunecache.target import Target
 
 SIZES = [64, 128, 256, 512]
-
-
-@pytest.fixture
-def roles(pg_url):
-    """Two fresh role names; dropped (with their privileges) after the test."""
-    names = {k: f"tc_{k}_{uuid.uuid4().hex[:8]}" for k in ("reader", "tuner")}
-    yield names
-    admin = sa.create_engine(resolve_url(pg_url), isolation_level="AUTOCOMMIT")
-    with admin.connect() as c:
-        for r in names.values():
-            if c.exec_driver_sql("SELECT 1 FROM pg_roles WHERE rolname = %(r)s", {"r": r}).first():
-                c.exec_driver_sql(f'DROP OWNED BY "{r}"')
-                c.exec_driver_sql(f'DROP ROLE "{r}"')
-    admin.dispose()
 
 
 def as_role(url: str, role: str) -> str:
