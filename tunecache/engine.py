@@ -36,8 +36,7 @@ from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
 from tunecache import settings
-from tunecache.errors import StoreError
-from tunecache.errors import driver_message as _reason
+from tunecache.errors import StoreError, driver_message
 
 # --------------------------------------------------------------------------------------------
 # URLs and errors
@@ -248,9 +247,11 @@ def _driver_error(u: URL, e: Exception) -> StoreError:
         )
     extra, driver = _EXTRAS[backend]
     if u.get_driver_name() == driver:
-        return StoreError(f"no database driver for {mask_url(u)} ({_reason(e)}): pip install 'tunecache[{extra}]'")
+        return StoreError(
+            f"no database driver for {mask_url(u)} ({driver_message(e)}): pip install 'tunecache[{extra}]'"
+        )
     return StoreError(
-        f"no database driver {u.get_driver_name()!r} for {mask_url(u)} ({_reason(e)}): install it, or use "
+        f"no database driver {u.get_driver_name()!r} for {mask_url(u)} ({driver_message(e)}): install it, or use "
         f"{backend}:// ({driver}: pip install 'tunecache[{extra}]')"
     )
 

@@ -35,8 +35,7 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from tunecache import counters, settings
 from tunecache.bulk import BulkWriter, bulk_writer
 from tunecache.engine import make_engine, mask_url, resolve_url, scrub, sqlite_os_cause, sqlite_path, sqlite_writable
-from tunecache.errors import SchemaError, StoreError, StoreNotFoundError, StoreReadOnlyError
-from tunecache.errors import driver_message as _reason
+from tunecache.errors import SchemaError, StoreError, StoreNotFoundError, StoreReadOnlyError, driver_message
 from tunecache.identity import search_space_hash
 from tunecache.model import (
     COMPANION_CONFIG,
@@ -210,7 +209,7 @@ class Store:
         except StoreError:
             raise
         except (SQLAlchemyError, sqlite3.Error, OSError) as e:
-            reason = scrub(_reason(e), self.url)
+            reason = scrub(driver_message(e), self.url)
             if self.dialect == "sqlite":
                 reason += sqlite_os_cause(self.url, reason)
             missing = re.search(r"database \"([^\"]+)\" does not exist|Unknown database '([^']+)'", reason)
@@ -695,7 +694,7 @@ class Store:
                 finally:
                     writer.close()
             except dbapi_error as e:  # raw driver calls (COPY) bypass SQLAlchemy's error wrapping
-                raise StoreError(f"{what} failed on {self.masked_url}: {scrub(_reason(e), self.url)}") from None
+                raise StoreError(f"{what} failed on {self.masked_url}: {scrub(driver_message(e), self.url)}") from None
 
     def get_specs(self, source_hash: str) -> dict[str, list[LaunchSpec]]:
         """Every recorded specialisation of one kernel, by target digest, in one query."""
