@@ -101,8 +101,31 @@ def _count_compiles() -> dict:
     return seen
 
 
+_T_PROCESS = time.perf_counter()  # the child's own start, for the trace's timestamps
+
+
+def _trace() -> list | None:
+    """With TC_BENCH_TRACE=1: tunecache's debug log of this child, each line with its time since the
+    child started and its thread (where the background prefetch and preload spend their time)."""
+    if os.environ.get("TC_BENCH_TRACE") != "1":
+        return None
+    import logging
+
+    lines: list = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(f"{time.perf_counter() - _T_PROCESS:8.3f} {record.threadName}: {record.getMessage()}")
+
+    lg = logging.getLogger("tunecache")
+    lg.addHandler(Keep())
+    lg.setLevel(logging.DEBUG)
+    return lines
+
+
 def child_start(args: dict) -> dict:
     """One server start: launch every bucket once, largest first; time until all are ready."""
+    trace = _trace()
     compiled = _count_compiles()
     import torch
     from tunecache.kernels import sparse_decode as sd
@@ -110,10 +133,14 @@ def child_start(args: dict) -> dict:
     import tunecache
 
     s = _shape(args)
+    if trace is not None:
+        trace.append(f"{time.perf_counter() - _T_PROCESS:8.3f} kernels defined")
     kv, data, k_scale, sm_scale = _inputs(s["buckets"], s["heads"], s["topk"], s["kv_dtype"], s["device"])
     cfg = args.get("config")
     if s["device"] == "cuda":
         torch.cuda.synchronize()
+    if trace is not None:
+        trace.append(f"{time.perf_counter() - _T_PROCESS:8.3f} inputs on the device; pause")
     # A server loads its weights between importing its kernels and their first launch (seconds to
     # minutes); tunecache's background prefetch runs in that window. The same pause for every start.
     time.sleep(float(args.get("pause_s", os.environ.get("TC_BENCH_PAUSE_S", "1.0"))))
@@ -126,6 +153,8 @@ def child_start(args: dict) -> dict:
     winners = {}
     preloaded_before = tunecache.stats()["preloaded"]  # binaries loaded before the clock starts
     t0 = time.perf_counter()
+    if trace is not None:
+        trace.append(f"{t0 - _T_PROCESS:8.3f} first launch")
     if prof is not None:
         prof.enable()
     for b in s["buckets"]:
@@ -139,6 +168,9 @@ def child_start(args: dict) -> dict:
         torch.cuda.synchronize()
     ready = time.perf_counter() - t0
     extra = {}
+    if trace is not None:
+        trace.append(f"{time.perf_counter() - _T_PROCESS:8.3f} all buckets ready")
+        extra["trace"] = trace
     if prof is not None:
         import pstats
 

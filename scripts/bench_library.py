@@ -57,6 +57,17 @@ OPS = ("chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "chunk_gla"
 
 CHILD = r"""
 import json, os, sys, time
+T_PROCESS = time.perf_counter()
+trace = []
+if os.environ.get("TC_BENCH_TRACE") == "1":  # tunecache's debug log, timed from the child's start
+    import logging
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            trace.append(f"{time.perf_counter() - T_PROCESS:8.3f} {record.threadName}: {record.getMessage()}")
+
+    logging.getLogger("tunecache").addHandler(Keep())
+    logging.getLogger("tunecache").setLevel(logging.DEBUG)
 if os.environ.get("BENCH_ADDSITEDIR"):
     import site
     site.addsitedir(os.environ["BENCH_ADDSITEDIR"])  # runs tunecache-install.pth, as interpreter start does
@@ -103,9 +114,38 @@ def passes():
     return outs
 
 torch.cuda.synchronize()
+# A server loads its weights between importing its kernels and their first launch; the same pause
+# for every start (BENCH_PAUSE_S, as bench_gpu.py's TC_BENCH_PAUSE_S).
+time.sleep(float(os.environ.get("BENCH_PAUSE_S", "1.0")))
+loads = {"compiles": {}, "cache_hits": {}}
+
+def listener(src, metadata, metadata_group, times, cache_hit):
+    d = loads["cache_hits" if cache_hit else "compiles"]
+    name = str(getattr(src, "name", "?"))
+    d[name] = d.get(name, 0) + 1
+
+triton.knobs.compilation.listener = listener
+preloaded_before = None
+if "tunecache" in sys.modules:
+    preloaded_before = sys.modules["tunecache"].stats()["preloaded"]
+prof = None
+if os.environ.get("BENCH_PROFILE") == "1":
+    import cProfile
+
+    prof = cProfile.Profile()
+    prof.enable()
+trace.append(f"{time.perf_counter() - T_PROCESS:8.3f} first pass")
 t0 = time.perf_counter()
 first = passes()
 t_first = time.perf_counter() - t0
+trace.append(f"{time.perf_counter() - T_PROCESS:8.3f} first pass done")
+if prof is not None:
+    import pstats
+
+    prof.disable()
+    rows = sorted(pstats.Stats(prof).stats.items(), key=lambda kv: -kv[1][3])[:45]
+    profile = [f"{v[3]:8.4f} {v[1]:6d} {k[0].rsplit('/', 2)[-1]}:{k[1]}:{k[2]}" for k, v in rows]
+triton.knobs.compilation.listener = None
 benched_first = dict(counts)
 t0 = time.perf_counter()
 second = passes()
@@ -130,7 +170,13 @@ out = {
     "outputs_finite": finite,
     "second_call_same_outputs": same,
     "tunecache_imported": "tunecache" in sys.modules,
+    "first_pass_loads": loads,
+    "preloaded_before_first_pass": preloaded_before,
 }
+if trace:
+    out["trace"] = trace[-400:]
+if prof is not None:
+    out["profile_first_pass"] = profile
 if "tunecache" in sys.modules:
     import tunecache
     from tunecache import decorator
@@ -169,7 +215,7 @@ def _child(env: dict[str, str], timeout: float) -> dict:
     return out
 
 
-def gpu_phases(out_dir: Path, timeout: float) -> dict:
+def gpu_phases(out_dir: Path, timeout: float, only: set[str], profile: bool) -> dict:
     store = out_dir / "store.sqlite3"
     for p in (store, Path(f"{store}-wal"), Path(f"{store}-shm")):
         p.unlink(missing_ok=True)
@@ -192,12 +238,17 @@ def gpu_phases(out_dir: Path, timeout: float) -> dict:
         tc["BENCH_ADDSITEDIR"] = str(hook_dir)
         activation = "tunecache-install.pth through site.addsitedir (tunecache not pip-installed here)"
     phases = {}
-    for name, env in (
+    starts = [
         ("stock-cold", base),
         ("stock-restart", base),
         ("tunecache-first", tc),
         ("tunecache-restart", tc),
-    ):
+    ]
+    if profile:  # a diagnosis, after the measured starts: where the restart's first pass goes
+        starts.append(("tunecache-restart-profiled", {**tc, "BENCH_PROFILE": "1", "TC_BENCH_TRACE": "1"}))
+    if only:
+        starts = [(n, e) for n, e in starts if n in only]
+    for name, env in starts:
         t0 = time.perf_counter()
         phases[name] = _child(env, timeout)
         phases[name]["process_s"] = time.perf_counter() - t0
@@ -229,7 +280,9 @@ def _venv(where: Path, hooked: bool) -> Path:
     ).stdout.strip()
     # Lends this interpreter's packages (triton, torch, sqlalchemy...) and the checkout's tunecache
     # to both venvs alike; .pth files inside the lent directories are not run.
-    lent = [p for p in sys.path if p.endswith("site-packages") and Path(p).is_dir()] + [str(ROOT)]
+    # PYTHONPATH's entries too: on the GPU host tunecache's dependencies lie there (a --target dir).
+    pythonpath = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p).is_dir()]
+    lent = [p for p in sys.path if p.endswith("site-packages") and Path(p).is_dir()] + pythonpath + [str(ROOT)]
     Path(purelib, "lend.pth").write_text("".join(f"{p}\n" for p in lent))
     if hooked:
         shutil.copy(PTH, Path(purelib, PTH.name))
@@ -318,6 +371,9 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=40, help="runs of each `python -c pass` variant")
     ap.add_argument("--triton-reps", type=int, default=8, help="runs of each `import triton` variant")
     ap.add_argument("--timeout", type=float, default=540.0, help="seconds per fla child")
+    ap.add_argument("--phases", default="", help="comma-separated starts to run (default: all)")
+    ap.add_argument("--profile", action="store_true", help="then a profiled, traced tunecache restart")
+    ap.add_argument("--no-pth", action="store_true", help="skip the start-up hook's cost")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     result: dict = {"python": sys.version.split()[0]}
@@ -332,8 +388,8 @@ def main() -> None:
             result["fla"] = getattr(fla, "__version__", "?")
         except ImportError as e:
             sys.exit(f"fla-core is not importable ({e}): pip install fla-core==0.6.0 einops")
-        result["gpu"] = gpu_phases(a.out, a.timeout)
-    result["pth"] = pth_cost(a.reps, a.triton_reps)
+        result["gpu"] = gpu_phases(a.out, a.timeout, set(filter(None, a.phases.split(","))), a.profile)
+    result["pth"] = {} if a.no_pth else pth_cost(a.reps, a.triton_reps)
     (a.out / "bench_library.json").write_text(json.dumps(result, indent=2))
     (a.out / "bench_library.md").write_text(markdown(result))
     print(markdown(result))

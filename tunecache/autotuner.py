@@ -246,6 +246,7 @@ class TunecacheAutotuner(Autotuner):
     def load_winners(self, device: int | None = None) -> int:
         """Load this kernel's stored winners for ``device`` (default: the current one) into
         Triton's kernel cache; returns how many binaries were loaded. Never raises."""
+        t0 = time.perf_counter()
         try:
             import torch
 
@@ -260,7 +261,9 @@ class TunecacheAutotuner(Autotuner):
                     return 0
                 ks.fetch(store, self._known_hash())
                 ks.specs = store.get_specs(self.identity.source_hash)
+                log.debug("tunecache: %s: launch specs read (%.3f s)", self._tc_name, time.perf_counter() - t0)
                 binaries.place_for(store, ks.specs)  # before any compile: Triton finds them
+                log.debug("tunecache: %s: binaries placed (%.3f s)", self._tc_name, time.perf_counter() - t0)
             ks.absorb(self.identity.source_hash)
             mine = ks.specs.get(target.digest, [])
             if not mine:
@@ -272,7 +275,13 @@ class TunecacheAutotuner(Autotuner):
             return 0
         counters.count(None, None, preloaded=loaded, preload_skipped=skipped)
         if loaded or skipped:
-            log.debug("tunecache: %s: preloaded %d binaries (%d skipped)", self._tc_name, loaded, skipped)
+            log.debug(
+                "tunecache: %s: preloaded %d binaries (%d skipped) in %.3f s",
+                self._tc_name,
+                loaded,
+                skipped,
+                time.perf_counter() - t0,
+            )
         return loaded
 
     def _record_specs(self, ctx: _Ctx, store: Store, best: str | None) -> None:

@@ -9,6 +9,7 @@ and warned about once per store: the autotuner then tunes in its own process.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from tunecache.model import ConfigResult, LaunchSpec, Problem
 from tunecache.store import Store, shared_store
 
 RETRY_OPEN_S = 30.0
+log = logging.getLogger("tunecache")
 
 
 class KernelStore:
@@ -63,6 +65,7 @@ class KernelStore:
         """Background: open the store and prefetch every problem of this kernel (all targets: the
         target needs CUDA, which must not be touched before a server forks), and its launch specs
         if ``source_hash()`` (which hashes the source only where that is safe now) gives the hash."""
+        t0 = time.perf_counter()
         with contextlib.suppress(Exception):
             store = self.arg if isinstance(self.arg, Store) else shared_store(self.arg)
             h = source_hash()
@@ -70,6 +73,12 @@ class KernelStore:
             if h is not None:
                 self.specs = store.get_specs(h)
                 binaries.place_for(store, self.specs)  # before any compile: Triton finds them
+        log.debug(
+            "tunecache: %s: prefetched (hashed: %s) in %.3f s",
+            self.kernel,
+            self.specs is not None,
+            time.perf_counter() - t0,
+        )
 
     def wait_for_prefetch(self, timeout: float = 60.0) -> None:
         opening = self.opening
