@@ -99,6 +99,32 @@ def test_restart_loads_only_this_targets_winners(sqlite_url, monkeypatch):
     assert tunecache.load_winners() >= 1  # every kernel defined so far, through the package
 
 
+def test_preload_skips_kernels_with_nothing_stored_without_hashing_them(sqlite_url, tmp_path, monkeypatch):
+    """A library defines hundreds of autotuned kernels (fla-core: 205) and a start uses a few. The
+    preload runs on one background thread in definition order: a kernel with nothing in the store must
+    cost no source hash and no query there, or the few with winners are preloaded after their first
+    launch (GPU run S: 2 of fla's 10 used kernels missed the 1 s window)."""
+    tinykernels.launch(tinykernels.make_add(store=sqlite_url), 64)  # tuned: that store has its row
+    hashed = []
+    real_identity, real_imported = at.kernel_identity, at.module_imported
+    monkeypatch.setattr(at, "kernel_identity", lambda fn: hashed.append(fn) or real_identity(fn))
+
+    def defined_while_importing(url: str):  # as a library's kernels are: the prefetch cannot hash
+        monkeypatch.setattr(at, "module_imported", lambda fn: False)
+        k = tinykernels.make_add(store=url)
+        k.wait_for_prefetch()
+        monkeypatch.setattr(at, "module_imported", real_imported)
+        return k
+
+    empty = defined_while_importing(f"sqlite:///{tmp_path / 'empty.sqlite3'}")
+    assert hashed == []
+    assert empty.load_winners() == 0
+    assert hashed == []  # no source parsed for a kernel the store holds nothing of
+    stored = defined_while_importing(sqlite_url)
+    stored.load_winners()
+    assert len(hashed) == 1  # a kernel with rows is hashed there, as before
+
+
 def test_interpreted_kernels_record_nothing(sqlite_url):
     k = tinykernels.make_add(store=sqlite_url)
     tinykernels.launch(k, 64)

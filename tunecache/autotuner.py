@@ -251,10 +251,12 @@ class TunecacheAutotuner(Autotuner):
             import torch
 
             dev = int(device) if device is not None else torch.cuda.current_device() if torch.cuda.is_available() else 0
+            ks = self._tc_ks
+            if ks.holds_nothing():
+                return 0
             if self._tc_identity is None and not self._may_hash_here():
                 return 0  # the first launch loads its kernel as before
             target = detect_target(device)  # device None: also warms the launch's own lookup
-            ks = self._tc_ks
             if ks.specs is None:  # the prefetch was off, failed, or ran before the hash
                 store = ks.get()
                 if store is None:

@@ -80,6 +80,11 @@ class KernelStore:
             time.perf_counter() - t0,
         )
 
+    def holds_nothing(self) -> bool:
+        """The prefetch ran and the store holds no row of this kernel (of any version): nothing to
+        preload, so no source hash and no query for it (a library defines hundreds of kernels)."""
+        return self.prefetched and not self.pending and not self.mem
+
     def wait_for_prefetch(self, timeout: float = 60.0) -> None:
         opening = self.opening
         if opening is not None and opening[0] == os.getpid():
