@@ -1,0 +1,231 @@
+"""Commands that read the store and change nothing: ``info``, ``ls``, ``show``, ``stats`` and ``misses``.
+
+A store they open is never created (a typo in ``--url`` is an error, not a new empty store).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+import orjson
+
+from tunecache.cli.options import filter_options, json_option, problem_filters, store_for
+from tunecache.cli.output import json_out, problem_summary, table
+from tunecache.errors import TunecacheError
+from tunecache.model import config_to_json
+from tunecache.settings import current_mode
+
+
+def _config_label(cfg: dict[str, Any] | None) -> str:
+    if not cfg:
+        return "-"
+    kw = " ".join(f"{k}={v}" for k, v in sorted(cfg.get("kwargs", {}).items()))
+    opts = f"w{cfg.get('num_warps')} s{cfg.get('num_stages')}"
+    hook = " +hook" if cfg.get("pre_hook") else ""
+    return f"{kw} {opts}{hook}".strip()
+
+
+@click.command()
+@json_option
+@click.pass_context
+def info(ctx: click.Context, as_json: bool) -> None:
+    """This machine's target identity, the store URL (password masked), schema revision and counts."""
+    from tunecache.store import head_revision
+    from tunecache.target import detect_target, hostname
+
+    store = store_for(ctx)
+    target = detect_target()
+    out = {
+        "store": store.masked_url,
+        "readonly": store.readonly,
+        "mode": current_mode(),
+        "schema_revision": store.revision(),
+        "schema_head": head_revision(),
+        "host": hostname(),
+        "target": target.as_dict(),
+        "target_digest": target.digest,
+        "counts": store.counts(),
+    }
+    usage = store.binary_usage().values()
+    out["binaries"] = {"count": sum(n for n, _ in usage), "bytes": sum(b for _, b in usage)}
+    if as_json:
+        json_out(out)
+        return
+    click.echo(f"store:     {out['store']}{' (read-only)' if store.readonly else ''}")
+    click.echo(f"schema:    {out['schema_revision']} (head {out['schema_head']})")
+    click.echo(f"mode:      {out['mode']}")
+    click.echo(f"host:      {out['host']}")
+    click.echo(f"target:    {target.digest[:16]}")
+    for k, v in target.as_dict().items():
+        click.echo(f"  {k:<15} {v}")
+    click.echo("counts:    " + ", ".join(f"{k}={v}" for k, v in out["counts"].items()))
+    click.echo(f"binaries:  {out['binaries']['count']} ({out['binaries']['bytes']} bytes)")
+
+
+@click.command("ls")
+@filter_options
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="At most this many rows.")
+@json_option
+@click.pass_context
+def ls_cmd(
+    ctx: click.Context, kernel: str, arch: str, device: str, driver: str, limit: int | None, as_json: bool
+) -> None:
+    """List stored problems, newest first."""
+    store = store_for(ctx)
+    found = store.find_problems(with_configs=True, **problem_filters(kernel, arch, device, driver))
+    if limit:
+        found = found[:limit]
+    if as_json:
+        json_out([problem_summary(p) for p in found])
+        return
+    table(
+        ["DIGEST", "KERNEL", "ARCH", "DEVICE", "DRIVER", "KEY", "CONFIGS", "WINNER", "MS", "HITS"],
+        (
+            [
+                p.digest[:12],
+                p.kernel.rsplit(".", 1)[-1],
+                p.target.arch,
+                p.target.device_name,
+                p.target.driver_release or p.target.driver_version or "-",
+                ",".join(f"{k}={v}" for k, v in orjson.loads(p.key_json) if not str(k).endswith(".dtype")),
+                len(p.configs),
+                _config_label(p.winner.config if p.winner else None),
+                f"{p.winner_ms:.4f}" if p.winner_ms is not None else "-",
+                p.hit_count,
+            ]
+            for p in found
+        ),
+    )
+
+
+@click.command()
+@click.argument("digest_prefix")
+@json_option
+@click.pass_context
+def show(ctx: click.Context, digest_prefix: str, as_json: bool) -> None:
+    """Every config of one problem: status, timings and why it failed."""
+    store = store_for(ctx)
+    found = store.find(digest_prefix)
+    if not found:
+        raise TunecacheError(f"no problem with a digest starting {digest_prefix!r}")
+    if len(found) > 1:
+        raise TunecacheError(
+            f"{len(found)} problems start with {digest_prefix!r}: "
+            + ", ".join(p.digest[:16] for p in found[:5])
+            + ("..." if len(found) > 5 else "")
+            + "; give more characters"
+        )
+    p = found[0]
+    rows = sorted(p.configs, key=lambda r: (not r.ok, r.median_ms or 0.0, r.config_hash))
+    if as_json:
+        json_out(
+            {
+                **problem_summary(p),
+                "configs": [config_to_json(r) for r in rows],
+            }
+        )
+        return
+    click.echo(f"digest:  {p.digest}")
+    click.echo(f"kernel:  {p.kernel}  (source {p.source_hash[:12]})")
+    t = p.target
+    click.echo(
+        f"target:  {t.device_name} {t.arch}, driver {t.driver_release or t.driver_version}, triton {t.triton_version}"
+    )
+    click.echo(f"key:     {p.key_json}")
+    click.echo(f"tuned:   {p.tuning_seconds:.2f}s on {p.host} at {p.updated_at}; {p.hit_count} hits")
+    table(
+        ["", "CONFIG", "STATUS", "MEDIAN_MS", "P20", "P80", "N", "REASON"],
+        (
+            [
+                "*" if r.config_hash == p.winner_config_hash else "",
+                _config_label(r.config),
+                r.status,
+                f"{r.median_ms:.4f}" if r.median_ms is not None else "-",
+                f"{r.p20_ms:.4f}" if r.p20_ms is not None else "-",
+                f"{r.p80_ms:.4f}" if r.p80_ms is not None else "-",
+                r.samples,
+                _failure_text(r.failure),
+            ]
+            for r in rows
+        ),
+    )
+
+
+def _failure_text(f: dict[str, Any] | None) -> str:
+    if not f:
+        return ""
+    if f.get("required") is not None:
+        return f"{f.get('resource') or 'resource'}: needs {f['required']}, limit {f.get('limit')}"
+    return str(f.get("message") or f.get("reason") or f.get("error") or "")[:80]
+
+
+@click.command()
+@json_option
+@click.pass_context
+def stats(ctx: click.Context, as_json: bool) -> None:
+    """Per-kernel hits, misses, benchmarks and seconds saved (persisted by every process), the count
+    and bytes of its stored binaries, and which kernels tunecache saw but could not serve
+    (``covered`` false; see ``tunecache misses``)."""
+    store = store_for(ctx)
+    rows = [{**r, "covered": True} for r in store.kernel_counters()]
+    zero = {"hits": 0, "misses": 0, "benchmarks": 0, "bench_seconds": 0.0, "saved_seconds": 0.0, "updated_at": None}
+    usage = store.binary_usage()
+    known = {r["kernel"]: r for r in rows}
+    for k in usage:  # binaries of a kernel that no process has counted yet (an imported store)
+        if k not in known:
+            known[k] = {"kernel": k, **zero, "covered": True}
+            rows.append(known[k])
+    uncovered = sorted({m["kernel"] for m in store.list_misses() if m["reason"] == "uncovered"})
+    for k in uncovered:
+        if k in known:
+            known[k]["covered"] = False  # served in some processes (another version?), not in others
+        else:
+            rows.append({"kernel": k, **zero, "covered": False})
+    for r in rows:
+        r["binaries"], r["binary_bytes"] = usage.get(r["kernel"], (0, 0))
+    rows.sort(key=lambda r: r["kernel"])
+    if as_json:
+        json_out(rows)
+        return
+    table(
+        ["KERNEL", "HITS", "MISSES", "BENCHMARKS", "BENCH_S", "SAVED_S", "BINARIES", "BIN_BYTES", "COVERED"],
+        (
+            [
+                r["kernel"],
+                r["hits"],
+                r["misses"],
+                r["benchmarks"],
+                f"{r['bench_seconds']:.1f}",
+                f"{r['saved_seconds']:.1f}",
+                r["binaries"],
+                r["binary_bytes"],
+                "yes" if r["covered"] else "NO",
+            ]
+            for r in rows
+        ),
+    )
+    n_cov = sum(r["covered"] for r in rows)
+    click.echo(f"kernels seen: {len(rows)}, covered by tunecache: {n_cov}")
+    if n_cov < len(rows):
+        click.echo("not covered: their autotuner never reached Autotuner.run (the process logged why once)")
+
+
+@click.command()
+@json_option
+@click.pass_context
+def misses(ctx: click.Context, as_json: bool) -> None:
+    """Keys that missed during a CUDA graph capture or in offline mode (tune them next image build), and
+    the first key of kernels tunecache could not serve (reason ``uncovered``)."""
+    store = store_for(ctx)
+    rows = store.list_misses()
+    if as_json:
+        json_out([{**r, "key": orjson.loads(r.pop("key_json"))} for r in rows])
+        return
+    table(
+        ["DIGEST", "KERNEL", "REASON", "COUNT", "KEY", "LAST_SEEN", "HOST"],
+        (
+            [r["digest"][:12], r["kernel"], r["reason"], r["count"], r["key_json"], r["last_seen"], r["host"]]
+            for r in rows
+        ),
+    )

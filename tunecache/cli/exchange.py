@@ -1,0 +1,188 @@
+"""Commands that move results between stores: ``export``, ``import`` and ``keygen`` (the key that
+signs exports), with a progress counter on a terminal."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+import click
+import orjson
+
+from tunecache.cli.options import filter_options, json_option, parse_since, problem_filters, store_for
+from tunecache.cli.output import json_out
+
+
+@click.command("export")
+@click.argument("path")
+@filter_options
+@click.option("--since", help="Only problems updated since an ISO date/time (UTC) or for a duration (30d, 12h).")
+@click.option(
+    "--no-launch-specs",
+    is_flag=True,
+    help="Leave out the winners' launch specs (what a first start preloads): a version 1 file, which "
+    "tunecache versions before format 2 can import.",
+)
+@click.option(
+    "--binaries",
+    is_flag=True,
+    help="Also write the winners' compiled binaries (format 3), so that the importing host compiles nothing.",
+)
+@click.option(
+    "--sign",
+    "sign_key",
+    metavar="KEY",
+    help="Sign the file with this private key (from `tunecache keygen`); needs tunecache[sign].",
+)
+@json_option
+@click.pass_context
+def export_cmd(
+    ctx: click.Context,
+    path: str,
+    kernel: str | None,
+    arch: str | None,
+    device: str | None,
+    driver: str | None,
+    since: str | None,
+    no_launch_specs: bool,
+    binaries: bool,
+    sign_key: str | None,
+    as_json: bool,
+) -> None:
+    """Write stored problems with every config row to PATH (JSON Lines; .gz compresses; - is stdout)."""
+    from tunecache.exchange import export
+    from tunecache.signing import Signer
+
+    if no_launch_specs and (binaries or sign_key):
+        raise click.UsageError("--binaries and --sign need the launch specs: drop --no-launch-specs")
+    signer = Signer(sign_key) if sign_key else None  # a bad key fails before the export starts
+    store = store_for(ctx)
+    with _ExchangeProgress() as progress:
+        s = export(
+            store,
+            path,
+            **problem_filters(kernel, arch, device, driver),
+            since=parse_since(since) if since else None,
+            progress=progress,
+            with_launch_specs=not no_launch_specs,
+            with_binaries=binaries,
+            signer=signer,
+        )
+    s["path"] = path
+    to_stderr = path == "-"  # stdout carries the file itself
+    if as_json:
+        click.echo(orjson.dumps(s, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode(), err=to_stderr)
+    else:
+        click.echo(
+            f"exported {s['problems']} problems ({s['configs']} config rows, {s['launch_specs']} launch specs, "
+            + (f"{s['binaries']} binaries, " if binaries else "")
+            + f"{s['bytes']} bytes) to {path} in {s['seconds']:.1f}s"
+            + (f", signed by key {s['signed_by']}" if s["signed_by"] else ""),
+            err=to_stderr,
+        )
+
+
+@click.command("import")
+@click.argument("path")
+@click.option("--dry-run", is_flag=True, help="Validate the file and count what would change; write nothing.")
+@click.option(
+    "--on-conflict",
+    type=click.Choice(["keep", "replace", "faster"]),
+    default="keep",
+    show_default=True,
+    help="For a problem already stored: keep it, replace it, or replace it if the incoming winner is faster.",
+)
+@click.option(
+    "--launch-specs",
+    is_flag=True,
+    help="Also add the file's launch specs, so the first start preloads the winners' binaries. They steer "
+    "what Triton compiles: the file must be signed by a key in TUNECACHE_TRUSTED_KEYS (or --trust-unsigned).",
+)
+@click.option(
+    "--binaries",
+    is_flag=True,
+    help="Also add the file's compiled binaries (and launch specs), so that this store's hosts compile nothing. "
+    "They are code every GPU runs: the file must be signed by a key in TUNECACHE_TRUSTED_KEYS.",
+)
+@click.option(
+    "--trust-unsigned",
+    is_flag=True,
+    help="Add launch specs and binaries from a file that no trusted key signed (one you trust like your store).",
+)
+@json_option
+@click.pass_context
+def import_cmd(
+    ctx: click.Context,
+    path: str,
+    dry_run: bool,
+    on_conflict: str,
+    launch_specs: bool,
+    binaries: bool,
+    trust_unsigned: bool,
+    as_json: bool,
+) -> None:
+    """Import an export file (PATH, or - for stdin): all of it in one transaction, or nothing.
+
+    Every line is validated first (types, timings, statuses, config shape, recomputed digests); a
+    bad file exits 1 naming the line and the reason, and the store is left unchanged.
+    """
+    from tunecache.exchange import import_
+
+    store = store_for(ctx, create=True)
+    with _ExchangeProgress() as progress:
+        s = import_(
+            store,
+            path,
+            dry_run=dry_run,
+            on_conflict=on_conflict,
+            progress=progress,
+            with_launch_specs=launch_specs,
+            with_binaries=binaries,
+            trust_unsigned=trust_unsigned,
+        )
+    if as_json:
+        json_out(s.as_dict())
+        return
+    click.echo(
+        f"{'dry run, nothing written: ' if dry_run else ''}{s.problems} problems ({s.configs} config rows): "
+        f"{s.new} new, {s.updated} updated, {s.skipped} skipped, {s.conflicts} conflicts"
+        + (f"; {s.launch_specs} launch specs, {s.launch_specs_new} added" if s.launch_specs else "")
+        + (f"; {s.binaries} binaries, {s.binaries_new} added" if s.binaries else "")
+        + (f"; signed by key {s.signed_by}" if s.signed_by else "")
+    )
+
+
+@click.command()
+@click.argument("path")
+@json_option
+def keygen(path: str, as_json: bool) -> None:
+    """Make an Ed25519 key pair for signing exports: PATH (private, mode 0600) and PATH.pub (public:
+    list it in TUNECACHE_TRUSTED_KEYS where exports are imported). Needs tunecache[sign]."""
+    from tunecache.signing import keygen as make_key
+
+    out = make_key(path)
+    if as_json:
+        json_out(out)
+    else:
+        click.echo(
+            f"wrote {out['private_key']} (private: keep it secret) and {out['public_key']} (key {out['key_id']})"
+        )
+
+
+class _ExchangeProgress:
+    """A one-line counter on stderr for export/import, only when stderr is a terminal."""
+
+    def __init__(self) -> None:
+        self.used = False
+
+    def __enter__(self) -> Callable[[str, int, int], None] | None:
+        return self.show if sys.stderr.isatty() else None
+
+    def show(self, phase: str, done: int, total: int) -> None:
+        self.used = True
+        pct = f" {100 * done // total:3d}%" if total else ""
+        click.echo(f"\r  {phase}: {done}/{total} problems{pct}   ", nl=False, err=True)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.used:
+            click.echo("", err=True)

@@ -1,0 +1,182 @@
+"""Commands that change the store's shape or drop its rows: ``db upgrade``/``current``/``grant``
+(schema and roles), ``invalidate`` and ``gc`` (deleting what is stale)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+
+import click
+
+from tunecache.cli.options import (
+    CommandGroup,
+    filter_options,
+    json_option,
+    parse_since,
+    problem_filters,
+    store_for,
+)
+from tunecache.cli.output import json_out, problem_summary
+from tunecache.errors import StoreReadOnlyError, TunecacheError
+from tunecache.model import Problem, utcnow
+from tunecache.store import connect
+
+
+@click.group(cls=CommandGroup)
+def db() -> None:
+    """Schema management (Alembic)."""
+
+
+@db.command("upgrade")
+@click.option("--revision", default="head", show_default=True)
+@json_option
+@click.pass_context
+def db_upgrade(ctx: click.Context, revision: str, as_json: bool) -> None:
+    """Create or migrate the schema (creates a SQLite store and its directory)."""
+    from tunecache.store import head_revision
+
+    store = connect(ctx.obj.get("url"))
+    ctx.call_on_close(store.close)
+    before = store.revision()
+    if store.readonly:
+        if before != (head_revision() if revision == "head" else revision):
+            raise StoreReadOnlyError(
+                f"store {store.masked_url} is read-only (its file or directory is not writable by uid "
+                f"{os.geteuid()}) and is at {before or 'no schema'}: run `tunecache db upgrade` where it is writable"
+            )
+    else:
+        store.upgrade(revision)
+    after = store.revision()
+    if as_json:
+        json_out({"store": store.masked_url, "before": before, "after": after, "readonly": store.readonly})
+        return
+    click.echo(
+        f"{store.masked_url}: {before or 'empty'} -> {after}{' (read-only, nothing to do)' if store.readonly else ''}"
+    )
+
+
+@db.command("current")
+@json_option
+@click.pass_context
+def db_current(ctx: click.Context, as_json: bool) -> None:
+    """Show the schema revision of the store (and whether it is head)."""
+    from tunecache.store import head_revision
+
+    store = connect(ctx.obj.get("url"), create=False)
+    ctx.call_on_close(store.close)
+    rev = store.revision()
+    head = head_revision()
+    if as_json:
+        json_out({"store": store.masked_url, "revision": rev, "head": head, "is_head": rev == head})
+        return
+    click.echo(f"{rev or 'none'}{' (head)' if rev == head else f' (head is {head})'}")
+
+
+@db.command("grant")
+@click.option("--reader", "readers", multiple=True, metavar="ROLE", help="May only SELECT: serving workers.")
+@click.option("--tuner", "tuners", multiple=True, metavar="ROLE", help="May read and write rows: tuning jobs.")
+@click.option("--no-create", is_flag=True, help="Grant to roles that exist; do not create missing ones.")
+@json_option
+@click.pass_context
+def db_grant(
+    ctx: click.Context, readers: tuple[str, ...], tuners: tuple[str, ...], no_create: bool, as_json: bool
+) -> None:
+    """PostgreSQL: create login roles (no password: set one with ALTER ROLE, or use your auth) and grant
+    them least privilege on the store's tables: a reader may only SELECT, a tuner may also INSERT,
+    UPDATE and DELETE rows. Neither may change the schema: run it as the tables' owner, which also runs
+    `db upgrade`."""
+    from tunecache.roles import grant
+
+    if not readers and not tuners:
+        raise click.UsageError("give --reader ROLE and/or --tuner ROLE")
+    store = connect(ctx.obj.get("url"), create=False)
+    ctx.call_on_close(store.close)
+    done = grant(store, readers=readers, tuners=tuners, create=not no_create)
+    if as_json:
+        json_out({"store": store.masked_url, "roles": done})
+        return
+    for r in done:
+        click.echo(f"{r['role']}: {r['kind']}{' (created)' if r['created'] else ''}")
+
+
+@click.command()
+@filter_options
+@click.option("--driver-not-current", is_flag=True, help="Entries for any driver other than this machine's.")
+@click.option("--older-than", help="Entries not updated for this long (30d, 12h) or since an ISO date.")
+@click.option("--dry-run", is_flag=True, help="List what would be deleted, delete nothing.")
+@json_option
+@click.pass_context
+def invalidate(
+    ctx: click.Context,
+    kernel: str,
+    arch: str,
+    device: str,
+    driver: str,
+    driver_not_current: bool,
+    older_than: str | None,
+    dry_run: bool,
+    as_json: bool,
+) -> None:
+    """Delete stored problems (e.g. after a driver upgrade). At least one filter is required."""
+    filters = problem_filters(kernel, arch, device, driver)
+    if driver_not_current:
+        from tunecache.target import detect_target
+
+        t = detect_target()
+        if t.backend == "cpu":
+            raise TunecacheError("--driver-not-current needs a GPU to read the current driver; use --driver X")
+        filters["not_driver"] = t.driver_version
+    if older_than:
+        filters["older_than"] = parse_since(older_than)
+    if not any(v is not None and v is not False for v in filters.values()):
+        raise click.UsageError(
+            "give at least one filter (--driver, --driver-not-current, --arch, --kernel, --older-than)"
+        )
+    store = store_for(ctx)
+    gone = store.delete(dry_run=dry_run, **filters)
+    _report_deleted(gone, dry_run, as_json)
+
+
+def _report_deleted(gone: list[Problem], dry_run: bool, as_json: bool) -> None:
+    if as_json:
+        json_out({"dry_run": dry_run, "count": len(gone), "problems": [problem_summary(p) for p in gone]})
+        return
+    for p in gone:
+        click.echo(f"{'would delete' if dry_run else 'deleted'} {p.digest[:12]} {p.kernel} {p.key_json}")
+    click.echo(f"{len(gone)} problem(s) {'would be ' if dry_run else ''}deleted")
+
+
+@click.command()
+@click.option(
+    "--days",
+    type=click.FloatRange(min=0),
+    default=30.0,
+    show_default=True,
+    help="Delete problems with no hit (and no update) for this many days.",
+)
+@click.option("--dry-run", is_flag=True, help="List what would be deleted, delete nothing.")
+@json_option
+@click.pass_context
+def gc(ctx: click.Context, days: float, dry_run: bool, as_json: bool) -> None:
+    """Remove problems nobody has used for N days (last hit, or last update if never hit), then the
+    binaries no stored winner references any more."""
+    store = store_for(ctx)
+    gone = store.delete(dry_run=dry_run, no_hit_since=utcnow() - dt.timedelta(days=days))
+    # On a dry run the problems are still there, so this lists only binaries unreferenced already.
+    bins = store.gc_binaries(dry_run=dry_run)
+    dropped = {"count": len(bins), "bytes": sum(b[2] for b in bins)}
+    if as_json:
+        json_out(
+            {
+                "dry_run": dry_run,
+                "count": len(gone),
+                "problems": [problem_summary(p) for p in gone],
+                "binaries": {**dropped, "triton_keys": [b[0] for b in bins]},
+            }
+        )
+        return
+    _report_deleted(gone, dry_run, False)
+    click.echo(
+        f"{dropped['count']} binaries ({dropped['bytes']} bytes) no winner references "
+        f"{'would be ' if dry_run else ''}dropped"
+    )

@@ -1,0 +1,182 @@
+"""Commands that run kernels so that they get tuned: ``warm`` (a module's warmup(), ahead of time,
+with progress per key) and ``demo`` (the bundled kernel, twice)."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import click
+
+from tunecache.cli.options import json_option
+from tunecache.cli.output import json_out
+from tunecache.errors import TunecacheError
+
+log = logging.getLogger("tunecache")
+
+
+@click.command()
+@click.argument("module")
+@json_option
+@click.pass_context
+def warm(ctx: click.Context, module: str, as_json: bool) -> None:
+    """Tune ahead of time: import MODULE and call its warmup() (e.g. during an image build).
+
+    Progress per key goes to stderr (a bar on a terminal); without a GPU, kernels run under the
+    Triton interpreter (TRITON_INTERPRET=1 is set before triton is imported).
+    """
+    import tunecache
+
+    with _log_to_stderr(logging.INFO):
+        _interpreter_without_gpu()
+        if ctx.obj.get("url"):
+            os.environ["TUNECACHE_URL"] = ctx.obj["url"]
+        try:
+            mod = importlib.import_module(module)
+        except ImportError as e:
+            raise TunecacheError(f"cannot import {module!r}: {e}") from None
+        fn = getattr(mod, "warmup", None)
+        if not callable(fn):
+            raise TunecacheError(f"module {module!r} has no warmup() function")
+        t0 = time.perf_counter()
+        with _WarmProgress(module, quiet=as_json) as progress:
+            result = fn(progress=progress) if _takes_progress(fn) else fn()
+        tunecache.flush()
+    out = {"module": module, "seconds": round(time.perf_counter() - t0, 3), "stats": tunecache.stats()}
+    if isinstance(result, dict):
+        out["buckets"] = len(result)
+    if as_json:
+        json_out(out)
+    else:
+        s = out["stats"]
+        fallbacks = s["offline_fallbacks"] + s["capture_fallbacks"]
+        click.echo(
+            f"warmed {module} in {out['seconds']:.1f}s: {s['hits']} hits, {s['misses']} misses, "
+            + (f"{fallbacks} fallbacks (not tuned: see `tunecache misses`), " if fallbacks else "")
+            + f"{s['benchmarks']} configs benchmarked"
+        )
+
+
+def _interpreter_without_gpu() -> None:
+    """On a machine without a GPU, run kernels under Triton's interpreter, as the demo does."""
+    if "TRITON_INTERPRET" in os.environ or "triton" in sys.modules:
+        return  # the user chose, or it is too late: triton reads it at import
+    from tunecache.demo import gpu_available
+
+    if not gpu_available():
+        os.environ["TRITON_INTERPRET"] = "1"
+        log.info("tunecache: no GPU found: running kernels under the Triton interpreter (TRITON_INTERPRET=1)")
+
+
+class _StderrHandler(logging.Handler):
+    """Log lines on the current ``sys.stderr`` (looked up per record: tests swap it)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        click.echo(self.format(record), err=True)
+
+
+@contextlib.contextmanager
+def _log_to_stderr(level: int) -> Iterator[None]:
+    """Show tunecache's log lines at ``level`` and above while a command runs, unless logging is set up."""
+    if log.handlers or logging.getLogger().handlers:
+        yield
+        return
+    handler, old_level = _StderrHandler(), log.level
+    log.addHandler(handler)
+    log.setLevel(level)
+    try:
+        yield
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(old_level)
+
+
+def _takes_progress(fn: Callable[..., Any]) -> bool:
+    import inspect
+
+    return "progress" in inspect.signature(fn).parameters
+
+
+class _WarmProgress:
+    """warmup()'s ``progress(item, seconds=None, total=None)``: what each key cost, from the counters.
+
+    A click progress bar on a terminal; one plain line per key otherwise (a build log). Both on
+    stderr, so stdout keeps the summary (or the JSON).
+    """
+
+    def __init__(self, module: str, quiet: bool) -> None:
+        import tunecache
+
+        self.module = module
+        self.quiet = quiet
+        self.stats = tunecache.stats
+        self.last = self.stats()
+        self.n = 0
+        self.bar: Any = None
+        self.tty = sys.stderr.isatty()
+
+    def __enter__(self) -> _WarmProgress:
+        return self
+
+    def __call__(self, item: Any = None, seconds: float | None = None, total: int | None = None, **_: Any) -> None:
+        now = self.stats()
+        what = _what_it_cost({k: now[k] - self.last.get(k, 0) for k in now})
+        self.last = now
+        self.n += 1
+        if self.quiet:
+            return
+        took = f" ({seconds:.2f}s)" if seconds is not None else ""
+        if not self.tty:
+            click.echo(f"  {self.n}{f'/{total}' if total else ''} {item}  {what}{took}", err=True)
+            return
+        if self.bar is None:
+            self.bar = click.progressbar(
+                length=total,
+                iterable=None if total else iter(int, 1),  # no total: a counter instead of a filling bar
+                label=f"warming {self.module}",
+                file=sys.stderr,
+                show_pos=True,
+                item_show_func=lambda x: x,
+            )
+            self.bar.__enter__()
+        self.bar.update(1, f"{item}  {what}{took}")
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(None, None, None)
+
+
+def _what_it_cost(d: dict[str, float]) -> str:
+    parts = []
+    if d["hits"]:
+        parts.append("from the store" if d["hits"] == 1 else f"{d['hits']} keys from the store")
+    if d["benchmarks"]:
+        parts.append(f"benchmarked {d['benchmarks']} configs")
+    if d["waits"]:
+        parts.append("waited for another process's benchmark")
+    fallbacks = d["offline_fallbacks"] + d["capture_fallbacks"]
+    if fallbacks:
+        parts.append(f"{fallbacks} fallback{'s' if fallbacks > 1 else ''} (not tuned)")
+    return ", ".join(parts) or "resolved"
+
+
+@click.command()
+@click.option("--buckets", "bucket_list", default=None, help="Comma-separated batch buckets (default: per device).")
+@json_option
+@click.pass_context
+def demo(ctx: click.Context, bucket_list: str | None, as_json: bool) -> None:
+    """Run the bundled sparse MLA decode kernel twice, each in a fresh process, on one store.
+
+    The store is a fresh SQLite file in a temporary directory, removed afterwards, unless --url is
+    given (not $TUNECACHE_URL: the demo stays off your real store).
+    """
+    from tunecache.demo import run_demo
+
+    buckets = [int(b) for b in bucket_list.split(",")] if bucket_list else None
+    run_demo(url=ctx.obj.get("url") if ctx.obj.get("url_given") else None, buckets=buckets, as_json=as_json)
