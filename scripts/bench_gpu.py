@@ -508,11 +508,13 @@ def run_all(out_dir: Path, quick: bool) -> dict:
         r["fresh-host"]["split_kernels_compiled"] = cubins(cache2)
         r["stock-cold-split_kernels_compiled"] = cubins(cache1)
 
-    def fresh_host_binaries() -> None:
-        """A fresh host from a signed export with binaries: a new store, an EMPTY Triton cache."""
+    def fresh_host_binaries(pause_s: float | None = None) -> None:
+        """A fresh host from a signed export with binaries: a new store, an EMPTY Triton cache
+        (``pause_s``: another pause before the first launch, in its own store and cache)."""
         tc = [sys.executable, "-m", "tunecache.cli"]
         key, plain, signed = work / "signing-key", work / "results.jsonl.gz", work / "results+binaries.jsonl.gz"
-        url3, cache3 = f"sqlite:///{work / 'store3.sqlite3'}", str(work / "triton-cache-3")
+        tag = "" if pause_s is None else f"-{pause_s:g}s"
+        url3, cache3 = f"sqlite:///{work / f'store3{tag}.sqlite3'}", str(work / f"triton-cache-3{tag}")
         steps = {}
 
         def run(name: str, argv: list, env: dict = base_env) -> None:
@@ -532,8 +534,10 @@ def run_all(out_dir: Path, quick: bool) -> dict:
             "bytes_plain": plain.stat().st_size if plain.exists() else None,
             "bytes_with_binaries": signed.stat().st_size if signed.exists() else None,
         }
-        start("fresh-host-binaries", {**base_env, "TRITON_CACHE_DIR": cache3, "TUNECACHE_URL": url3})
-        r["fresh-host-binaries"]["split_kernels_compiled"] = cubins(cache3)
+        label = f"fresh-host-binaries{tag}"
+        extra = {} if pause_s is None else {"pause_s": pause_s}
+        start(label, {**base_env, "TRITON_CACHE_DIR": cache3, "TUNECACHE_URL": url3}, **extra)
+        r[label]["split_kernels_compiled"] = cubins(cache3)
 
     def fixed() -> None:
         winners = r.get("tunecache-first", {}).get("winners", {})
@@ -597,6 +601,9 @@ def run_all(out_dir: Path, quick: bool) -> dict:
     phase("restart-profile", lambda: start("restart-profile", env1, profile=True))
     phase("fresh-host", fresh_host)
     phase("fresh-host-binaries", fresh_host_binaries)
+    # A server that loads its weights for longer than 1 s: the same two starts after a 5 s pause.
+    phase("tunecache-restart-5s", lambda: start("tunecache-restart-5s", env1, pause_s=5.0))
+    phase("fresh-host-binaries-5s", lambda: fresh_host_binaries(5.0))
     phase("oor", lambda: r.__setitem__("oor", spawn("oor", {"url": url1}, base_env, log)))
     phase(
         "capture",
@@ -648,6 +655,8 @@ def summary(r: dict) -> str:
         "restart-profile",
         "fresh-host",
         "fresh-host-binaries",
+        "tunecache-restart-5s",
+        "fresh-host-binaries-5s",
     ):
         if k in r:
             s, n = t(k)
@@ -663,7 +672,15 @@ def summary(r: dict) -> str:
         "| start | Triton compiles (autotuned split) | compiles (all, by kernel) | cache hits |",
         "|---|---|---|---|",
     ]
-    for k in ("stock-cold", "tunecache-first", "tunecache-restart", "fresh-host", "fresh-host-binaries"):
+    for k in (
+        "stock-cold",
+        "tunecache-first",
+        "tunecache-restart",
+        "fresh-host",
+        "fresh-host-binaries",
+        "tunecache-restart-5s",
+        "fresh-host-binaries-5s",
+    ):
         if k in r and "compiles" in r[k]:
             c = r[k]["compiles"]
             lines.append(
@@ -679,6 +696,9 @@ def summary(r: dict) -> str:
             f"export {ex.get('bytes_plain')} bytes plain, {ex.get('bytes_with_binaries')} with binaries (signed); "
             + ", ".join(f"{n} {v['wall_s']:.2f}s rc={v['rc']}" for n, v in ex.get("steps", {}).items()),
         ]
+    fb5, tr5 = r.get("fresh-host-binaries-5s", {}), r.get("tunecache-restart-5s", {}).get("seconds_to_ready")
+    if fb5 and tr5:
+        lines.append(f"after a 5 s pause: fresh host with binaries / warm restart: {fb5['seconds_to_ready'] / tr5:.2f}")
     lines += [
         "",
         f"tunecache restart / fixed config: {tr / f if f else float('nan'):.3f}",
