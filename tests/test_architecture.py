@@ -5,10 +5,10 @@ without telling anyone", which holds only if no other module depends on it. Chec
 source with :mod:`ast`, for every module of the installed package (``tunecache/`` and
 ``kernels/``, which installs as ``tunecache.kernels``).
 
-No test file imports another test file or conftest: pytest imports those itself (conftest once per
-directory, test files as it collects them), so importing one runs it a second time under another
-name, and a helper living in a test file makes that file's tests a dependency of every importer.
-Shared helpers are fixtures in conftest.py or plain modules beside the tests (tests/builders.py).
+No test file imports another test file or conftest: that works only while pytest's default import
+mode puts tests/ on ``sys.path`` (not under ``--import-mode=importlib``), and a helper kept in a
+test file ties every importer to that file and its fixtures. Shared helpers are fixtures in
+conftest.py or plain modules beside the tests (tests/builders.py, tests/processes.py, ...).
 """
 
 from __future__ import annotations
