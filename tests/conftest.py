@@ -1,7 +1,7 @@
 """Shared fixtures. Store tests run against SQLite AND the real PostgreSQL (never a mock).
 
-PostgreSQL comes from ``TUNECACHE_TEST_PG_URL`` (default: the local server's ``test`` database);
-each test gets a fresh database on that server. If the server cannot be reached, the PostgreSQL
+PostgreSQL comes from ``TUNECACHE_TEST_PG_URL`` (default: the local server's ``test`` database;
+see tests/servers.py); each test gets a fresh database on that server. If the server cannot be reached, the PostgreSQL
 tests FAIL: ``scripts/test`` starts the local server first.
 """
 
@@ -25,39 +25,9 @@ import pytest  # noqa: E402
 import sqlalchemy as sa  # noqa: E402
 
 HERE = Path(__file__).parent
-sys.path.insert(0, str(HERE))  # tests/tinykernels.py, tests/procs.py
+sys.path.insert(0, str(HERE))  # tests/tinykernels.py, tests/procs.py, tests/servers.py
 
-PG_URL = os.environ.get("TUNECACHE_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
-MYSQL_URL = os.environ.get("TUNECACHE_TEST_MYSQL_URL", "mysql+pymysql://root@127.0.0.1:3306/test")
-
-
-def _server_db(base: str, name: str) -> str:
-    from tunecache.engine import resolve_url
-
-    return resolve_url(base).set(database=name).render_as_string(hide_password=False)
-
-
-def make_database(kind: str) -> tuple[str, callable]:
-    """Create a fresh, empty database on the test server; return its URL and a dropper."""
-    from tunecache.engine import resolve_url
-
-    name = f"tc_{uuid.uuid4().hex[:12]}"
-    base = PG_URL if kind == "postgresql" else MYSQL_URL
-    admin = sa.create_engine(resolve_url(base), isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as c:
-            c.exec_driver_sql(f"CREATE DATABASE {name}")
-    except Exception as e:  # noqa: BLE001
-        admin.dispose()
-        pytest.fail(f"cannot create a {kind} test database at {resolve_url(base).render_as_string()}: {e}")
-
-    def drop() -> None:
-        with admin.connect() as c:
-            force = " WITH (FORCE)" if kind == "postgresql" else ""
-            c.exec_driver_sql(f"DROP DATABASE IF EXISTS {name}{force}")
-        admin.dispose()
-
-    return _server_db(base, name), drop
+from servers import PG_URL, make_database  # noqa: E402
 
 
 @pytest.fixture
@@ -141,52 +111,6 @@ def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     writeback.flush()
     _reset_shared_stores()
     tunecache.uninstall()
-
-
-def run_json(argv: list[str], env: dict | None = None, timeout: float = 300) -> dict:
-    """Run ``python ARGV`` in a fresh process (a "restart"), from tests/; it must exit 0 and print
-    one JSON object as its last line, which is returned."""
-    import json
-    import subprocess
-
-    r = subprocess.run(
-        [sys.executable, *argv],
-        env={**os.environ, **(env or {})},
-        capture_output=True,
-        text=True,
-        cwd=str(HERE),
-        timeout=timeout,
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
-
-
-def run_procs(cmd: str, nprocs: int, env: dict | None = None, timeout: float = 300, **args) -> list[dict]:
-    """Start nprocs copies of ``tests/procs.py CMD`` at once; return each one's RESULT (asserting exit 0)."""
-    import json
-    import subprocess
-    import time
-
-    args.setdefault("start_at", time.time() + 3.0)
-    full_env = {**os.environ, **(env or {})}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(HERE / "procs.py"), cmd, json.dumps(args)],
-            env=full_env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(nprocs)
-    ]
-    results = []
-    for p in procs:
-        out, err = p.communicate(timeout=timeout)
-        assert p.returncode == 0, f"worker failed ({p.returncode}):\n{err[-3000:]}"
-        line = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
-        assert line, f"worker printed no result:\n{out[-2000:]}\n{err[-2000:]}"
-        results.append({**json.loads(line[-1][7:]), "stderr": err})
-    return results
 
 
 @pytest.fixture(params=["sqlite", "postgresql", "pgbouncer"])

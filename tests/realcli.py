@@ -2,7 +2,8 @@
 
 click's ``CliRunner`` catches an uncaught exception itself: the output then holds no traceback and
 the exit code is 1, so "exit 1 and no Traceback in the output" passes for a command that crashed.
-Here the traceback, if any, is on the real stderr.
+Here the traceback, if any, is on the real stderr. Also: the CLI's leaf commands, for checks that
+cover every one of them.
 """
 
 from __future__ import annotations
@@ -10,6 +11,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+HERE = Path(__file__).parent
 
 
 def cli_process(
@@ -39,3 +46,30 @@ def one_line_error(r: subprocess.CompletedProcess, code: int = 1) -> str:
         return lines[0]
     assert lines and lines[-1].startswith("Error: "), r.stderr[-3000:]  # click: usage lines, then the error
     return lines[-1]
+
+
+def tc(*args: str, env: dict[str, str | None] | None = None, **kw: Any) -> subprocess.CompletedProcess:
+    """``tunecache ARGS`` in a fresh process, tests/ importable; ``env`` values of None remove a variable."""
+    full = {**os.environ}
+    for k, v in (env or {}).items():
+        if v is None:
+            full.pop(k, None)
+        else:
+            full[k] = v
+    full["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), full.get("PYTHONPATH")) if p)
+    return subprocess.run(
+        [sys.executable, "-m", "tunecache.cli", *args], env=full, capture_output=True, text=True, timeout=300, **kw
+    )
+
+
+def leaf_commands(group: click.Group | None = None, prefix: str = "") -> dict[str, click.Command]:
+    """Every command of the CLI that is not a group, by its full name (``"db upgrade"``)."""
+    if group is None:
+        from tunecache.cli import main as group
+    out: dict[str, click.Command] = {}
+    for name, cmd in group.commands.items():
+        if isinstance(cmd, click.Group):
+            out.update(leaf_commands(cmd, f"{prefix}{name} "))
+        else:
+            out[prefix + name] = cmd
+    return out

@@ -4,6 +4,11 @@ No module imports another module's private names: a leading underscore means "fr
 without telling anyone", which holds only if no other module depends on it. Checked on the
 source with :mod:`ast`, for every module of the installed package (``tunecache/`` and
 ``kernels/``, which installs as ``tunecache.kernels``).
+
+No test file imports another test file or conftest: that works only while pytest's default import
+mode puts tests/ on ``sys.path`` (not under ``--import-mode=importlib``), and a helper kept in a
+test file ties every importer to that file and its fixtures. Shared helpers are fixtures in
+conftest.py or plain modules beside the tests (tests/builders.py, tests/processes.py, ...).
 """
 
 from __future__ import annotations
@@ -141,3 +146,40 @@ def test_the_check_sees_private_imports(tmp_path, monkeypatch):
     assert any("tunecache.a._hidden" in v for v in found), found
     assert any("store._write" in v for v in found), found
     assert not any("a.py" in v for v in found), found
+
+
+def _test_module(name: str) -> bool:
+    top = name.split(".")[0]
+    return top == "conftest" or top.startswith("test_")
+
+
+def imports_of_test_modules() -> list[str]:
+    """Every place a file under tests/ imports conftest or a test file."""
+    out = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module] if node.module else [a.name for a in node.names]  # from . import x
+            else:
+                continue
+            out += [f"{path.relative_to(ROOT)}:{node.lineno}: imports {n}" for n in names if _test_module(n)]
+    return out
+
+
+def test_no_test_file_imports_a_test_file_or_conftest():
+    found = imports_of_test_modules()
+    assert not found, "import shared helpers from a helper module or use a fixture, not:\n" + "\n".join(found)
+
+
+def test_the_check_sees_imports_of_test_files(tmp_path, monkeypatch):
+    """The check itself: each way of importing a test file or conftest is flagged; a helper module is not."""
+    (tmp_path / "tests" / "sub").mkdir(parents=True)
+    (tmp_path / "tests" / "test_a.py").write_text("from conftest import run_json\nimport builders\n")
+    (tmp_path / "tests" / "sub" / "helper.py").write_text(
+        "def f():\n    import test_b.x\n    from . import test_c\n    from test_d import y\n"
+    )
+    monkeypatch.setitem(globals(), "ROOT", tmp_path)
+    found = imports_of_test_modules()
+    assert [v.split(": imports ")[1] for v in found] == ["test_b.x", "test_c", "test_d", "conftest"], found

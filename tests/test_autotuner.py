@@ -13,18 +13,21 @@ import sys
 import textwrap
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import tinykernels
 import triton
 import triton.language as tl
-from conftest import HERE, run_json, run_procs
+from processes import run_json, run_procs
 
 import tunecache
 from tunecache import autotuner as at
 from tunecache import background
 from tunecache.identity import ConfigIds, config_identity
 from tunecache.store import open_store
+
+HERE = Path(__file__).parent
 
 
 def fresh_process(code: str, env: dict | None = None) -> dict:

@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 import pytest
 from click.testing import CliRunner
-from conftest import run_json
+from processes import run_json
 from realcli import cli_process, one_line_error
 
 from tunecache import binaries, settings, signing

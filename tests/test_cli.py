@@ -6,9 +6,9 @@ import json
 import logging
 
 import pytest
+from builders import H200, problem, results
 from click.testing import CliRunner
 from realcli import cli_process, one_line_error
-from test_store import H200, problem, results
 
 from tunecache.cli import main
 from tunecache.store import head_revision, open_store

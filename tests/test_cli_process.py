@@ -3,48 +3,27 @@ asserts on its real stdout, stderr and exit code (click's CliRunner hides traceb
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
 import pty
 import re
 import subprocess
 import sys
-import textwrap
 import uuid
 from pathlib import Path
-from typing import Any
 
-import click
 import orjson
 import pytest
 import sqlalchemy as sa
+from builders import fill, write_warm_module
+from realcli import leaf_commands, tc
 
 from tunecache.cli import main
 from tunecache.engine import resolve_url
 from tunecache.errors import ConfigurationError
-from tunecache.identity import canonical_key, config_hash_of, problem_digest
-from tunecache.model import ConfigResult, Problem
-from tunecache.store import head_revision, open_store
-from tunecache.target import Target
+from tunecache.store import head_revision
 
 HERE = Path(__file__).parent
-H200 = Target("cuda", "sm90", "NVIDIA H200", 132, 232448, 32, "13000", "580.159.04", "13.0", "3.6")
-SOURCE = "7a" * 32
-
-
-def tc(*args: str, env: dict[str, str] | None = None, **kw: Any) -> subprocess.CompletedProcess:
-    """``tunecache ARGS`` in a fresh process; ``env`` values of None remove a variable."""
-    full = {**os.environ}
-    for k, v in (env or {}).items():
-        if v is None:
-            full.pop(k, None)
-        else:
-            full[k] = v
-    full["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), full.get("PYTHONPATH")) if p)
-    return subprocess.run(
-        [sys.executable, "-m", "tunecache.cli", *args], env=full, capture_output=True, text=True, timeout=300, **kw
-    )
 
 
 def one_line_error(r: subprocess.CompletedProcess) -> str:
@@ -52,51 +31,6 @@ def one_line_error(r: subprocess.CompletedProcess) -> str:
     assert "Traceback" not in r.stderr and r.stderr.count("\n") == 1, r.stderr
     assert r.stderr.startswith("tunecache: error: ")
     return r.stderr
-
-
-def fill(url: str, n: int) -> None:
-    """n valid problems (digests and config hashes as the autotuner computes them), two configs each."""
-    store = open_store(url)
-    t0 = dt.datetime(2026, 11, 1, 8, 30)
-    cfgs = [
-        {"kwargs": {"BLOCK": b}, "num_warps": 4, "num_stages": 2, "num_ctas": 1, "maxnreg": None, "pre_hook": None}
-        for b in (64, 128)
-    ]
-    for i in range(n):
-        key = canonical_key(["N"], [1024 + i])
-        p = Problem(problem_digest(SOURCE, H200, key), "tests.add", SOURCE, H200, key, 1024 + i, tuning_seconds=2.5)
-        rows = [
-            ConfigResult(config_hash_of(c), c, "ok", m, m * 0.9, m * 1.1, 25, None, "tuner-1", t0)
-            for c, m in zip(cfgs, (0.25, 0.5))
-        ]
-        store.put(p, rows)
-    store.close()
-
-
-def write_warm_module(tmp_path: Path, keys: tuple[int, ...] = (32, 64, 128), total: bool = False) -> None:
-    """``mywarm``: a warmup() over tinykernels' add, reporting each key (and the total, if asked)."""
-    (tmp_path / "mywarm.py").write_text(
-        textwrap.dedent(f"""
-        import tinykernels
-
-        def warmup(progress=None):
-            k = tinykernels.make_add()
-            for n in {keys!r}:
-                tinykernels.launch(k, n)
-                if progress:
-                    progress(n, 0.01{", total=" + str(len(keys)) if total else ""})
-        """)
-    )
-
-
-def leaf_commands(group: click.Group = main, prefix: str = "") -> dict[str, click.Command]:
-    out: dict[str, click.Command] = {}
-    for name, cmd in group.commands.items():
-        if isinstance(cmd, click.Group):
-            out.update(leaf_commands(cmd, f"{prefix}{name} "))
-        else:
-            out[prefix + name] = cmd
-    return out
 
 
 # ---- --url and --json, one option each ------------------------------------------------------

@@ -23,11 +23,13 @@ import pytest
 import torch
 import triton
 import triton.language as tl
-from conftest import HERE, run_json
+from processes import run_json
 from triton.runtime.autotuner import Autotuner
 
 import tunecache
 from tunecache import autotuner as at
+
+HERE = Path(__file__).parent
 
 N_KERNELS = (
     3  # tests/libmod.py: lib_kernel (LibAutotuner), direct (Autotuner(...)), plain (from triton import autotune)

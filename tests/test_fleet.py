@@ -13,14 +13,18 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import psycopg
 import pytest
 import sqlalchemy as sa
-from conftest import HERE, PG_URL, run_procs
+from processes import run_procs
+from servers import PG_URL
 
 from tunecache.engine import resolve_url
 from tunecache.store import head_revision, open_store
+
+HERE = Path(__file__).parent
 
 SCRIPTS = HERE.parent / "scripts"
 
@@ -121,7 +125,8 @@ def pgbouncer_pool(request) -> int:
 
 def test_every_command_works_through_pgbouncer(pgbouncer, pg_url, tmp_path, roles):
     """Every leaf command of the CLI, in a real process, with TUNECACHE_URL at PgBouncer: exit 0."""
-    from test_cli_process import fill, leaf_commands, tc, write_warm_module
+    from builders import fill, write_warm_module
+    from realcli import leaf_commands, tc
 
     url = pgbouncer.through(pg_url)
     env = {"TUNECACHE_URL": url, "PYTHONPATH": str(tmp_path)}
@@ -171,7 +176,7 @@ def test_200_concurrent_simulated_starts_through_pgbouncer_pool_10(pgbouncer, pg
     server never sees more than the pool's 10 connections to the database."""
     sys.path.insert(0, str(SCRIPTS))
     import bench_fleet
-    from test_cli_process import fill
+    from builders import fill
 
     fill(pg_url, 4)
     s = open_store(pg_url)

@@ -8,7 +8,7 @@ that hangs is killed after a deadline and reported as "hung", so these tests fai
 from __future__ import annotations
 
 import pytest
-from conftest import run_json
+from processes import run_json
 
 
 def fork_scenario(scenario: str, url: str) -> dict:

@@ -12,7 +12,7 @@ import os
 import textwrap
 
 import pytest
-from conftest import run_json
+from processes import run_json
 
 torch = pytest.importorskip("torch")
 pytestmark = [

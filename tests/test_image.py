@@ -7,12 +7,14 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import HERE
 
 from tunecache.cli import main
+
+HERE = Path(__file__).parent
 
 SERVE = """
     import json, tinykernels, tunecache

@@ -15,11 +15,11 @@ import sys
 import textwrap
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 import tinykernels
-from conftest import HERE
 
 import tunecache
 from tunecache import autotuner as at
@@ -29,6 +29,8 @@ from tunecache.model import ConfigResult
 from tunecache.schema import leases
 from tunecache.store import open_store
 from tunecache.target import hostname
+
+HERE = Path(__file__).parent
 
 
 def dead_pid() -> int:

@@ -13,7 +13,7 @@ import sys
 import pytest
 import tinykernels
 import torch
-from conftest import run_json
+from processes import run_json
 
 import tunecache
 from tunecache import autotuner as at

@@ -14,7 +14,7 @@ import pytest
 import sqlalchemy as sa
 import tinykernels
 from click.testing import CliRunner
-from conftest import run_procs
+from processes import run_procs
 
 import tunecache
 from tunecache.cli import main

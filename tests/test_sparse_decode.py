@@ -367,7 +367,7 @@ def test_sm90_build_converts_fp8_in_registers_and_fits_except_the_deliberate_con
     """The real sm90 build (ptxas ships with Triton, no GPU needed): the fp8 tile is never read from
     shared memory one byte at a time (Triton's own conversion did that: 256 LDS.U8 per thread per
     block), and the configs fit an H200 except the one listed to fail."""
-    from conftest import run_json
+    from processes import run_json
 
     fitting = ["64,4,1", "64,4,3", "128,8,1"]
     built = run_json(["sm90_build.py", *fitting, "512,8,3"], timeout=600)
@@ -439,7 +439,7 @@ def test_hopper_build_multiplies_from_shared_memory_and_fits_except_the_delibera
     so no ldmatrix (the Triton stage's q re-reads); the shared memory of every BLOCK_T is what
     SHARED_BYTES says; two BLOCK_T=64 programs fit an SM; the deliberate config cannot fit."""
     import triton
-    from conftest import run_json
+    from processes import run_json
 
     built = run_json(["sm90_build.py", "--gluon", "64,4,2,8", "64,4,1,2", "128,8,2,8", "256,16,2,4"], timeout=600)
     for cfg, b in built.items():

@@ -8,46 +8,16 @@ import subprocess
 import sys
 
 import pytest
+from builders import H200, problem, results
 from click.testing import CliRunner
-from conftest import run_procs
+from processes import run_procs
 from realcli import cli_process, one_line_error
 
 from tunecache.cli import main
 from tunecache.errors import SchemaError, StoreError, StoreReadOnlyError
-from tunecache.identity import problem_digest
-from tunecache.model import ConfigResult, Problem, pick_winner
+from tunecache.model import ConfigResult, pick_winner
 from tunecache.store import head_revision, open_store
 from tunecache.target import Target
-
-H200 = Target("cuda", "sm90", "NVIDIA H200", 132, 232448, 32, "13000", "580.159.04", "13.0", "3.6")
-
-
-def problem(i: int, target: Target = H200, source: str = "src1", kernel: str = "mod.kern") -> Problem:
-    key = json.dumps([["B", i], ["q.dtype", "torch.bfloat16"]])
-    return Problem(problem_digest(source, target, key), kernel, source, target, key, batch_bucket=i, tuning_seconds=1.5)
-
-
-def results(n: int = 3, fast: int = 1) -> list[ConfigResult]:
-    out = [
-        ConfigResult(
-            f"c{j}",
-            {"kwargs": {"BLOCK_T": 16 << j}, "num_warps": 4},
-            median_ms=1.0 + abs(j - fast),
-            p20_ms=0.9 + abs(j - fast),
-            p80_ms=1.1 + abs(j - fast),
-            samples=100,
-        )
-        for j in range(n)
-    ]
-    out.append(
-        ConfigResult(
-            "oor",
-            {"kwargs": {"BLOCK_T": 512}, "num_warps": 8},
-            status="out_of_resources",
-            failure={"resource": "shared", "required": 786432, "limit": 232448},
-        )
-    )
-    return out
 
 
 def test_put_get_roundtrip_keeps_every_config_and_failure(store_url):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import inspect
 
 import triton
-from conftest import run_json
+from processes import run_json
 
 from tunecache import tritoncompat
 

@@ -15,7 +15,11 @@ __all__ = ["SGLANG_CAPTURE_SIZES", "sglang", "next_power_of_2", "from_list", "sg
 
 
 def sglang_capture_sizes(max_bs: int = 256) -> list[int]:
-    """SGLang's default CUDA-graph capture list up to ``max_bs`` (36 sizes for 256)."""
+    """SGLang's default CUDA-graph capture list up to ``max_bs`` (36 sizes for 256).
+
+    >>> sglang_capture_sizes(16)
+    [1, 2, 4, 8, 12, 16]
+    """
     sizes = [1, 2, 4, 8, 12, *range(16, 257, 8), *range(272, 512, 16), *range(512, max_bs + 1, 32)]
     return [s for s in sizes if s <= max_bs]
 
@@ -24,7 +28,15 @@ SGLANG_CAPTURE_SIZES: tuple[int, ...] = tuple(sglang_capture_sizes(256))
 
 
 def from_list(sizes: Sequence[int]) -> Callable[[int], int]:
-    """A bucket function that rounds up to the next size of ``sizes`` (the largest caps it)."""
+    """A bucket function that rounds up to the next size of ``sizes``; beyond the largest, a batch
+    keeps its real size.
+
+    >>> bucket = from_list([4, 8])
+    >>> [bucket(n) for n in (1, 4, 5, 9)]
+    [4, 4, 8, 9]
+    >>> sglang(13), sglang(256), sglang(300)
+    (16, 256, 300)
+    """
     ordered = sorted({int(s) for s in sizes})
     if not ordered or ordered[0] < 1:
         raise ValueError("bucket sizes must be a non-empty list of positive integers")
@@ -45,6 +57,10 @@ sglang.__doc__ = "Round a batch size up to SGLang's default capture list (1, 2, 
 
 
 def next_power_of_2(n: int) -> int:
-    """Round up to the next power of two (1 for n <= 1)."""
+    """Round up to the next power of two (1 for n <= 1).
+
+    >>> next_power_of_2(100), next_power_of_2(128), next_power_of_2(0)
+    (128, 128, 1)
+    """
     n = int(n)
     return 1 if n <= 1 else 1 << (n - 1).bit_length()

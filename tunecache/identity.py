@@ -87,7 +87,11 @@ def sha256_hex(data: bytes | str) -> str:
 
 
 def canonical_json(obj: Any) -> str:
-    """Sorted-key, compact JSON: the same value always gives the same bytes."""
+    """Sorted-key, compact JSON: the same value always gives the same bytes.
+
+    >>> canonical_json({"b": 1, "a": [1, 2]})
+    '{"a":[1,2],"b":1}'
+    """
     return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS).decode()
 
 
@@ -447,7 +451,14 @@ def _key_value(name: str, value: Any) -> Any:
 
 
 def canonical_key(names: Sequence[str], values: Sequence[Any]) -> str:
-    """Canonical JSON list of (name, value) pairs; raises TypeError naming a bad argument."""
+    """Canonical JSON list of (name, value) pairs; raises TypeError naming a bad argument.
+
+    >>> canonical_key(["B", "causal"], [8, True])
+    '[["B",8],["causal",true]]'
+    >>> canonical_key(["x"], [[1, 2]])  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    TypeError: tuning key argument 'x' has type list; tunecache stores ints, floats, bools, strings ...
+    """
     if len(names) != len(values):
         raise ValueError("names and values of a tuning key differ in length")
     return canonical_json([[n, _key_value(n, v)] for n, v in zip(names, values)])
@@ -580,6 +591,13 @@ def _file_hash(path: str) -> str:
 
 
 def config_hash_of(data: Mapping[str, Any]) -> str:
+    """A config's identity: 32 hex digits of its canonical JSON, so key order does not matter.
+
+    >>> config_hash_of({"num_warps": 4, "kwargs": {"BLOCK": 64}})
+    '1cb9b30067a7873db7f36443635937e4'
+    >>> config_hash_of({"kwargs": {"BLOCK": 64}, "num_warps": 4})
+    '1cb9b30067a7873db7f36443635937e4'
+    """
     return sha256_hex(canonical_json(dict(data)))[:32]
 
 

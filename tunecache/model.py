@@ -100,6 +100,14 @@ def pick_winner(
     config whose median is within ``tolerance`` (a fraction) of the fastest wins instead: configs that
     close are within benchmark noise of each other, and reusing one that already wins elsewhere means
     fewer kernels to compile and load, and fewer winners that flip between tuning runs.
+
+    >>> rows = [ConfigResult("a", {}, median_ms=1.0), ConfigResult("b", {}, median_ms=1.02)]
+    >>> pick_winner(rows).config_hash
+    'a'
+    >>> pick_winner(rows, prefer=["b"], tolerance=0.05).config_hash  # 2% slower: within noise
+    'b'
+    >>> pick_winner([ConfigResult("c", {}, status="compile_error")]) is None
+    True
     """
     ok = [r for r in rows if r.ok]
     if not ok:
@@ -281,7 +289,17 @@ def config_from_json(obj: Mapping[str, Any]) -> ConfigResult:
 
 
 def problem_to_json(p: Problem, *, configs: bool = True) -> dict[str, Any]:
-    """A problem in the export shape (JSON types only); ``configs=False`` leaves its config rows out."""
+    """A problem in the export shape (JSON types only); ``configs=False`` leaves its config rows out.
+
+    >>> from tunecache.target import Target
+    >>> cpu = Target("cpu", "interpreter", "CPU", 1, 0, 1, "0", "", "", "3.6")
+    >>> p = Problem("d1", "mod.kern", "src1", cpu, '[["N",1024]]', configs=[ConfigResult("c1", {}, median_ms=0.5)])
+    >>> obj = problem_to_json(p)
+    >>> obj["key"], obj["target"]["arch"], obj["configs"][0]["median_ms"]
+    ([['N', 1024]], 'interpreter', 0.5)
+    >>> problem_from_json(obj) == p
+    True
+    """
     out: dict[str, Any] = {}
     for f in PROBLEM_FIELDS:
         if f == "target":

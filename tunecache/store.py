@@ -998,6 +998,21 @@ def open_store(
     its schema (else :class:`StoreNotFoundError`): for readers, which must not create one. Raises
     :class:`StoreError` with a message naming the host (never the password) when the database
     cannot be reached.
+
+    >>> import tempfile
+    >>> from tunecache import ConfigResult, Problem
+    >>> from tunecache.target import Target
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> store = open_store(f"sqlite:///{tmp.name}/tunecache.sqlite3")
+    >>> store.find_problems()
+    []
+    >>> cpu = Target("cpu", "interpreter", "CPU", 1, 0, 1, "0", "", "", "3.6")
+    >>> rows = [ConfigResult("fast", {"num_warps": 4}, median_ms=0.5), ConfigResult("slow", {}, median_ms=0.9)]
+    >>> store.put(Problem("d1", "mod.kern", "src1", cpu, '[["N",1024]]'), rows).winner_config_hash
+    'fast'
+    >>> [p.digest for p in store.find_problems(kernel="mod.kern")]
+    ['d1']
+    >>> store.close(); tmp.cleanup()
     """
     if migrate is None:
         migrate = settings.get("TUNECACHE_AUTO_MIGRATE")

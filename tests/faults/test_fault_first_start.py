@@ -33,7 +33,7 @@ def _open_at_once(url: str, status: Path) -> list[dict]:
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
 def test_eight_processes_create_a_fresh_store_at_once(backend, tmp_path, fault_report):
-    from conftest import make_database
+    from servers import make_database
 
     migrations = errors = 0
     seconds = []
@@ -85,7 +85,7 @@ def test_eight_processes_create_a_fresh_store_at_once(backend, tmp_path, fault_r
 def test_threads_of_one_process_create_fresh_stores_at_once(tmp_path, fault_report):
     """A server whose kernels use different stores (or whose background open races an explicit
     open_store) migrates two stores at once in one process: each must end at head, none may crash."""
-    from conftest import make_database
+    from servers import make_database
 
     pg = [make_database("postgresql") for _ in range(2)]
     rounds, per_round = 4, 4

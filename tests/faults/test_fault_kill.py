@@ -181,7 +181,7 @@ def test_kill_9_of_benchmarking_workers_16x36_on_postgresql(pg_url, tmp_path, fa
 @pytest.mark.slow
 def test_sixteen_processes_flush_counters_at_once_without_deadlock_or_loss(store_url, tmp_path, fault_report):
     """The deferred writes of a fleet (hit counts on the same rows, per-kernel counters) all land."""
-    from test_store import problem, results
+    from builders import problem, results
 
     n_procs, rounds, n_problems = 16, 10, 36
     s = open_store(store_url)

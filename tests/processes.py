@@ -1,0 +1,52 @@
+"""Fresh Python processes for the tests: a "restart" that reports one JSON object, and N copies of
+the tests/procs.py worker started at once."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).parent
+
+
+def run_json(argv: list[str], env: dict | None = None, timeout: float = 300) -> dict:
+    """Run ``python ARGV`` in a fresh process (a "restart"), from tests/; it must exit 0 and print
+    one JSON object as its last line, which is returned."""
+    r = subprocess.run(
+        [sys.executable, *argv],
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        cwd=str(HERE),
+        timeout=timeout,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def run_procs(cmd: str, nprocs: int, env: dict | None = None, timeout: float = 300, **args) -> list[dict]:
+    """Start nprocs copies of ``tests/procs.py CMD`` at once; return each one's RESULT (asserting exit 0)."""
+    args.setdefault("start_at", time.time() + 3.0)
+    full_env = {**os.environ, **(env or {})}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(HERE / "procs.py"), cmd, json.dumps(args)],
+            env=full_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(nprocs)
+    ]
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=timeout)
+        assert p.returncode == 0, f"worker failed ({p.returncode}):\n{err[-3000:]}"
+        line = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
+        assert line, f"worker printed no result:\n{out[-2000:]}\n{err[-2000:]}"
+        results.append({**json.loads(line[-1][7:]), "stderr": err})
+    return results
