@@ -94,6 +94,15 @@ def build() -> dict:
     spec, opts = binder(x[1:], 100, BLOCK=64, num_warps=4, num_stages=1)[1:3]
     mcache[str(spec) + str(opts)] = mk
 
+    launchers = _launcher_keys([*cache.values(), mk])
+    from triton.runtime.cache import get_cache_manager
+
+    from tunecache import hostmodules
+
+    for key in {k for k in launchers["ours"] if k}:  # what CudaLauncher leaves in the cache on a GPU
+        get_cache_manager(key).put(
+            b"launcher " + key.encode(), f"__triton_launcher{hostmodules.ext_suffix()}", binary=True
+        )
     tuned = bk.tuned
     ident = tuned.identity
     target = detect_target()
@@ -122,7 +131,7 @@ def build() -> dict:
         cfg = bk.CONFIGS[1] if n == 100 else bk.CONFIGS[0]
         got = preload.capture(bk.add_one, cfg, hashes[n])
         store.put_specs(tuned.kernel_name, ident.source_hash, target.digest, got)
-        uploaded += binaries.upload(store, bk.add_one, tuned.kernel_name, ident.source_hash, got)
+        uploaded += binaries.upload(store, bk.add_one, tuned.kernel_name, ident.source_hash, got, target.digest)
         specs += got
     companions = binaries.record_companions(tuned, bk.merge, store=store)
     again = binaries.upload(store, bk.add_one, tuned.kernel_name, ident.source_hash, specs)  # stored already
@@ -139,7 +148,64 @@ def build() -> dict:
         "heads": sorted(heads),
         "merge_hash": str(mk.hash),
         "cubins": {str(k.hash): hashlib.sha256(k.asm["cubin"]).hexdigest() for k in [*cache.values(), mk]},
+        "launchers": launchers,
+        "host_modules_stored": sorted(store_heads(launchers["ours"])),
     }
+
+
+def store_heads(keys: list) -> dict:
+    store = open_store()
+    try:
+        return store.binary_heads(sorted({k for k in keys if k}))
+    finally:
+        store.close()
+
+
+def _launcher_keys(kernels: list) -> dict:
+    """For each compiled kernel: the launcher key tunecache computes, and the one Triton's own
+    CudaLauncher asks its cache for (its C compiler stopped there: no libcuda on this machine)."""
+    import triton.backends.nvidia.driver as nv
+    import triton.runtime.build as build
+
+    from tunecache import hostmodules
+
+    ours = [hostmodules.launcher_key(k) for k in kernels]
+    if not hasattr(nv, "make_launcher"):  # Triton 3.7+: one launcher for every signature, nothing built
+        return {"ours": ours, "triton": [None] * len(kernels)}
+
+    class Stop(Exception):
+        pass
+
+    asked: list = []
+    real_manager, real_dirs = build.get_cache_manager, nv.library_dirs
+
+    def manager(key: str):
+        asked.append(key)
+        raise Stop
+
+    build.get_cache_manager, nv.library_dirs = manager, lambda: []
+    try:
+        for k in kernels:
+            n = len(asked)
+            try:
+                nv.CudaLauncher(k.src, k.metadata)
+            except Stop:
+                pass
+            if len(asked) == n:
+                asked.append(None)
+    finally:
+        build.get_cache_manager, nv.library_dirs = real_manager, real_dirs
+    return {"ours": ours, "triton": asked}
+
+
+def _in_cache(keys: list) -> list:
+    """Those of the launcher ``keys`` this Triton would find in its cache (not build)."""
+    from triton.runtime.cache import get_cache_manager
+
+    from tunecache import hostmodules
+
+    name = f"__triton_launcher{hostmodules.ext_suffix()}"
+    return sorted(k for k in keys if k and get_cache_manager(k).get_file(name) is not None)
 
 
 def place() -> dict:
@@ -170,6 +236,7 @@ def place() -> dict:
         "inits": sorted(inits),
         "cached": sorted(str(k.hash) for k in cache.values()),
         "groups": len(groups),
+        "launchers_placed": _in_cache(os.environ.get("LAUNCHERS", "").split(",")),
         "merge_hash": str(mk.hash),
         "cubins": {str(k.hash): hashlib.sha256(k.asm["cubin"]).hexdigest() for k in [*cache.values(), mk]},
     }

@@ -61,10 +61,9 @@ def snapshot(url: str) -> dict[str, Any]:
         return {t: sorted(map(repr, c.execute(f"SELECT * FROM {t}"))) for t in TABLES}
 
 
-def place(store_url: str, cache: Path) -> dict[str, Any]:
-    return run_json(
-        ["binaries_roundtrip.py", "place"], env={"TRITON_CACHE_DIR": str(cache), "TUNECACHE_URL": store_url}
-    )
+def place(store_url: str, cache: Path, launchers: list[str] = ()) -> dict[str, Any]:
+    env = {"TRITON_CACHE_DIR": str(cache), "TUNECACHE_URL": store_url, "LAUNCHERS": ",".join(launchers)}
+    return run_json(["binaries_roundtrip.py", "place"], env=env)
 
 
 def signed_export(built: dict[str, Any], path: Path, key: str = "trusted", *extra: str) -> Path:
@@ -75,16 +74,35 @@ def signed_export(built: dict[str, Any], path: Path, key: str = "trusted", *extr
     return path
 
 
+def test_tunecache_computes_the_launcher_key_tritons_own_launcher_looks_up(built):
+    """Up to Triton 3.6 a launcher is built with gcc per kernel signature and cached under a key of
+    its C source; the key tunecache records a launcher under is the one Triton's CudaLauncher asks
+    its cache for, for every compiled kernel (3.7+ builds none: tunecache records none)."""
+    got = built["launchers"]
+    assert len(got["ours"]) == 4 and got["ours"] == got["triton"]
+    import triton.backends.nvidia.driver as nv
+
+    if hasattr(nv, "make_launcher"):
+        assert all(got["ours"]) and len(set(got["ours"])) == 2  # alignment is no part of it; merge's signature is
+        # The tuning process keeps the launchers its winners and the companion need, with the binaries.
+        assert built["host_modules_stored"] == sorted(set(got["ours"]))
+    else:
+        assert got["ours"] == [None] * 4 and built["host_modules_stored"] == []
+
+
 def test_signed_binaries_round_trip_and_triton_then_compiles_nothing(built, tmp_path, monkeypatch):
-    assert built["uploaded"] == 3 and built["companions"] == 1 and built["uploaded_again"] == 0
+    launchers = built["host_modules_stored"]  # Triton <= 3.6: add_one's and merge's launcher
+    n = len(launchers)
+    assert built["uploaded"] == 3 + n // 2 and built["companions"] == 1 + n // 2 and built["uploaded_again"] == 0
     assert built["heads"] == built["kernel_hashes"]  # every winner's binary, under Triton's own key
     export = signed_export(built, tmp_path / "tuned.jsonl.gz")
     monkeypatch.setenv("TUNECACHE_TRUSTED_KEYS", built["keys"]["trusted"]["public_key"])
     fresh = f"sqlite:///{tmp_path / 'fresh.sqlite3'}"
     res = ok(cli("--url", fresh, "import", str(export), "--binaries"))
-    assert "4 binaries, 4 added" in res.output and f"signed by key {built['keys']['trusted']['key_id']}" in res.output
+    assert f"{4 + n} binaries, {4 + n} added" in res.output
+    assert f"signed by key {built['keys']['trusted']['key_id']}" in res.output
 
-    r = place(fresh, tmp_path / "empty-triton-cache")
+    r = place(fresh, tmp_path / "empty-triton-cache", launchers)
     # Triton's compile of every winner's specialisation (the preload) and of the companion (its first
     # launch) found them in its cache: not one compile.
     assert r["compiles"] and all(c["cache_hit"] for c in r["compiles"]), r["compiles"]
@@ -92,6 +110,7 @@ def test_signed_binaries_round_trip_and_triton_then_compiles_nothing(built, tmp_
     assert r["loaded"] == 3 and r["stats"]["preloaded"] == 3 and r["groups"] == 4
     assert r["inits"] == r["cached"] == built["kernel_hashes"]
     assert r["cubins"] == built["cubins"]  # the very binaries compiled by the tuning process
+    assert r["launchers_placed"] == launchers  # where this host's Triton looks before it runs gcc
 
     # The same start from the same results without the binaries compiles every one of them.
     plain = f"sqlite:///{tmp_path / 'plain.sqlite3'}"
@@ -184,7 +203,8 @@ def test_a_flipped_byte_anywhere_is_refused_and_the_store_is_unchanged(built, ta
         _refused(target, bad, "--binaries")
     # The unaltered file imports.
     s = import_(open_store(target), tmp_path / "good.jsonl", with_binaries=True)
-    assert s.binaries_new == 4 and s.signed_by == built["keys"]["trusted"]["key_id"]
+    assert s.binaries_new == 4 + len(built["host_modules_stored"])
+    assert s.signed_by == built["keys"]["trusted"]["key_id"]
 
 
 def test_a_flipped_byte_in_a_compressed_file_and_a_cut_signature_are_refused(built, target, tmp_path):
@@ -261,7 +281,7 @@ def test_unsigned_and_untrusted_files_are_refused_unless_trust_unsigned(built, t
     assert "not in TUNECACHE_TRUSTED_KEYS (empty)" in _refused(target, other, "--binaries")
     # A plain import (results only) of either file is fine; --trust-unsigned installs them.
     s = import_(open_store(target), unsigned, with_binaries=True, trust_unsigned=True)
-    assert s.binaries_new == 4 and s.signed_by is None
+    assert s.binaries_new == 4 + len(built["host_modules_stored"]) and s.signed_by is None
 
 
 def test_keys_are_private_and_a_bad_trusted_key_entry_is_an_error(built, tmp_path, monkeypatch):
@@ -331,8 +351,10 @@ def test_gc_drops_the_binaries_no_winner_references(built, tmp_path):
     assert len(gone) == 1 and gone[0][0] in built["kernel_hashes"]
     left = s.binary_heads([*built["kernel_hashes"], built["merge_hash"]])
     assert built["merge_hash"] in left and len(left) == 3  # the companion stays with its kernel's problems
+    launchers = built["host_modules_stored"]  # companions too: they stay and go with the kernel's problems
+    assert sorted(s.binary_heads(launchers)) == launchers
     s.delete(kernel=built["kernel"])
-    assert len(s.gc_binaries()) == 3 and s.binary_usage() == {}
+    assert len(s.gc_binaries()) == 3 + len(launchers) and s.binary_usage() == {}
     s.close()
 
 
@@ -358,9 +380,10 @@ def test_size_limits_per_binary_and_per_kernel(sqlite_url, monkeypatch, caplog):
 def test_info_and_stats_show_count_and_size(built):
     info = json.loads(ok(cli("--url", built["url"], "info", "--json")).output)
     size = info["binaries"]["bytes"]
-    assert info["binaries"]["count"] == 4 and size > 4 * 1000
+    n = 4 + len(built["host_modules_stored"])  # the kernels', and up to Triton 3.6 their launchers
+    assert info["binaries"]["count"] == n and size > 4 * 1000
     rows = json.loads(ok(cli("--url", built["url"], "stats", "--json")).output)
-    assert [(r["kernel"], r["binaries"], r["binary_bytes"]) for r in rows] == [(built["kernel"], 4, size)]
+    assert [(r["kernel"], r["binaries"], r["binary_bytes"]) for r in rows] == [(built["kernel"], n, size)]
     assert "BINARIES" in ok(cli("--url", built["url"], "stats")).output
 
 
@@ -405,3 +428,97 @@ def test_a_signature_with_a_flipped_unused_base64_bit_is_refused(tmp_path):
     forged = {**sig, "value": v[:-3] + flipped + "=="}
     assert base64.b64decode(forged["value"]) == base64.b64decode(v)  # the same bytes...
     assert not signing.verify(forged, head)  # ...but not the signature that was written
+
+
+# ---- host modules: what Triton builds with gcc (its driver utilities; launchers up to 3.6) ------------
+
+_MODULE_C = r"""
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+static PyObject* answer(PyObject* self, PyObject* args) { return PyLong_FromLong(ANSWER); }
+static PyMethodDef M[] = {{"answer", answer, METH_NOARGS, ""}, {NULL, NULL, 0, NULL}};
+static struct PyModuleDef D = {PyModuleDef_HEAD_INIT, "__triton_launcher", NULL, -1, M};
+PyMODINIT_FUNC PyInit___triton_launcher(void) { return PyModule_Create(&D); }
+"""
+
+
+def test_a_host_module_travels_and_triton_loads_it_without_building_it(tmp_path, monkeypatch, sqlite_url):
+    """A module Triton built with gcc on the tuning host (here a small one through Triton's own
+    compile_module_from_src, as its launcher is) is found under the key tunecache computes, stored,
+    placed into another host's empty Triton cache, and Triton then loads it there without building."""
+    import triton.runtime.build as build
+
+    from tunecache import hostmodules, preload
+
+    src = _MODULE_C.replace("ANSWER", str(random.randrange(10**6)))  # a module no cache holds yet
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "tuner-cache"))
+    want = build.compile_module_from_src(src, "__triton_launcher").answer()
+    key = hostmodules.module_key(src)
+    if hasattr(build, "_get_cache_manager"):  # Triton 3.9 keys modules by their build flags too
+        assert key is None and hostmodules.launcher_key is not None
+        pytest.skip("this Triton keys its modules otherwise and builds no launcher per signature")
+    found = binaries.host_module(key, "__triton_launcher", preload.triton_version())
+    assert found is not None  # Triton filed it under the key tunecache computes
+    spec, b = found
+    assert binaries.problems_of(b) is None and b.ext == hostmodules.EXT
+    store = open_store(sqlite_url)
+    store.put_specs("k", "s" * 64, "t" * 64, [spec])
+    store.put_binaries("k", "s" * 64, [b])
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "fresh-cache"))
+    assert binaries.place(store, [spec]) == (1, 0)
+    assert binaries.place(store, [spec]) == (0, 0)  # it is in the cache now: nothing read twice
+
+    def no_compiler(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("Triton built the module instead of loading the placed one")
+
+    monkeypatch.setattr(build, "_build", no_compiler)
+    assert build.compile_module_from_src(src, "__triton_launcher").answer() == want
+    store.close()
+
+
+def _host_record(**md_changes: Any) -> Binary:
+    from tunecache import hostmodules
+
+    key = "ab" * 32
+    md = {**json.loads(hostmodules.metadata(key, "__triton_launcher")), **md_changes}
+    raw = json.dumps(md).encode()
+    return Binary(
+        key,
+        binary_sha256(key, "__triton_launcher", "so", "3.6.0", raw, b"\x7fELF"),
+        "__triton_launcher",
+        "so",
+        "3.6.0",
+        raw,
+        b"\x7fELF",
+    )
+
+
+@pytest.mark.parametrize(
+    ("edit", "why"),
+    [
+        ({"ext_suffix": "/../../evil.so"}, "extension suffix"),
+        ({"ext_suffix": ".cpython-312-x86_64-linux-gnu.py"}, "extension suffix"),
+        ({"platform": None}, "no platform"),
+        ({"hash": "cd" * 32}, "Triton key"),
+    ],
+)
+def test_what_makes_a_host_module_unplaceable(edit, why):
+    assert binaries.problems_of(_host_record()) is None
+    assert why in (binaries.problems_of(_host_record(**edit)) or "")
+
+
+def test_only_the_modules_triton_builds_are_host_modules():
+    b = _host_record()
+    other = Binary(
+        b.triton_key,
+        binary_sha256(b.triton_key, "evil", "so", "3.6.0", b.metadata, b.binary),
+        "evil",
+        "so",
+        "3.6.0",
+        b.metadata,
+        b.binary,
+    )
+    assert "not a module Triton builds" in (binaries.problems_of(other) or "")
+    flipped = Binary(*[*vars(b).values()][:6], b"\x7fELG")  # a flipped byte: its sha256 no longer matches
+    assert "does not match its sha256" in (binaries.problems_of(flipped) or "")

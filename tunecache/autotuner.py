@@ -295,7 +295,7 @@ class TunecacheAutotuner(Autotuner):
         specs = _preload.capture(self.fn, config, best)
         try:
             store.put_specs(self._tc_name, self.identity.source_hash, ctx.target.digest, specs)
-            binaries.upload(store, self.fn, self._tc_name, self.identity.source_hash, specs)
+            binaries.upload(store, self.fn, self._tc_name, self.identity.source_hash, specs, ctx.target.digest)
         except StoreError as e:
             self._tc_ks.trouble("write", e)
 

@@ -21,6 +21,7 @@ too large or fails a check is left out, and Triton compiles that kernel as it al
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import re
@@ -29,7 +30,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from tunecache import preload, settings
+from tunecache import hostmodules, preload, settings
 from tunecache.errors import StoreError
 from tunecache.model import BINARY_EXTS, COMPANION_CONFIG, Binary, LaunchSpec, binary_sha256
 from tunecache.store import Store, shared_store
@@ -68,7 +69,13 @@ def problems_of(b: Binary) -> str | None:
     if md.get("hash") != b.triton_key:
         return f"its metadata says Triton key {str(md.get('hash'))[:16]}..., not {b.triton_key[:16]}..."
     backend = (md.get("target") or {}).get("backend") if isinstance(md.get("target"), dict) else None
-    if BINARY_EXTS.get(str(backend)) != b.ext:
+    if backend == hostmodules.BACKEND:
+        if b.ext != hostmodules.EXT:
+            return f"a host module's record has ext {b.ext!r}, not {hostmodules.EXT!r}"
+        why = hostmodules.problems(b.name, md)
+        if why is not None:
+            return why
+    elif BINARY_EXTS.get(str(backend)) != b.ext:
         return f"a {b.ext!r} file is not what Triton's {backend!r} backend loads"
     if "triton_version" in md and md["triton_version"] != b.triton_version:
         return f"its metadata says Triton {md['triton_version']}, its record {b.triton_version}"
@@ -133,15 +140,67 @@ def collect(fn: Any, triton_keys: Iterable[str]) -> list[Binary]:
     return list(out.values())
 
 
-def upload(store: Store, fn: Any, kernel: str, source_hash: str, specs: Sequence[LaunchSpec]) -> int:
+def collect_host_modules(fn: Any, triton_keys: Iterable[str]) -> list[tuple[LaunchSpec, Binary]]:
+    """The host modules (:mod:`tunecache.hostmodules`) Triton built in this process to launch ``fn``'s
+    kernels under ``triton_keys``, and its driver utilities, read from Triton's cache, each with the
+    companion launch spec that files it with the kernel's (a module not in the cache is left out)."""
+    jf = preload.jit_function(fn)
+    wanted = set(triton_keys)
+    if jf is None or not wanted:
+        return []
+    version = preload.triton_version()
+    keys = {hostmodules.utils_key(): "cuda_utils"}
+    for kernel, _ in _kernels(jf):
+        if str(kernel.hash) in wanted:
+            try:
+                keys[hostmodules.launcher_key(kernel)] = "__triton_launcher"
+            except Exception as e:  # noqa: BLE001 - best effort: the fresh host builds it
+                log.debug("tunecache: no launcher key for %s: %r", str(kernel.hash)[:12], e)
+    found = (host_module(key, name, version) for key, name in sorted((k, n) for k, n in keys.items() if k))
+    return [m for m in found if m is not None]
+
+
+def host_module(key: str, name: str, version: str) -> tuple[LaunchSpec, Binary] | None:
+    """The host module ``name`` that Triton keeps under ``key`` in its cache, as a binary record and
+    the companion launch spec that files it with a kernel's; None if the cache does not hold it."""
+    from triton.runtime.cache import get_cache_manager
+
+    path = get_cache_manager(key).get_file(f"{name}{hostmodules.ext_suffix()}")
+    if path is None:
+        return None
+    try:
+        data = Path(path).read_bytes()
+    except OSError:
+        return None
+    md = hostmodules.metadata(key, name)
+    ext = hostmodules.EXT
+    b = Binary(key, binary_sha256(key, name, ext, version, md, data), name, ext, version, md, data)
+    spec_json = json.dumps({"host_module": name, "key": key}, sort_keys=True)
+    return LaunchSpec(hashlib.sha256(spec_json.encode()).hexdigest(), COMPANION_CONFIG, key, spec_json, version), b
+
+
+def upload(
+    store: Store,
+    fn: Any,
+    kernel: str,
+    source_hash: str,
+    specs: Sequence[LaunchSpec],
+    target_digest: str | None = None,
+) -> int:
     """After a tuning process stored ``specs`` (its winners' launch specs): store their binaries that
-    the store lacks, within the size limits. Returns how many were new; never raises."""
+    the store lacks, within the size limits, and with ``target_digest`` the host modules their
+    launches need (recorded as companions of that target). Returns how many were new; never raises."""
     try:
         if store.readonly or not specs or not settings.get("TUNECACHE_BINARIES"):
             return 0
         keys = {s.kernel_hash for s in specs}
         have = store.binary_heads(sorted(keys))
         bins = collect(fn, keys - set(have))
+        if target_digest is not None:
+            host = collect_host_modules(fn, keys)
+            store.put_specs(kernel, source_hash, target_digest, [spec for spec, _ in host])
+            known = store.binary_heads([b.triton_key for _, b in host])
+            bins += [b for _, b in host if b.triton_key not in known]
         limit = settings.get("TUNECACHE_BINARY_MAX_BYTES")
         small = [b for b in bins if b.size <= limit]
         for b in bins:
@@ -190,7 +249,7 @@ def record_companions(tuner: Any, *fns: Any, store: Store | None = None) -> int:
         if not specs:
             continue
         store.put_specs(tuner.identity.name, tuner.identity.source_hash, target, specs)
-        n += upload(store, fn, tuner.identity.name, tuner.identity.source_hash, specs)
+        n += upload(store, fn, tuner.identity.name, tuner.identity.source_hash, specs, target)
     return n
 
 
@@ -212,7 +271,7 @@ def place(store: Store, specs: Iterable[LaunchSpec]) -> tuple[int, int]:
         if not keys:
             return 0, 0
         heads = store.binary_heads(keys)
-        missing = [k for k, (name, _, _) in heads.items() if _NAME.fullmatch(name) and not _cached(k, name)]
+        missing = [k for k, (name, ext, _) in heads.items() if _NAME.fullmatch(name) and not _cached(k, name, ext)]
         placed = refused = 0
         for b in store.get_binaries(missing) if missing else []:
             why = problems_of(b)
@@ -223,6 +282,12 @@ def place(store: Store, specs: Iterable[LaunchSpec]) -> tuple[int, int]:
                 log.warning("tunecache: binary %s (%s) not placed: %s", b.triton_key[:12], b.name, why)
                 continue
             mgr = get_cache_manager(b.triton_key)
+            if b.ext == hostmodules.EXT:  # a host module: one file, where this host's Triton looks
+                md = json.loads(b.metadata)
+                if hostmodules.loads_here(md):
+                    mgr.put(b.binary, hostmodules.file_name(b.name, md), binary=True)
+                    placed += 1
+                continue
             md_file, bin_file = f"{b.name}.json", f"{b.name}.{b.ext}"
             paths = {bin_file: mgr.put(b.binary, bin_file, binary=True), md_file: mgr.put(b.metadata, md_file)}
             mgr.put_group(md_file, paths)  # last: Triton sees the group only once both files are whole
@@ -235,10 +300,13 @@ def place(store: Store, specs: Iterable[LaunchSpec]) -> tuple[int, int]:
         return 0, 0
 
 
-def _cached(triton_key: str, name: str) -> bool:
+def _cached(triton_key: str, name: str, ext: str) -> bool:
     from triton.runtime.cache import get_cache_manager
 
-    return get_cache_manager(triton_key).get_group(f"{name}.json") is not None
+    mgr = get_cache_manager(triton_key)
+    if ext == hostmodules.EXT:
+        return mgr.get_file(f"{name}{hostmodules.ext_suffix()}") is not None
+    return mgr.get_group(f"{name}.json") is not None
 
 
 def place_for(store: Store | None, specs_by_target: dict[str, list[LaunchSpec]] | None) -> tuple[int, int]:
@@ -249,4 +317,13 @@ def place_for(store: Store | None, specs_by_target: dict[str, list[LaunchSpec]] 
     return place(store, [s for specs in specs_by_target.values() for s in specs])
 
 
-__all__ = ["collect", "place", "place_for", "problems_of", "record_companions", "upload"]
+__all__ = [
+    "collect",
+    "collect_host_modules",
+    "host_module",
+    "place",
+    "place_for",
+    "problems_of",
+    "record_companions",
+    "upload",
+]
