@@ -24,8 +24,9 @@ from tunecache.cli import main
 from tunecache.engine import resolve_url
 from tunecache.errors import ConfigurationError
 from tunecache.identity import canonical_key, config_hash_of, problem_digest
+from tunecache.migrate import head_revision
 from tunecache.model import ConfigResult, Problem
-from tunecache.store import head_revision, open_store
+from tunecache.opening import open_store
 from tunecache.target import Target
 
 HERE = Path(__file__).parent

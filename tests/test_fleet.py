@@ -20,7 +20,8 @@ import sqlalchemy as sa
 from conftest import HERE, PG_URL, run_procs
 
 from tunecache.engine import resolve_url
-from tunecache.store import head_revision, open_store
+from tunecache.migrate import head_revision
+from tunecache.opening import open_store
 
 SCRIPTS = HERE.parent / "scripts"
 

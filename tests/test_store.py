@@ -15,8 +15,9 @@ from realcli import cli_process, one_line_error
 from tunecache.cli import main
 from tunecache.errors import SchemaError, StoreError, StoreReadOnlyError
 from tunecache.identity import problem_digest
+from tunecache.migrate import head_revision
 from tunecache.model import ConfigResult, Problem, pick_winner
-from tunecache.store import head_revision, open_store
+from tunecache.opening import open_store
 from tunecache.target import Target
 
 H200 = Target("cuda", "sm90", "NVIDIA H200", 132, 232448, 32, "13000", "580.159.04", "13.0", "3.6")
@@ -178,8 +179,8 @@ def test_lease_of_a_dead_local_process_is_taken_over(store_url):
     dead.wait()
     import sqlalchemy as sa
 
+    from tunecache.leaseholder import lease_host
     from tunecache.schema import leases
-    from tunecache.store import lease_host
 
     # As a process of this host and PID namespace writes it (see test_leases.py for the others).
     with s.engine.begin() as c:
@@ -265,13 +266,13 @@ def test_newer_schema_is_refused_and_not_downgraded(sqlite_url):
     s.close()
     with pytest.raises(SchemaError, match="newer than this tunecache"):
         open_store(sqlite_url)
-    from tunecache.store import connect
+    from tunecache.opening import connect
 
     assert connect(sqlite_url).revision() == "9999"
 
 
 def test_upgrade_from_previous_revision_keeps_data(store_url):
-    from tunecache.store import connect
+    from tunecache.opening import connect
 
     s = connect(store_url)
     s.upgrade("0001")
@@ -326,10 +327,10 @@ def test_mysql_store_works(mysql_url):
 def test_schema_constants_match_alembic_scripts():
     from alembic.script import ScriptDirectory
 
+    from tunecache.migrate import alembic_config
     from tunecache.schema import SCHEMA_HEAD, SCHEMA_REVISIONS
-    from tunecache.store import _alembic_config
 
-    sd = ScriptDirectory.from_config(_alembic_config())
+    sd = ScriptDirectory.from_config(alembic_config())
     assert sd.get_current_head() == SCHEMA_HEAD
     assert [s.revision for s in reversed(list(sd.walk_revisions()))] == list(SCHEMA_REVISIONS)
 

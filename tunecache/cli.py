@@ -24,8 +24,9 @@ from tunecache import settings
 from tunecache.engine import mask_raw
 from tunecache.errors import StoreReadOnlyError, TunecacheError
 from tunecache.model import Problem, config_to_json, problem_to_json, utcnow
+from tunecache.opening import connect, open_store
 from tunecache.settings import current_mode
-from tunecache.store import Store, connect, open_store
+from tunecache.store import Store
 
 log = logging.getLogger("tunecache")
 
@@ -176,7 +177,7 @@ def main(ctx: click.Context) -> None:
 @click.pass_context
 def info(ctx: click.Context, as_json: bool) -> None:
     """This machine's target identity, the store URL (password masked), schema revision and counts."""
-    from tunecache.store import head_revision
+    from tunecache.migrate import head_revision
     from tunecache.target import detect_target, hostname
 
     store = _open(ctx)
@@ -219,7 +220,7 @@ def db() -> None:
 @click.pass_context
 def db_upgrade(ctx: click.Context, revision: str, as_json: bool) -> None:
     """Create or migrate the schema (creates a SQLite store and its directory)."""
-    from tunecache.store import head_revision
+    from tunecache.migrate import head_revision
 
     store = connect(ctx.obj.get("url"))
     ctx.call_on_close(store.close)
@@ -246,7 +247,7 @@ def db_upgrade(ctx: click.Context, revision: str, as_json: bool) -> None:
 @click.pass_context
 def db_current(ctx: click.Context, as_json: bool) -> None:
     """Show the schema revision of the store (and whether it is head)."""
-    from tunecache.store import head_revision
+    from tunecache.migrate import head_revision
 
     store = connect(ctx.obj.get("url"), create=False)
     ctx.call_on_close(store.close)

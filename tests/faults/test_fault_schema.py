@@ -14,9 +14,11 @@ from faultlib import check_ok, collect, fault_report_fixture, log_lines, spawn  
 
 from tunecache.errors import SchemaError
 from tunecache.identity import problem_digest
+from tunecache.migrate import head_revision
 from tunecache.model import ConfigResult, Problem, utcnow
+from tunecache.opening import connect, open_store
 from tunecache.schema import configs, leases, problems
-from tunecache.store import _config_values, _problem_values, connect, head_revision, open_store
+from tunecache.store import _config_values, _problem_values
 from tunecache.target import Target
 
 OLD = "0001"
