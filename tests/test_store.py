@@ -282,12 +282,11 @@ def test_upgrade_from_previous_revision_keeps_data(store_url):
     from tunecache.schema import configs, problems
 
     p = problem(3)
-    from tunecache.model import utcnow
-    from tunecache.store import _config_values, _problem_values
+    from tunecache.model import new_config_row, new_problem_row, utcnow
 
     with s.engine.begin() as c:  # write as the 0001 code would have
-        c.execute(sa.insert(problems), [_problem_values(p, "old-host", utcnow())])
-        c.execute(sa.insert(configs), [_config_values(p.digest, r, "old-host", utcnow()) for r in results()])
+        c.execute(sa.insert(problems), [new_problem_row(p, "old-host", utcnow())])
+        c.execute(sa.insert(configs), [new_config_row(p.digest, r, "old-host", utcnow()) for r in results()])
     s.close()
     s = open_store(store_url)  # auto-migrates to head
     assert s.revision() == head_revision()

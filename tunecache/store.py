@@ -15,7 +15,6 @@ Writers checkpoint the WAL into the main file when they close, so a copied or ba
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import logging
 import os
 import re
@@ -44,19 +43,17 @@ from tunecache.model import (
     COMPANION_CONFIG,
     CONFIG_ROW_COLUMNS,
     FAILED_STATUSES,
-    PROBLEM_COLUMNS,
     STATUSES,
     Binary,
     ConfigResult,
     LaunchSpec,
     Problem,
     binary_row,
-    config_from_row,
-    config_row,
     launch_spec_row,
+    new_config_row,
+    new_problem_row,
     pick_winner,
-    problem_from_row,
-    problem_row,
+    problems_from_rows,
     utcnow,
 )
 from tunecache.schema import (
@@ -186,24 +183,6 @@ class Store:
 
     _problem_cols = [c for c in problems.c]
 
-    def _rows_to_problems(self, result: Any) -> list[Problem]:
-        """Rows of :meth:`_select_full` (problem columns, then config columns) to Problems.
-
-        Positional access over one fetchall: a warm start converts hundreds of rows, and the
-        per-row mapping lookups cost more than the query itself.
-        """
-        out: dict[str, Problem] = {}
-        n = len(PROBLEM_COLUMNS)
-        rows = result.all() if hasattr(result, "all") else list(result)
-        for r in rows:
-            d = r[0]
-            p = out.get(d)
-            if p is None:
-                p = out[d] = problem_from_row(r[:n])
-            if len(r) > n and r[n] is not None:
-                p.configs.append(config_from_row(r[n:]))
-        return list(out.values())
-
     def _select_full(self) -> sa.Select:
         cfg_cols = [configs.c[n].label(f"config_{n}") for n in CONFIG_ROW_COLUMNS]  # labels: both tables have host
         return sa.select(*self._problem_cols, *cfg_cols).select_from(
@@ -213,7 +192,7 @@ class Store:
     def get(self, digest: str) -> Problem | None:
         """The problem with all its config rows, or None."""
         with self._read("get") as conn:
-            found = self._rows_to_problems(conn.execute(self._select_full().where(problems.c.digest == digest)))
+            found = problems_from_rows(conn.execute(self._select_full().where(problems.c.digest == digest)))
         return found[0] if found else None
 
     def get_many(self, source_hash: str, target_digest: str | None = None) -> list[Problem]:
@@ -222,13 +201,13 @@ class Store:
             q = self._select_full().where(problems.c.source_hash == source_hash)
             if target_digest is not None:
                 q = q.where(problems.c.target_digest == target_digest)
-            return self._rows_to_problems(conn.execute(q))
+            return problems_from_rows(conn.execute(q))
 
     def get_kernel_problems(self, kernel: str) -> list[Problem]:
         """Every problem of every source version of one kernel (by ``module.qualname``, all
         targets), with config rows, in ONE query: a prefetch before the source can be hashed."""
         with self._read("bulk fetch") as conn:
-            return self._rows_to_problems(conn.execute(self._select_full().where(problems.c.kernel == kernel[:255])))
+            return problems_from_rows(conn.execute(self._select_full().where(problems.c.kernel == kernel[:255])))
 
     def find(self, digest_prefix: str) -> list[Problem]:
         """Problems whose digest starts with a prefix (as typed by a user), with config rows."""
@@ -237,7 +216,7 @@ class Store:
             raise ValueError(f"digest prefix {digest_prefix!r} is not hexadecimal")
         with self._read("find") as conn:
             q = self._select_full().where(problems.c.digest.like(prefix + "%")).order_by(problems.c.digest)
-            return self._rows_to_problems(conn.execute(q))
+            return problems_from_rows(conn.execute(q))
 
     def find_problems(self, *, with_configs: bool = False, limit: int | None = None, **filters: Any) -> list[Problem]:
         """Problems matching filters (see :func:`filter_clauses`), newest first."""
@@ -253,7 +232,7 @@ class Store:
                 )
                 if limit:
                     q = q.limit(limit)
-            return self._rows_to_problems(conn.execute(q))
+            return problems_from_rows(conn.execute(q))
 
     def iter_problems(self, batch: int = 2000, **filters: Any) -> Iterator[Problem]:
         """Every matching problem with its configs, streamed in digest order (for export)."""
@@ -274,7 +253,7 @@ class Store:
                 if not ids:
                     return
                 q = self._select_full().where(problems.c.digest.in_(ids)).order_by(problems.c.digest)
-                found = self._rows_to_problems(conn.execute(q))
+                found = problems_from_rows(conn.execute(q))
             yield from found
             last = ids[-1]
 
@@ -322,10 +301,10 @@ class Store:
         now = utcnow()
         host = problem.host or hostname()
         with self._write("put") as conn:
-            conn.execute(self._insert_ignore(problems), [_problem_values(problem, host, now)])
+            conn.execute(self._insert_ignore(problems), [new_problem_row(problem, host, now)])
             if self.dialect != "sqlite":  # SQLite's BEGIN IMMEDIATE already serialises writers
                 conn.execute(sa.select(problems.c.digest).where(problems.c.digest == problem.digest).with_for_update())
-            rows = [_config_values(problem.digest, r, host, now) for r in results]
+            rows = [new_config_row(problem.digest, r, host, now) for r in results]
             if rows:
                 if replace:
                     conn.execute(
@@ -336,9 +315,7 @@ class Store:
                     )
                 conn.execute(self._insert_ignore(configs), rows)
                 self._add_measurements(conn, problem.digest, rows)
-            stored = self._rows_to_problems(
-                conn.execute(self._select_full().where(problems.c.digest == problem.digest))
-            )[0]
+            stored = problems_from_rows(conn.execute(self._select_full().where(problems.c.digest == problem.digest)))[0]
             proposed = stored.config_map().get(problem.winner_config_hash or "")
             # The tuner's choice (see pick_winner's prefer) when it is a stored ok config.
             best = proposed if proposed is not None and proposed.ok else pick_winner(stored.configs)
@@ -357,9 +334,7 @@ class Store:
                 values.update(winner_config_hash=best.config_hash, winner_ms=best.median_ms)
             conn.execute(sa.update(problems).where(problems.c.digest == problem.digest).values(**values))
             conn.execute(sa.delete(misses).where(misses.c.digest == problem.digest))
-            return self._rows_to_problems(conn.execute(self._select_full().where(problems.c.digest == problem.digest)))[
-                0
-            ]
+            return problems_from_rows(conn.execute(self._select_full().where(problems.c.digest == problem.digest)))[0]
 
     def _add_measurements(self, conn: Connection, digest: str, rows: Sequence[dict[str, Any]]) -> None:
         """Record each host's ok timings of this put (config value rows) in ``measurements``, replacing
@@ -392,7 +367,7 @@ class Store:
                     host=hostname(),
                 )
             )
-            stored = self._rows_to_problems(conn.execute(self._select_full().where(problems.c.digest == digest)))
+            stored = problems_from_rows(conn.execute(self._select_full().where(problems.c.digest == digest)))
             if stored:
                 best = pick_winner(stored[0].configs)
                 conn.execute(
@@ -671,26 +646,6 @@ class Store:
     def release_lease(self, digest: str, holder: str) -> None:
         with self._write("release lease") as conn:
             conn.execute(sa.delete(leases).where(leases.c.digest == digest, leases.c.holder == holder))
-
-
-def _problem_values(p: Problem, host: str, now: dt.datetime) -> dict[str, Any]:
-    """A new problem's row: the winner is chosen by :meth:`Store.put` once its configs are in."""
-    return {
-        **problem_row(p),
-        "kernel": p.kernel[:255],
-        "winner_config_hash": None,
-        "winner_ms": None,
-        "search_space_hash": p.search_space_hash or "",
-        "host": host,
-        "created_at": p.created_at or now,
-        "updated_at": p.updated_at or now,
-    }
-
-
-def _config_values(digest: str, r: ConfigResult, host: str, now: dt.datetime) -> dict[str, Any]:
-    if r.status not in STATUSES:
-        raise ValueError(f"unknown config status {r.status!r}; expected one of {STATUSES}")
-    return {**config_row(digest, r), "host": r.host or host, "measured_at": r.measured_at or now}
 
 
 def _after_fork_in_child() -> None:
