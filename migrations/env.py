@@ -1,4 +1,4 @@
-"""Alembic environment: runs on the connection tunecache hands over (see tunecache.store)."""
+"""Alembic environment: runs on the connection tunecache hands over (see tunecache.migrate)."""
 
 from __future__ import annotations
 

@@ -58,7 +58,7 @@ def main() -> None:
     from tunecache.exchange import export, import_
     from tunecache.identity import canonical_key, config_hash_of, problem_digest
     from tunecache.model import ConfigResult, Problem
-    from tunecache.store import open_store
+    from tunecache.opening import open_store
     from tunecache.target import Target
 
     t0 = time.perf_counter()

@@ -35,8 +35,8 @@ import sqlalchemy as sa
 
 from tunecache.engine import resolve_url
 from tunecache.identity import canonical_json, config_hash_of, problem_digest, search_space_hash, sha256_hex
+from tunecache.opening import open_store
 from tunecache.schema import configs, problems
-from tunecache.store import open_store
 from tunecache.target import Target
 
 PG_URL = os.environ.get("TUNECACHE_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")

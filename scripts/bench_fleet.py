@@ -55,7 +55,7 @@ def simulated_start(url: str, plan: list[list[Any]], keep: list[Any] | None = No
     """One worker start's store traffic, replaying ``plan`` (the calls a real start made, in order,
     with their arguments); returns its wall time. ``keep``: leave the store open (a live process
     keeps its pool: TUNECACHE_POOL_SIZE > 0)."""
-    from tunecache.store import open_store
+    from tunecache.opening import open_store
 
     t0 = time.perf_counter()
     store = open_store(url)  # shared_store: connect and check the schema
@@ -108,7 +108,7 @@ def storm_worker(url: str, digest: str, host_lock: threading.Lock, bench_s: floa
     """One worker missing ``digest``: the autotuner's single flight, call for call (host file lock,
     lease, re-check, benchmark, put, release; or poll with back-off until the result is stored)."""
     from tunecache.model import ConfigResult
-    from tunecache.store import open_store
+    from tunecache.opening import open_store
     from tunecache.target import hostname
 
     store = open_store(url)

@@ -377,7 +377,7 @@ def child_bandwidth(args: dict) -> dict:
 
 
 def child_oor(args: dict) -> dict:
-    from tunecache.store import open_store
+    from tunecache.opening import open_store
 
     s = open_store(args["url"])
     rows = []

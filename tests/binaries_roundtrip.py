@@ -35,7 +35,7 @@ import tunecache  # noqa: E402
 from tunecache import background, binaries, preload  # noqa: E402
 from tunecache.identity import canonical_key, problem_digest  # noqa: E402
 from tunecache.model import ConfigResult, Problem  # noqa: E402
-from tunecache.store import open_store  # noqa: E402
+from tunecache.opening import open_store  # noqa: E402
 from tunecache.target import detect_target  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)

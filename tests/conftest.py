@@ -38,9 +38,9 @@ def sqlite_url(tmp_path: Path) -> str:
 def _fresh_database(kind: str):
     url, drop = make_database(kind)
     yield url
-    from tunecache.store import _reset_shared_stores
+    from tunecache.opening import reset_shared_stores
 
-    _reset_shared_stores()
+    reset_shared_stores()
     drop()
 
 
@@ -103,13 +103,13 @@ def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("TUNECACHE_CPU_BENCH_REPS", "1")
     import tunecache
     from tunecache import counters, writeback
-    from tunecache.store import _reset_shared_stores
+    from tunecache.opening import reset_shared_stores
 
     tunecache.reset_stats()
     counters.reset_warnings()
     yield
     writeback.flush()
-    _reset_shared_stores()
+    reset_shared_stores()
     tunecache.uninstall()
 
 

@@ -23,9 +23,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 import tinykernels  # noqa: E402
 
 import tunecache  # noqa: E402
-from tunecache import background, counters, writeback  # noqa: E402
-from tunecache import store as store_mod  # noqa: E402
-from tunecache.store import open_store, replace  # noqa: E402
+from tunecache import background, counters, migrate, opening, writeback  # noqa: E402
+from tunecache.opening import open_store  # noqa: E402
+from dataclasses import replace  # noqa: E402
 
 CHILD_LIMIT_S = 60
 
@@ -145,10 +145,10 @@ def locks(url: str) -> dict:
     """Fork while another thread holds every lock tunecache's background work may hold."""
     k = tinykernels.make_add(store=url)
     k.wait_for_prefetch()
-    s = store_mod.shared_store(url)
+    s = opening.shared_store(url)
     named = {
-        "store._stores_lock": lambda: store_mod._stores_lock,
-        "store._alembic_lock": lambda: store_mod._alembic_lock,
+        "opening._stores_lock": lambda: opening._stores_lock,
+        "migrate._alembic_lock": lambda: migrate._alembic_lock,
         "Store._lock": lambda: s._lock,
         "background.pool_lock": lambda: background.fork_locks()["background.pool_lock"],
         "counters.lock": lambda: counters.fork_locks()["counters.lock"],
@@ -203,7 +203,7 @@ def hits(url: str, exit_how: str) -> dict:
     def child() -> dict:
         k3 = tinykernels.make_add(store=url)
         tinykernels.launch(k3, 64)  # the child's own hit
-        writeback.defer_put(store_mod.shared_store(url), extra, p.configs, False)  # a result the store could not take
+        writeback.defer_put(opening.shared_store(url), extra, p.configs, False)  # a result the store could not take
         if exit_how == "sys_exit":
             sys.exit(0)  # atexit flushes
         time.sleep(writeback.FLUSH_DELAY_S + 2.0)  # the child's own timer flushes

@@ -25,7 +25,7 @@ import tunecache
 from tunecache import autotuner as at
 from tunecache import background
 from tunecache.identity import ConfigIds, config_identity
-from tunecache.store import open_store
+from tunecache.opening import open_store
 
 HERE = Path(__file__).parent
 
@@ -299,9 +299,9 @@ def test_read_only_store_hits_without_writing(tmp_path, make_readonly, monkeypat
     url = f"sqlite:///{src}"
     tinykernels.launch(tinykernels.make_add(store=url), 100)
     tunecache.flush()
-    from tunecache.store import _reset_shared_stores
+    from tunecache.opening import reset_shared_stores
 
-    _reset_shared_stores()
+    reset_shared_stores()
     open_store(url).close()
     ro = make_readonly([src])
     tunecache.reset_stats()

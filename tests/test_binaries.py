@@ -29,7 +29,7 @@ from tunecache.cli import main
 from tunecache.errors import ConfigurationError, ImportFormatError, SigningError, TunecacheError
 from tunecache.exchange import import_
 from tunecache.model import Binary, binary_sha256
-from tunecache.store import open_store
+from tunecache.opening import open_store
 
 TABLES = ("problems", "configs", "launch_specs", "binaries", "misses", "measurements")
 

@@ -11,7 +11,8 @@ from click.testing import CliRunner
 from realcli import cli_process, one_line_error
 
 from tunecache.cli import main
-from tunecache.store import head_revision, open_store
+from tunecache.migrate import head_revision
+from tunecache.opening import open_store
 from tunecache.target import Target
 
 

@@ -21,7 +21,7 @@ from realcli import leaf_commands, tc
 from tunecache.cli import main
 from tunecache.engine import resolve_url
 from tunecache.errors import ConfigurationError
-from tunecache.store import head_revision
+from tunecache.migrate import head_revision
 
 HERE = Path(__file__).parent
 

@@ -39,7 +39,8 @@ from tunecache.model import (
     problem_from_json,
     problem_to_json,
 )
-from tunecache.store import Store, open_store
+from tunecache.opening import open_store
+from tunecache.store import Store
 from tunecache.target import Target
 
 H200 = Target("cuda", "sm90", "NVIDIA H200", 132, 232448, 32, "13000", "580.159.04", "13.0", "3.5")

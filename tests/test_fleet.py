@@ -22,7 +22,8 @@ from processes import run_procs
 from servers import PG_URL
 
 from tunecache.engine import resolve_url
-from tunecache.store import head_revision, open_store
+from tunecache.migrate import head_revision
+from tunecache.opening import open_store
 
 HERE = Path(__file__).parent
 

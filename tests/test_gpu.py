@@ -101,7 +101,7 @@ def test_restart_preloads_the_winners_binaries_before_the_first_launch(sqlite_ur
 
 OOR = """
 import json
-from tunecache.store import open_store
+from tunecache.opening import open_store
 
 # BLOCK_K=256 x 4 stages of two 128x256 fp16 tiles: 4 * 2 * 64 KiB = 512 KiB of shared memory.
 @tunecache.autotune(
@@ -186,7 +186,7 @@ def test_miss_inside_cuda_graph_capture_falls_back_and_replays(sqlite_url, preco
 HOPPER = """
 import json, math
 from tunecache.kernels import sparse_decode as sd, sparse_decode_sm90 as sm90
-from tunecache.store import open_store
+from tunecache.opening import open_store
 import os
 
 gen = torch.Generator(device="cuda").manual_seed(5)

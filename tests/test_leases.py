@@ -23,11 +23,11 @@ import tinykernels
 
 import tunecache
 from tunecache import autotuner as at
-from tunecache import store as store_mod
+from tunecache import leaseholder
 from tunecache.identity import config_identity
 from tunecache.model import ConfigResult
+from tunecache.opening import open_store
 from tunecache.schema import leases
-from tunecache.store import open_store
 from tunecache.target import hostname
 
 HERE = Path(__file__).parent
@@ -36,7 +36,7 @@ HERE = Path(__file__).parent
 def dead_pid() -> int:
     p = subprocess.Popen(["true"])
     p.wait()
-    assert not store_mod._pid_alive(p.pid)
+    assert not leaseholder.pid_alive(p.pid)
     return p.pid
 
 
@@ -55,7 +55,7 @@ def test_lease_host_names_the_pid_namespace():
     ino = os.stat("/proc/self/ns/pid").st_ino
     with open("/proc/sys/kernel/random/boot_id") as f:
         boot = f.read().strip().replace("-", "")[:16]
-    assert store_mod.lease_host() == f"{hostname()}#pidns={ino}.{boot}"
+    assert leaseholder.lease_host() == f"{hostname()}#pidns={ino}.{boot}"
 
 
 def test_dead_pid_is_judged_only_in_our_own_namespace(store_url):
@@ -63,7 +63,7 @@ def test_dead_pid_is_judged_only_in_our_own_namespace(store_url):
     pid = dead_pid()
     other_ns = f"{hostname()}#pidns=4026599999.{'0' * 16}"
     put_lease(s, "a" * 64, other_ns, pid)  # a live holder in a container next door, as far as we know
-    put_lease(s, "b" * 64, store_mod.lease_host(), pid)  # our namespace: the holder is really gone
+    put_lease(s, "b" * 64, leaseholder.lease_host(), pid)  # our namespace: the holder is really gone
     put_lease(s, "c" * 64, hostname(), pid)  # an older tunecache's row: namespace unknown
     put_lease(s, "d" * 64, other_ns, pid, expires_in=-1)  # expired: taken over wherever its holder is
     tunecache.reset_stats()
@@ -77,7 +77,7 @@ def test_dead_pid_is_judged_only_in_our_own_namespace(store_url):
 
 HOLDER = """
     import sys, time
-    from tunecache.store import open_store
+    from tunecache.opening import open_store
     s = open_store(sys.argv[1])
     assert s.try_lease("e" * 64, "holder", 120)
     print("HELD", flush=True)
@@ -96,7 +96,7 @@ def _unshare_works() -> bool:
 def test_live_holder_in_another_pid_namespace_keeps_its_lease(store_url):
     # A real holder in a new PID namespace (as in a container with host networking), whose pid
     # there is one that does not exist here: it is alive, so its lease must not be taken over.
-    pid = next(p for p in (random.randrange(2000, 30000) for _ in range(1000)) if not store_mod._pid_alive(p))
+    pid = next(p for p in (random.randrange(2000, 30000) for _ in range(1000)) if not leaseholder.pid_alive(p))
     script = textwrap.dedent(HOLDER)
     shell = f'echo {pid - 1} > /proc/sys/kernel/ns_last_pid && "{sys.executable}" -c \'{script}\' "{store_url}"'
     holder = subprocess.Popen(
@@ -111,8 +111,8 @@ def test_live_holder_in_another_pid_namespace_keeps_its_lease(store_url):
         s = open_store(store_url)
         with s.engine.connect() as c:
             row = c.execute(sa.select(leases)).mappings().one()
-        assert row["pid"] == pid and not store_mod._pid_alive(pid)  # its pid means nothing here
-        assert row["host"].startswith(hostname() + "#pidns=") and row["host"] != store_mod.lease_host()
+        assert row["pid"] == pid and not leaseholder.pid_alive(pid)  # its pid means nothing here
+        assert row["host"].startswith(hostname() + "#pidns=") and row["host"] != leaseholder.lease_host()
         assert s.try_lease("e" * 64, "me:1:x", 30) is False
         s.close()
     finally:

@@ -19,7 +19,7 @@ import tunecache
 from tunecache import autotuner as at
 from tunecache import background, preload
 from tunecache.model import ConfigResult, LaunchSpec, Problem
-from tunecache.store import open_store
+from tunecache.opening import open_store
 from tunecache.target import detect_target
 
 

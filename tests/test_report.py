@@ -16,8 +16,8 @@ from tunecache import fleet, report
 from tunecache.cli import main
 from tunecache.identity import problem_digest
 from tunecache.model import ConfigResult, Problem
+from tunecache.opening import open_store
 from tunecache.schema import measurements
-from tunecache.store import open_store
 from tunecache.target import Target
 
 H200 = Target("cuda", "sm90", "NVIDIA H200", 132, 232448, 32, "13000", "580.159.04", "13.0", "3.6")

@@ -22,8 +22,8 @@ from tunecache.engine import resolve_url
 from tunecache.errors import StoreError, TunecacheError
 from tunecache.identity import problem_digest
 from tunecache.model import ConfigResult, Problem
+from tunecache.opening import connect, open_store
 from tunecache.roles import grant
-from tunecache.store import connect, open_store
 from tunecache.target import Target
 
 SIZES = [64, 128, 256, 512]

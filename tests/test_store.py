@@ -15,8 +15,9 @@ from realcli import cli_process, one_line_error
 
 from tunecache.cli import main
 from tunecache.errors import SchemaError, StoreError, StoreReadOnlyError
+from tunecache.migrate import head_revision
 from tunecache.model import ConfigResult, pick_winner
-from tunecache.store import head_revision, open_store
+from tunecache.opening import open_store
 from tunecache.target import Target
 
 
@@ -148,8 +149,8 @@ def test_lease_of_a_dead_local_process_is_taken_over(store_url):
     dead.wait()
     import sqlalchemy as sa
 
+    from tunecache.leaseholder import lease_host
     from tunecache.schema import leases
-    from tunecache.store import lease_host
 
     # As a process of this host and PID namespace writes it (see test_leases.py for the others).
     with s.engine.begin() as c:
@@ -235,13 +236,13 @@ def test_newer_schema_is_refused_and_not_downgraded(sqlite_url):
     s.close()
     with pytest.raises(SchemaError, match="newer than this tunecache"):
         open_store(sqlite_url)
-    from tunecache.store import connect
+    from tunecache.opening import connect
 
     assert connect(sqlite_url).revision() == "9999"
 
 
 def test_upgrade_from_previous_revision_keeps_data(store_url):
-    from tunecache.store import connect
+    from tunecache.opening import connect
 
     s = connect(store_url)
     s.upgrade("0001")
@@ -251,12 +252,11 @@ def test_upgrade_from_previous_revision_keeps_data(store_url):
     from tunecache.schema import configs, problems
 
     p = problem(3)
-    from tunecache.model import utcnow
-    from tunecache.store import _config_values, _problem_values
+    from tunecache.model import new_config_row, new_problem_row, utcnow
 
     with s.engine.begin() as c:  # write as the 0001 code would have
-        c.execute(sa.insert(problems), [_problem_values(p, "old-host", utcnow())])
-        c.execute(sa.insert(configs), [_config_values(p.digest, r, "old-host", utcnow()) for r in results()])
+        c.execute(sa.insert(problems), [new_problem_row(p, "old-host", utcnow())])
+        c.execute(sa.insert(configs), [new_config_row(p.digest, r, "old-host", utcnow()) for r in results()])
     s.close()
     s = open_store(store_url)  # auto-migrates to head
     assert s.revision() == head_revision()
@@ -296,10 +296,10 @@ def test_mysql_store_works(mysql_url):
 def test_schema_constants_match_alembic_scripts():
     from alembic.script import ScriptDirectory
 
+    from tunecache.migrate import alembic_config
     from tunecache.schema import SCHEMA_HEAD, SCHEMA_REVISIONS
-    from tunecache.store import _alembic_config
 
-    sd = ScriptDirectory.from_config(_alembic_config())
+    sd = ScriptDirectory.from_config(alembic_config())
     assert sd.get_current_head() == SCHEMA_HEAD
     assert [s.revision for s in reversed(list(sd.walk_revisions()))] == list(SCHEMA_REVISIONS)
 

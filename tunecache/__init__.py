@@ -25,7 +25,8 @@ from tunecache.errors import (
     TunecacheError,
 )
 from tunecache.model import ConfigResult, Problem
-from tunecache.store import Store, open_store
+from tunecache.opening import open_store
+from tunecache.store import Store
 from tunecache.writeback import flush
 
 __all__ = [

@@ -26,7 +26,6 @@ import logging
 import os
 import threading
 import time
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -36,6 +35,7 @@ from triton.runtime.autotuner import Autotuner
 from tunecache import background, binaries, counters, settings, singleflight, winner, writeback
 from tunecache import preload as _preload
 from tunecache.errors import CaptureMissError, StoreError
+from tunecache.firstcall import first_run
 from tunecache.identity import (
     ConfigIds,
     KernelIdentity,
@@ -91,7 +91,7 @@ def capturing() -> bool:
 
 
 #: Triton's own ``Autotuner.__init__`` and ``run``, as imported: ``install()`` patches the base class's
-#: (see :func:`covering_init`), and tunecache's own calls go to these, never through the patch.
+#: (see :func:`tunecache.adoption.covering_init`), and tunecache's own calls go to these, never through the patch.
 BASE_INIT = Autotuner.__init__
 BASE_RUN = Autotuner.run
 
@@ -194,7 +194,7 @@ class TunecacheAutotuner(Autotuner):
         self._tc_from_store: dict[Any, tuple[str, str]] = {}  # tuning key -> (digest, config hash)
         self._tc_lock = threading.RLock()
         background.register(self)
-        self.__dict__["run"] = functools.partial(_first_run, self)  # once: does it reach Autotuner.run?
+        self.__dict__["run"] = functools.partial(first_run, self)  # once: does it reach Autotuner.run?
         if current_mode() != "off" and settings.get("TUNECACHE_PREFETCH"):
             # Open the store and fetch this kernel's problems while the server loads its weights,
             # so the first launch pays no query, imports or connection set-up. No CUDA calls here:
@@ -768,165 +768,29 @@ class TunecacheAutotuner(Autotuner):
                     self._tc_ks.trouble("write", e)
 
 
-# ---- every Autotuner of the process (install) ------------------------------------------------------
-#
-# Libraries build autotuners that never go through ``triton.autotune``: their own subclasses of
-# Autotuner (fla's CachedAutotuner, with its own ``run`` that calls ``super().run``), constructed
-# directly. ``install()`` patches the base class's ``__init__`` and ``run`` with the two functions
-# below, which adopt every instance: its class becomes one with TunecacheAutotuner between the
-# library's class and Autotuner, so the library's own methods still run first and every
-# ``super()`` call they make, and Triton's own calls of the hooks, reach tunecache.
-
-_covering: dict[type, type] = {}
-_adopted: weakref.WeakSet[Any] = weakref.WeakSet()  # adopted by install(): uninstall() releases them
-_adopt_lock = threading.RLock()
-_NOT_ENTERED = object()  # a first call's mark in ``nargs``, which Autotuner.run replaces at once
-#: Attributes of TunecacheAutotuner that a library's class must not define itself.
-_OURS = ("identity", "config_ids", "wait_for_prefetch", "load_winners", "after_fork_in_child", "fork_locks")
+def attach(tuner: Any) -> None:
+    """Give an Autotuner that other code built tunecache's state, with ``cache_results`` as Triton set
+    it for them (``install()`` adopting it: see :mod:`tunecache.adoption`)."""
+    tuner._tc_attach(tuner.cache_results, None, None)
 
 
-def covering_class(cls: type) -> type:
-    """The class an instance of ``cls`` gets when adopted: TunecacheAutotuner for Triton's own
-    Autotuner; for a library's subclass, one of the same name with TunecacheAutotuner under it
-    (``cls``'s methods first, then tunecache's, then Triton's). Raises TypeError naming what
-    stands in the way."""
-    if issubclass(cls, TunecacheAutotuner):
-        return cls
-    if cls is Autotuner:
-        return TunecacheAutotuner
-    with _adopt_lock:
-        got = _covering.get(cls)
-        if got is None:
-            clash = sorted({n for k in cls.__mro__ if not issubclass(Autotuner, k) for n in _OURS if n in vars(k)})
-            if clash:
-                raise TypeError(f"it defines {', '.join(clash)}, which tunecache's hooks use")
-            ns = {"__module__": cls.__module__, "__qualname__": cls.__qualname__, "_tc_library_class": cls}
-            got = _covering[cls] = type(cls.__name__, (cls, TunecacheAutotuner), ns)
-        return got
-
-
-def adopt(tuner: Any) -> bool:
-    """Make an Autotuner built by other code a tunecache one (once); False, reported, where its class
-    cannot take tunecache's hooks."""
-    with _adopt_lock:
-        if isinstance(tuner, TunecacheAutotuner):
-            return True
-        if "_tc_declined" in vars(tuner):
-            return False
-        cls = type(tuner)
-        try:
-            tuner.__class__ = covering_class(cls)
-        except TypeError as e:
-            tuner._tc_declined = True
-            _report_uncovered(kernel_name(tuner.fn), cls, str(e))
-            return False
-        tuner._tc_attach(tuner.cache_results, None, None)  # cache_results: as Triton set it for them
-        _adopted.add(tuner)
-        return True
-
-
-def covering_init(self: Any, *args: Any, **kwargs: Any) -> None:
-    """``Autotuner.__init__`` while installed: Triton's own, then adoption (not in mode "off")."""
-    BASE_INIT(self, *args, **kwargs)
-    if isinstance(self, TunecacheAutotuner):
-        return  # its own __init__ attaches
-    if current_mode() == "off":
-        self._tc_declined = True
-        return
-    adopt(self)
-
-
-def covering_run(self: Any, *args: Any, **kwargs: Any) -> Any:
-    """``Autotuner.run`` while installed. Reached only by instances not adopted at construction: built
-    before ``install()`` (adopted now, mid-call, and served from here on) or declined (Triton's run)."""
-    if "_tc_declined" not in vars(self) and adopt(self):
-        self.__dict__.pop("run", None)  # this call reached the base class: covered
-        counters.kernel_seen(self._tc_name, _library_class(self), covered=True)
-        return TunecacheAutotuner.run(self, *args, **kwargs)
-    return BASE_RUN(self, *args, **kwargs)
-
-
-def release(tuner: Any) -> None:
-    """Undo :func:`adopt` (``uninstall()``): Triton's class and ``cache_results`` back; in-memory
-    resolutions (``cache``) stay, as Triton keeps them. Tunecache's private ``_tc_*`` state stays
-    inert (a background prefetch may still hold it)."""
-    with _adopt_lock:
-        if tuner not in _adopted:
-            return
-        cls = _library_class(tuner)
-        _adopted.discard(tuner)
-        tuner.__dict__.pop("run", None)
-        if tuner.__dict__.get("kernel_name") == tuner._tc_name and tuner._tc_set_name:
-            del tuner.__dict__["kernel_name"]
-        tuner.cache_results = tuner._tc_user_cache_results
-        tuner.__class__ = cls
-        background.unregister(tuner)
-
-
-def adopted() -> list[Any]:
-    """The Autotuners ``install()`` adopted and ``uninstall()`` would release."""
-    return list(_adopted)
-
-
-def _library_class(tuner: Any) -> type:
-    cls = type(tuner)
-    if cls is TunecacheAutotuner and tuner in _adopted:
-        return Autotuner
-    return vars(cls).get("_tc_library_class", cls)
-
-
-def _first_run(self: Any, *args: Any, **kwargs: Any) -> Any:
-    """An instance's first call (set as its ``run`` by ``_tc_attach``, removed at once): observes
-    whether the call reached ``Autotuner.run``, i.e. tunecache's hooks. A subclass whose ``run``
-    returns without it is reported once, with its name and why."""
-    if self.__dict__.pop("run", None) is None:  # another thread is observing the first call
-        return self.run(*args, **kwargs)
-    self.nargs = _NOT_ENTERED  # Autotuner.run sets nargs first thing
-    ok = False
-    try:
-        out = self.run(*args, **kwargs)
-        ok = True
-        return out
-    finally:
-        entered = self.nargs is not _NOT_ENTERED
-        if not entered:
-            self.nargs = None
-        if entered:
-            counters.kernel_seen(self._tc_name, _library_class(self), covered=True)
-        elif ok:
-            cls = _library_class(self)
-            why = f"{cls.__module__}.{cls.__qualname__}.run returned without calling Autotuner.run"
-            _report_uncovered(self._tc_name, cls, why)
-            self._tc_record_uncovered(args, kwargs)
-        else:  # failed before reaching the base class: observe the next call
-            self.__dict__.setdefault("run", functools.partial(_first_run, self))
-
-
-def _report_uncovered(name: str, cls: type, why: str) -> None:
-    counters.kernel_seen(name, cls, covered=False, why=why)
-    counters.warn_once(
-        name,
-        "uncovered",
-        "tunecache: %s (%s): not served by tunecache: %s. Its configs are chosen and benchmarked as "
-        "that class does, and nothing is stored for it.",
-        name,
-        cls.__qualname__,
-        why,
-    )
+def detach(tuner: Any) -> None:
+    """Undo what :func:`attach` set on the instance: its first-call ``run``, the ``kernel_name``
+    tunecache gave it, and the user's ``cache_results``."""
+    tuner.__dict__.pop("run", None)
+    if tuner.__dict__.get("kernel_name") == tuner._tc_name and tuner._tc_set_name:
+        del tuner.__dict__["kernel_name"]
+    tuner.cache_results = tuner._tc_user_cache_results
 
 
 __all__ = [
     "BASE_INIT",
     "BASE_RUN",
     "TunecacheAutotuner",
-    "adopt",
-    "adopted",
+    "attach",
     "capturing",
-    "covering_class",
-    "covering_init",
-    "covering_run",
+    "detach",
     "driver_change_policy",
     "preload_enabled",
-    "release",
     "winner_tolerance",
 ]

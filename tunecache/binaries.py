@@ -33,7 +33,8 @@ from typing import Any
 from tunecache import hostmodules, preload, settings
 from tunecache.errors import StoreError
 from tunecache.model import BINARY_EXTS, COMPANION_CONFIG, Binary, LaunchSpec, binary_sha256
-from tunecache.store import Store, shared_store
+from tunecache.opening import shared_store
+from tunecache.store import Store
 from tunecache.target import detect_target, interpreting
 
 log = logging.getLogger("tunecache")

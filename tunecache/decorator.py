@@ -97,12 +97,12 @@ def install() -> None:
 
     ``TUNECACHE_INSTALL=1`` does this in every Python process at start (see ``_tunecache_startup``).
     """
-    from tunecache import autotuner as tc
+    from tunecache import adoption
 
     with _install_lock:
         if _originals:
             return
-        for name, fn in (("__init__", tc.covering_init), ("run", tc.covering_run)):
+        for name, fn in (("__init__", adoption.covering_init), ("run", adoption.covering_run)):
             base = Autotuner.__dict__.get(name, _MISSING)
             _originals[name] = base
             setattr(Autotuner, name, _patch(getattr(Autotuner, name), fn))
@@ -112,7 +112,7 @@ def uninstall() -> None:
     """Undo :func:`install`: Autotuner's own ``__init__`` and ``run`` back (the very objects), and every
     instance it adopted back to its own class and ``cache_results``. Kernels built with
     ``tunecache.autotune`` stay tunecache's."""
-    from tunecache import autotuner as tc
+    from tunecache import adoption, firstcall
 
     with _install_lock:
         if not _originals:
@@ -123,8 +123,8 @@ def uninstall() -> None:
             else:
                 setattr(Autotuner, name, base)
         _originals.clear()
-        for t in tc.adopted():
-            tc.release(t)
+        for t in firstcall.adopted():
+            adoption.release(t)
 
 
 def installed() -> bool:

@@ -33,10 +33,10 @@ from urllib.parse import quote, unquote
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import URL, Connection, Engine, make_url
-from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 
 from tunecache import settings
-from tunecache.errors import StoreError, driver_message
+from tunecache.errors import StoreError, StoreNotFoundError, StoreReadOnlyError, driver_message
 
 # --------------------------------------------------------------------------------------------
 # URLs and errors
@@ -228,6 +228,26 @@ def make_engine(u: URL, readonly: bool) -> Engine:
         return sa.create_engine(u, connect_args=connect_args, **pool)
     except (NoSuchModuleError, ModuleNotFoundError) as e:
         raise _driver_error(u, e) from None
+
+
+def store_error(what: str, e: Exception, u: URL) -> StoreError:
+    """A driver error of ``what`` on the store at ``u`` as a StoreError: the host named, the password
+    hidden, and the typed error a caller can act on (a missing database, a read-only store)."""
+    reason = scrub(driver_message(e), u)
+    if u.get_backend_name() == "sqlite":
+        reason += sqlite_os_cause(u, reason)
+    missing = re.search(r"database \"([^\"]+)\" does not exist|Unknown database '([^']+)'", reason)
+    if missing:
+        name = missing.group(1) or missing.group(2)
+        return StoreNotFoundError(
+            f"{what} failed: database {name!r} does not exist on {u.host or 'localhost'} "
+            f"({mask_url(u)}): create it (CREATE DATABASE {name}), then run `tunecache db upgrade`"
+        )
+    if "readonly database" in reason or "read-only" in reason:
+        return StoreReadOnlyError(f"{what} failed: store {mask_url(u)} is read-only ({reason})")
+    if isinstance(e, DBAPIError) and e.connection_invalidated or "connect" in reason.lower():
+        return StoreError(f"{what} failed: cannot reach the store at {u.host or 'localhost'} ({mask_url(u)}): {reason}")
+    return StoreError(f"{what} failed on {mask_url(u)}: {reason}")
 
 
 #: backend -> (the extra that installs its driver, that driver)

@@ -18,7 +18,8 @@ from concurrent.futures import Future
 from tunecache import binaries, counters, settings, writeback
 from tunecache.errors import StoreError
 from tunecache.model import ConfigResult, LaunchSpec, Problem
-from tunecache.store import Store, shared_store
+from tunecache.opening import shared_store
+from tunecache.store import Store
 
 RETRY_OPEN_S = 30.0
 log = logging.getLogger("tunecache")

@@ -427,3 +427,44 @@ def config_from_row(row: Sequence[Any]) -> ConfigResult:
         row[_C_HOST],
         row[_C_MEASURED],
     )
+
+
+def problems_from_rows(result: Any) -> list[Problem]:
+    """Rows of problem columns, then config columns (a ``problems`` outer join ``configs``), to Problems.
+
+    Positional access over one fetchall: a warm start converts hundreds of rows, and the
+    per-row mapping lookups cost more than the query itself.
+    """
+    out: dict[str, Problem] = {}
+    n = len(PROBLEM_COLUMNS)
+    rows = result.all() if hasattr(result, "all") else list(result)
+    for r in rows:
+        d = r[0]
+        p = out.get(d)
+        if p is None:
+            p = out[d] = problem_from_row(r[:n])
+        if len(r) > n and r[n] is not None:
+            p.configs.append(config_from_row(r[n:]))
+    return list(out.values())
+
+
+def new_problem_row(p: Problem, host: str, now: dt.datetime) -> dict[str, Any]:
+    """A new problem's row for an insert; its winner is chosen by :meth:`tunecache.store.Store.put`
+    once its configs are in."""
+    return {
+        **problem_row(p),
+        "kernel": p.kernel[:255],
+        "winner_config_hash": None,
+        "winner_ms": None,
+        "search_space_hash": p.search_space_hash or "",
+        "host": host,
+        "created_at": p.created_at or now,
+        "updated_at": p.updated_at or now,
+    }
+
+
+def new_config_row(digest: str, r: ConfigResult, host: str, now: dt.datetime) -> dict[str, Any]:
+    """A config row for an insert, stamped with ``host`` and ``now`` where the result has none."""
+    if r.status not in STATUSES:
+        raise ValueError(f"unknown config status {r.status!r}; expected one of {STATUSES}")
+    return {**config_row(digest, r), "host": r.host or host, "measured_at": r.measured_at or now}

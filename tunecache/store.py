@@ -15,7 +15,6 @@ Writers checkpoint the WAL into the main file when they close, so a copied or ba
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import logging
 import os
 import re
@@ -30,35 +29,34 @@ from typing import Any
 import orjson
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Engine
-from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy.exc import SQLAlchemyError
 
-from tunecache import counters, settings
+from tunecache import counters, forkgate
 from tunecache.bulk import BulkWriter, bulk_writer
-from tunecache.engine import make_engine, mask_url, resolve_url, scrub, sqlite_os_cause, sqlite_path, sqlite_writable
-from tunecache.errors import SchemaError, StoreError, StoreNotFoundError, StoreReadOnlyError, driver_message
+from tunecache.engine import mask_url, scrub, store_error
+from tunecache.errors import StoreError, StoreReadOnlyError, driver_message
+from tunecache.filters import filter_clauses
 from tunecache.identity import search_space_hash
+from tunecache.leaseholder import lease_host, pid_alive
+from tunecache.migrate import apply, check_target, cross_process_lock, current_revision, in_process_lock
 from tunecache.model import (
     COMPANION_CONFIG,
     CONFIG_ROW_COLUMNS,
     FAILED_STATUSES,
-    PROBLEM_COLUMNS,
     STATUSES,
     Binary,
     ConfigResult,
     LaunchSpec,
     Problem,
     binary_row,
-    config_from_row,
-    config_row,
     launch_spec_row,
+    new_config_row,
+    new_problem_row,
     pick_winner,
-    problem_from_row,
-    problem_row,
+    problems_from_rows,
     utcnow,
 )
 from tunecache.schema import (
-    SCHEMA_HEAD,
-    SCHEMA_REVISIONS,
     binaries,
     configs,
     kernel_stats,
@@ -73,97 +71,6 @@ from tunecache.target import hostname
 log = logging.getLogger("tunecache")
 
 
-# --------------------------------------------------------------------------------------------
-# Migrations
-# --------------------------------------------------------------------------------------------
-
-
-def _alembic_config(conn: Connection | None = None) -> Any:
-    from importlib.resources import files
-
-    from alembic.config import Config
-
-    cfg = Config()
-    cfg.set_main_option("script_location", str(files("tunecache.migrations")))
-    if conn is not None:
-        cfg.attributes["connection"] = conn
-    return cfg
-
-
-def head_revision() -> str:
-    return SCHEMA_HEAD
-
-
-def _known_revisions() -> set[str]:
-    return set(SCHEMA_REVISIONS)
-
-
-def _current_revision(conn: Connection) -> str | None:
-    """The stamped revision, read with plain SQL (the table Alembic keeps)."""
-    insp = sa.inspect(conn)
-    if not insp.has_table("alembic_version"):
-        return None
-    rows = conn.exec_driver_sql("SELECT version_num FROM alembic_version").scalars().all()
-    if len(rows) > 1:
-        raise SchemaError(f"the store has {len(rows)} schema heads {rows}; it was migrated by another tool")
-    return rows[0] if rows else None
-
-
-# --------------------------------------------------------------------------------------------
-# The store
-# --------------------------------------------------------------------------------------------
-
-
-_alembic_lock = threading.Lock()
-
-
-class _SqliteForkGate:
-    """A fork waits for the SQLite write transactions in flight in this process, and new ones wait
-    for the fork.
-
-    SQLite keeps the lock state of all of a process's connections to a file in process memory. A
-    child forked in the middle of a write (a migration, a flush of hit counts) inherits a ghost
-    connection that holds the write lock forever: each of the child's writes then waits out the
-    busy timeout and fails. The wait is bounded (``FORK_WAIT_S``): a fork never hangs on it.
-    """
-
-    FORK_WAIT_S = 10.0
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
-        self._active = 0
-        self._forking = False
-
-    @contextlib.contextmanager
-    def writing(self) -> Iterator[None]:
-        with self._cond:
-            while self._forking:
-                self._cond.wait()
-            self._active += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._active -= 1
-                self._cond.notify_all()
-
-    def before_fork(self) -> None:
-        deadline = time.monotonic() + self.FORK_WAIT_S
-        with self._cond:
-            self._forking = True
-            while self._active and (left := deadline - time.monotonic()) > 0:
-                self._cond.wait(left)
-
-    def after_fork_in_parent(self) -> None:
-        with self._cond:
-            self._forking = False
-            self._cond.notify_all()
-
-    def after_fork_in_child(self) -> None:
-        self.__init__()  # the writers it counted are the parent's threads
-
-
-_sqlite_fork_gate = _SqliteForkGate()
 _live_stores: weakref.WeakSet[Store] = weakref.WeakSet()
 _inherited_pools: list[Any] = []  # a forked child's copies of its parent's pools: never used, never closed
 
@@ -209,30 +116,13 @@ class Store:
         except StoreError:
             raise
         except (SQLAlchemyError, sqlite3.Error, OSError) as e:
-            reason = scrub(driver_message(e), self.url)
-            if self.dialect == "sqlite":
-                reason += sqlite_os_cause(self.url, reason)
-            missing = re.search(r"database \"([^\"]+)\" does not exist|Unknown database '([^']+)'", reason)
-            if missing:
-                name = missing.group(1) or missing.group(2)
-                raise StoreNotFoundError(
-                    f"{what} failed: database {name!r} does not exist on {self.url.host or 'localhost'} "
-                    f"({self.masked_url}): create it (CREATE DATABASE {name}), then run `tunecache db upgrade`"
-                ) from None
-            if "readonly database" in reason or "read-only" in reason:
-                raise StoreReadOnlyError(f"{what} failed: store {self.masked_url} is read-only ({reason})") from None
-            if isinstance(e, DBAPIError) and e.connection_invalidated or "connect" in reason.lower():
-                host = self.url.host or "localhost"
-                raise StoreError(
-                    f"{what} failed: cannot reach the store at {host} ({self.masked_url}): {reason}"
-                ) from None
-            raise StoreError(f"{what} failed on {self.masked_url}: {reason}") from None
+            raise store_error(what, e, self.url) from None
 
     @contextlib.contextmanager
     def _write(self, what: str) -> Iterator[Connection]:
         if self.readonly:
             raise StoreReadOnlyError(f"{what}: store {self.masked_url} is opened read-only")
-        gate = _sqlite_fork_gate.writing() if self.dialect == "sqlite" else contextlib.nullcontext()
+        gate = forkgate.writing() if self.dialect == "sqlite" else contextlib.nullcontext()
         with gate, self._guard(what), self.engine.connect() as conn:
             conn.execution_options(tunecache_write=True)
             with conn.begin():
@@ -267,7 +157,7 @@ class Store:
 
     def revision(self) -> str | None:
         with self._read("reading the schema revision") as conn:
-            return _current_revision(conn)
+            return current_revision(conn)
 
     def select_only(self) -> bool:
         """PostgreSQL: whether this login may only read the tables (a ``tunecache db grant --reader``
@@ -277,99 +167,21 @@ class Store:
         with self._read("reading the role's privileges") as conn:
             return bool(conn.exec_driver_sql(q).scalar())
 
-    def check_schema(self, migrate: bool) -> None:
-        """Migrate to head if allowed, refuse a schema newer than this code, never downgrade."""
-        head = head_revision()
-        current = self.revision()
-        if current == head:
-            return
-        if current is not None and current not in _known_revisions():
-            raise SchemaError(
-                f"store {self.masked_url} has schema revision {current}, newer than this tunecache "
-                f"(head {head}); upgrade tunecache. The store was not changed."
-            )
-        if not migrate or self.readonly:
-            if current is None and self.readonly:
-                raise SchemaError(f"store {self.masked_url} is read-only and has no tunecache schema")
-            if self.readonly:
-                raise SchemaError(
-                    f"read-only store {self.masked_url} is at revision {current}; head is "
-                    f"{head}. Run `tunecache db upgrade` where it is writable."
-                )
-            raise SchemaError(
-                f"store {self.masked_url} is at revision {current}, head is {head}: run `tunecache db upgrade`"
-            )
-        self.upgrade()
-
     def upgrade(self, revision: str = "head") -> None:
-        """Apply migrations; concurrent callers serialise on a lock and only the first migrates."""
-        from alembic import command
-
-        if revision != "head" and revision not in _known_revisions():
-            raise SchemaError(f"unknown schema revision {revision!r}; this tunecache has {', '.join(SCHEMA_REVISIONS)}")
-
-        # _alembic_lock: Alembic's `context` and `op` are process globals, so two threads migrating
-        # (even different stores) run each other's DDL on each other's connections.
+        """Apply migrations (see :mod:`tunecache.migrate`); concurrent callers serialise on a lock and
+        only the first migrates."""
+        check_target(revision)
         with (
-            _alembic_lock,
+            in_process_lock(),
             self._guard("migrating the schema"),
-            self._migration_lock(),
+            cross_process_lock(self),
             self._write("migrating the schema") as conn,
         ):
-            if self.dialect == "postgresql":
-                conn.exec_driver_sql("SELECT pg_advisory_xact_lock(7283105331)")
-            before = _current_revision(conn)
-            if before == head_revision() and revision == "head":
-                return
-            if before is not None and before not in _known_revisions():
-                raise SchemaError(
-                    f"store {self.masked_url} has schema revision {before}, newer than this "
-                    "tunecache; refusing to touch it"
-                )
-            command.upgrade(_alembic_config(conn), revision)
-            log.info("tunecache: migrated %s from %s to %s", self.masked_url, before, revision)
-
-    @contextlib.contextmanager
-    def _migration_lock(self) -> Iterator[None]:
-        if self.dialect == "sqlite":
-            path = sqlite_path(self.url)
-            if path is not None:
-                from filelock import FileLock
-
-                with FileLock(str(path) + ".migrate.lock", timeout=120):
-                    yield
-                return
-        if self.dialect in ("mysql", "mariadb"):
-            with self.engine.connect() as c:
-                c.exec_driver_sql("SELECT GET_LOCK('tunecache_migrate', 120)")
-                try:
-                    yield
-                finally:
-                    c.exec_driver_sql("SELECT RELEASE_LOCK('tunecache_migrate')")
-            return
-        yield  # PostgreSQL: pg_advisory_xact_lock inside the migration transaction
+            apply(self, conn, revision)
 
     # ---- reads ----------------------------------------------------------------------------
 
     _problem_cols = [c for c in problems.c]
-
-    def _rows_to_problems(self, result: Any) -> list[Problem]:
-        """Rows of :meth:`_select_full` (problem columns, then config columns) to Problems.
-
-        Positional access over one fetchall: a warm start converts hundreds of rows, and the
-        per-row mapping lookups cost more than the query itself.
-        """
-        out: dict[str, Problem] = {}
-        n = len(PROBLEM_COLUMNS)
-        rows = result.all() if hasattr(result, "all") else list(result)
-        for r in rows:
-            d = r[0]
-            p = out.get(d)
-            if p is None:
-                p = out[d] = problem_from_row(r[:n])
-            if len(r) > n and r[n] is not None:
-                p.configs.append(config_from_row(r[n:]))
-        return list(out.values())
 
     def _select_full(self) -> sa.Select:
         cfg_cols = [configs.c[n].label(f"config_{n}") for n in CONFIG_ROW_COLUMNS]  # labels: both tables have host
@@ -380,7 +192,7 @@ class Store:
     def get(self, digest: str) -> Problem | None:
         """The problem with all its config rows, or None."""
         with self._read("get") as conn:
-            found = self._rows_to_problems(conn.execute(self._select_full().where(problems.c.digest == digest)))
+            found = problems_from_rows(conn.execute(self._select_full().where(problems.c.digest == digest)))
         return found[0] if found else None
 
     def get_many(self, source_hash: str, target_digest: str | None = None) -> list[Problem]:
@@ -389,13 +201,13 @@ class Store:
             q = self._select_full().where(problems.c.source_hash == source_hash)
             if target_digest is not None:
                 q = q.where(problems.c.target_digest == target_digest)
-            return self._rows_to_problems(conn.execute(q))
+            return problems_from_rows(conn.execute(q))
 
     def get_kernel_problems(self, kernel: str) -> list[Problem]:
         """Every problem of every source version of one kernel (by ``module.qualname``, all
         targets), with config rows, in ONE query: a prefetch before the source can be hashed."""
         with self._read("bulk fetch") as conn:
-            return self._rows_to_problems(conn.execute(self._select_full().where(problems.c.kernel == kernel[:255])))
+            return problems_from_rows(conn.execute(self._select_full().where(problems.c.kernel == kernel[:255])))
 
     def find(self, digest_prefix: str) -> list[Problem]:
         """Problems whose digest starts with a prefix (as typed by a user), with config rows."""
@@ -404,7 +216,7 @@ class Store:
             raise ValueError(f"digest prefix {digest_prefix!r} is not hexadecimal")
         with self._read("find") as conn:
             q = self._select_full().where(problems.c.digest.like(prefix + "%")).order_by(problems.c.digest)
-            return self._rows_to_problems(conn.execute(q))
+            return problems_from_rows(conn.execute(q))
 
     def find_problems(self, *, with_configs: bool = False, limit: int | None = None, **filters: Any) -> list[Problem]:
         """Problems matching filters (see :func:`filter_clauses`), newest first."""
@@ -420,7 +232,7 @@ class Store:
                 )
                 if limit:
                     q = q.limit(limit)
-            return self._rows_to_problems(conn.execute(q))
+            return problems_from_rows(conn.execute(q))
 
     def iter_problems(self, batch: int = 2000, **filters: Any) -> Iterator[Problem]:
         """Every matching problem with its configs, streamed in digest order (for export)."""
@@ -441,7 +253,7 @@ class Store:
                 if not ids:
                     return
                 q = self._select_full().where(problems.c.digest.in_(ids)).order_by(problems.c.digest)
-                found = self._rows_to_problems(conn.execute(q))
+                found = problems_from_rows(conn.execute(q))
             yield from found
             last = ids[-1]
 
@@ -489,10 +301,10 @@ class Store:
         now = utcnow()
         host = problem.host or hostname()
         with self._write("put") as conn:
-            conn.execute(self._insert_ignore(problems), [_problem_values(problem, host, now)])
+            conn.execute(self._insert_ignore(problems), [new_problem_row(problem, host, now)])
             if self.dialect != "sqlite":  # SQLite's BEGIN IMMEDIATE already serialises writers
                 conn.execute(sa.select(problems.c.digest).where(problems.c.digest == problem.digest).with_for_update())
-            rows = [_config_values(problem.digest, r, host, now) for r in results]
+            rows = [new_config_row(problem.digest, r, host, now) for r in results]
             if rows:
                 if replace:
                     conn.execute(
@@ -503,9 +315,7 @@ class Store:
                     )
                 conn.execute(self._insert_ignore(configs), rows)
                 self._add_measurements(conn, problem.digest, rows)
-            stored = self._rows_to_problems(
-                conn.execute(self._select_full().where(problems.c.digest == problem.digest))
-            )[0]
+            stored = problems_from_rows(conn.execute(self._select_full().where(problems.c.digest == problem.digest)))[0]
             proposed = stored.config_map().get(problem.winner_config_hash or "")
             # The tuner's choice (see pick_winner's prefer) when it is a stored ok config.
             best = proposed if proposed is not None and proposed.ok else pick_winner(stored.configs)
@@ -524,9 +334,7 @@ class Store:
                 values.update(winner_config_hash=best.config_hash, winner_ms=best.median_ms)
             conn.execute(sa.update(problems).where(problems.c.digest == problem.digest).values(**values))
             conn.execute(sa.delete(misses).where(misses.c.digest == problem.digest))
-            return self._rows_to_problems(conn.execute(self._select_full().where(problems.c.digest == problem.digest)))[
-                0
-            ]
+            return problems_from_rows(conn.execute(self._select_full().where(problems.c.digest == problem.digest)))[0]
 
     def _add_measurements(self, conn: Connection, digest: str, rows: Sequence[dict[str, Any]]) -> None:
         """Record each host's ok timings of this put (config value rows) in ``measurements``, replacing
@@ -559,7 +367,7 @@ class Store:
                     host=hostname(),
                 )
             )
-            stored = self._rows_to_problems(conn.execute(self._select_full().where(problems.c.digest == digest)))
+            stored = problems_from_rows(conn.execute(self._select_full().where(problems.c.digest == digest)))
             if stored:
                 best = pick_winner(stored[0].configs)
                 conn.execute(
@@ -798,7 +606,7 @@ class Store:
 
     def try_lease(self, digest: str, holder: str, ttl: float) -> bool:
         """Take the benchmark lease of a digest if it is free, expired, or held by a dead pid of this
-        very process namespace (see :func:`lease_host`)."""
+        very process namespace (see :func:`tunecache.leaseholder.lease_host`)."""
         now = time.time()
         host = lease_host()
         with self._write("lease") as conn:
@@ -808,7 +616,7 @@ class Store:
             row = conn.execute(sa.select(leases).where(leases.c.digest == digest)).mappings().first()
             if row is None:
                 return False
-            stale = row["expires_at"] < now or (row["host"] == host and not _pid_alive(row["pid"]))
+            stale = row["expires_at"] < now or (row["host"] == host and not pid_alive(row["pid"]))
             if not stale:
                 return False
             res = conn.execute(
@@ -840,244 +648,23 @@ class Store:
             conn.execute(sa.delete(leases).where(leases.c.digest == digest, leases.c.holder == holder))
 
 
-def process_namespace() -> str:
-    """This process's PID namespace, as ``<pid-ns inode>.<boot id>``; "" where the OS has none.
-
-    Containers with host networking share the hostname but not the PID space: a pid that does not
-    exist here may be a live process next door. The inode names the namespace; the boot id keeps
-    two machines (or two boots) apart, since the initial namespace has the same inode everywhere.
-    """
-    try:
-        ino = os.stat("/proc/self/ns/pid").st_ino
-    except OSError:
-        return ""  # no PID namespaces here (e.g. macOS): the hostname identifies the pid space
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip().replace("-", "")[:16]
-    except OSError:
-        boot = ""
-    return f"{ino}.{boot}" if boot else str(ino)
-
-
-def lease_host() -> str:
-    """What a lease row records as its holder's host: the hostname and the PID namespace.
-
-    A lease whose holder pid is gone is taken over at once only when its row names this exact
-    string; otherwise (another container, another machine, a row of an older tunecache that wrote
-    the bare hostname) it is taken over when it expires.
-    """
-    ns = process_namespace()
-    suffix = f"#pidns={ns}" if ns else ""
-    return hostname()[: 255 - len(suffix)] + suffix  # leases.host is String(255)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie (killed, not yet reaped by its parent) is dead for our purposes.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][:1] != "Z"
-    except (OSError, IndexError):
-        return True
-
-
-def _like_escape(v: str) -> str:
-    return v.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-
-
-def filter_clauses(
-    *,
-    kernel: str | None = None,
-    arch: str | None = None,
-    device: str | None = None,
-    driver: str | None = None,
-    not_driver: str | None = None,
-    since: dt.datetime | None = None,
-    older_than: dt.datetime | None = None,
-    no_hit_since: dt.datetime | None = None,
-    source_hash: str | None = None,
-    target_digest: str | None = None,
-    key_json: str | None = None,
-    digests: Sequence[str] | None = None,
-) -> list[Any]:
-    """SQL conditions on ``problems`` shared by ls, export, invalidate and gc; every value is a bound parameter."""
-    w: list[Any] = []
-    if kernel:
-        # Full name, or the function name / qualname at the end of it.
-        w.append(sa.or_(problems.c.kernel == kernel, problems.c.kernel.like("%." + _like_escape(kernel), escape="\\")))
-    if arch:
-        w.append(problems.c.arch == arch)
-    if device:
-        w.append(problems.c.device_name == device)
-    if driver:
-        w.append(sa.or_(problems.c.driver_version == driver, problems.c.driver_release == driver))
-    if not_driver is not None:
-        w.append(problems.c.driver_version != not_driver)
-    if since:
-        w.append(problems.c.updated_at >= since)
-    if older_than:
-        w.append(problems.c.updated_at < older_than)
-    if no_hit_since:
-        w.append(sa.func.coalesce(problems.c.last_hit_at, problems.c.updated_at) < no_hit_since)
-    if source_hash:
-        w.append(problems.c.source_hash == source_hash)
-    if target_digest:
-        w.append(problems.c.target_digest == target_digest)
-    if key_json:
-        w.append(problems.c.key_json == key_json)
-    if digests is not None:
-        w.append(problems.c.digest.in_(list(digests)))
-    return w
-
-
-def _problem_values(p: Problem, host: str, now: dt.datetime) -> dict[str, Any]:
-    """A new problem's row: the winner is chosen by :meth:`Store.put` once its configs are in."""
-    return {
-        **problem_row(p),
-        "kernel": p.kernel[:255],
-        "winner_config_hash": None,
-        "winner_ms": None,
-        "search_space_hash": p.search_space_hash or "",
-        "host": host,
-        "created_at": p.created_at or now,
-        "updated_at": p.updated_at or now,
-    }
-
-
-def _config_values(digest: str, r: ConfigResult, host: str, now: dt.datetime) -> dict[str, Any]:
-    if r.status not in STATUSES:
-        raise ValueError(f"unknown config status {r.status!r}; expected one of {STATUSES}")
-    return {**config_row(digest, r), "host": r.host or host, "measured_at": r.measured_at or now}
-
-
-_stores: dict[tuple[str, int], Store] = {}
-_stores_lock = threading.Lock()
-
-
-def connect(url: str | URL | None = None, *, readonly: bool | None = None, create: bool = True) -> Store:
-    """A Store on ``url`` without touching the schema (``tunecache db`` uses this).
-
-    ``readonly=None`` detects a read-only SQLite file or directory. ``create=False`` raises
-    :class:`StoreNotFoundError` for a SQLite file that does not exist instead of creating it (and
-    its directory), so that looking at a mistyped path leaves nothing behind.
-    """
-    u = resolve_url(url)
-    try:
-        if not create and u.get_backend_name() == "sqlite":
-            path = sqlite_path(u)
-            if path is not None and not path.exists():
-                raise StoreNotFoundError(
-                    f"no store at {path}: nothing was stored there yet (a tuned kernel or `tunecache db upgrade` "
-                    "creates it)"
-                )
-        if readonly is None:
-            readonly = False
-            if u.get_backend_name() == "sqlite":
-                path = sqlite_path(u)
-                readonly = path is not None and not sqlite_writable(path)
-                if readonly and path is not None and not path.exists():
-                    raise StoreError(f"store {mask_url(u)} does not exist and its directory is not writable")
-        return Store(u, make_engine(u, readonly), readonly)
-    except OSError as e:  # e.g. a directory on the way that this user cannot enter
-        raise StoreError(f"cannot open store {mask_url(u)}: {e.strerror or e}") from None
-
-
-def open_store(
-    url: str | URL | None = None, *, readonly: bool | None = None, migrate: bool | None = None, create: bool = True
-) -> Store:
-    """Open (and on first use create and migrate) the store at ``url`` or ``TUNECACHE_URL``.
-
-    ``readonly=None`` detects a read-only SQLite file or directory, and a PostgreSQL login that may
-    only SELECT (:meth:`Store.select_only`). ``migrate=None`` follows
-    ``TUNECACHE_AUTO_MIGRATE`` (default on). ``create=False`` opens only a store that exists, with
-    its schema (else :class:`StoreNotFoundError`): for readers, which must not create one. Raises
-    :class:`StoreError` with a message naming the host (never the password) when the database
-    cannot be reached.
-
-    >>> import tempfile
-    >>> from tunecache import ConfigResult, Problem
-    >>> from tunecache.target import Target
-    >>> tmp = tempfile.TemporaryDirectory()
-    >>> store = open_store(f"sqlite:///{tmp.name}/tunecache.sqlite3")
-    >>> store.find_problems()
-    []
-    >>> cpu = Target("cpu", "interpreter", "CPU", 1, 0, 1, "0", "", "", "3.6")
-    >>> rows = [ConfigResult("fast", {"num_warps": 4}, median_ms=0.5), ConfigResult("slow", {}, median_ms=0.9)]
-    >>> store.put(Problem("d1", "mod.kern", "src1", cpu, '[["N",1024]]'), rows).winner_config_hash
-    'fast'
-    >>> [p.digest for p in store.find_problems(kernel="mod.kern")]
-    ['d1']
-    >>> store.close(); tmp.cleanup()
-    """
-    if migrate is None:
-        migrate = settings.get("TUNECACHE_AUTO_MIGRATE")
-    store = connect(url, readonly=readonly, create=create)
-    try:
-        if readonly is None and store.dialect == "postgresql" and store.select_only():
-            store.readonly = True  # a reader role (tunecache db grant --reader): never attempt a write
-        if not create and store.revision() is None:
-            raise StoreNotFoundError(
-                f"no store at {store.masked_url}: it has no tunecache schema; run `tunecache db upgrade` to create one"
-            )
-        store.check_schema(migrate=migrate)
-    except BaseException:
-        store.engine.dispose()
-        raise
-    return store
-
-
-def shared_store(url: str | URL | None = None) -> Store:
-    """One Store per URL per process (the autotuner's), opened lazily."""
-    key = (str(resolve_url(url)), os.getpid())  # never share pooled connections across fork()
-    with _stores_lock:
-        s = _stores.get(key)
-        if s is None:
-            s = _stores[key] = open_store(url)
-        return s
-
-
 def _after_fork_in_child() -> None:
-    """A forked child starts with fresh locks and no connections of its parent.
+    """A forked child must neither use nor close its parent's pooled connections.
 
-    A lock that a parent's thread held at the fork (the background prefetch opening a store holds
-    ``_stores_lock`` for up to the connect timeout, a migration ``_alembic_lock``) stays taken
-    forever in the child, whose copy of that thread does not exist. Pooled connections are the
-    parent's sockets: the child must neither use nor close them (closing one ends the parent's
-    session), so their pools are kept aside unreferenced by any engine and each engine gets an
-    empty pool. The parent's shared stores are forgotten: the child opens its own.
+    They are the parent's sockets (closing one ends the parent's session), so their pools are kept
+    aside unreferenced by any engine and each engine gets an empty pool; a lock that a parent's
+    thread held at the fork is replaced, as that thread does not exist in the child.
     """
-    global _stores_lock, _alembic_lock
-    _sqlite_fork_gate.after_fork_in_child()
-    _stores_lock = threading.Lock()
-    _alembic_lock = threading.Lock()
     for s in list(_live_stores):
         s._lock = threading.Lock()
         _inherited_pools.append(s.engine.pool)
         with contextlib.suppress(Exception):
             s.engine.dispose(close=False)
-    _stores.clear()
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(
-        before=_sqlite_fork_gate.before_fork,
-        after_in_parent=_sqlite_fork_gate.after_fork_in_parent,
-        after_in_child=_after_fork_in_child,
-    )
-
-
-def _reset_shared_stores() -> None:
-    with _stores_lock:
-        for s in _stores.values():
-            with contextlib.suppress(Exception):
-                s.engine.dispose()
-        _stores.clear()
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 # Kept for callers that want a copy of a problem with other fields.
-__all__ = ["ConfigResult", "Problem", "Store", "open_store", "replace", "pick_winner", "STATUSES"]
+__all__ = ["ConfigResult", "Problem", "Store", "replace", "pick_winner", "STATUSES"]

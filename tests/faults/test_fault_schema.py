@@ -14,9 +14,10 @@ from faultlib import check_ok, collect, fault_report_fixture, log_lines, spawn  
 
 from tunecache.errors import SchemaError
 from tunecache.identity import problem_digest
-from tunecache.model import ConfigResult, Problem, utcnow
+from tunecache.migrate import head_revision
+from tunecache.model import ConfigResult, Problem, new_config_row, new_problem_row, utcnow
+from tunecache.opening import connect, open_store
 from tunecache.schema import configs, leases, problems
-from tunecache.store import _config_values, _problem_values, connect, head_revision, open_store
 from tunecache.target import Target
 
 OLD = "0001"
@@ -37,10 +38,10 @@ def _rows(n: int) -> tuple[list[dict], list[dict]]:
         res.append(
             ConfigResult("oor", {"kwargs": {"BLOCK": 4096}}, status="out_of_resources", failure={"required": 1 << 20})
         )
-        pv = _problem_values(p, "old-host", now)
+        pv = new_problem_row(p, "old-host", now)
         pv.update(winner_config_hash="c0", winner_ms=1.0, hit_count=i)
         ps.append(pv)
-        cs += [_config_values(p.digest, r, "old-host", now) for r in res]
+        cs += [new_config_row(p.digest, r, "old-host", now) for r in res]
     return ps, cs
 
 

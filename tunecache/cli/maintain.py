@@ -19,7 +19,7 @@ from tunecache.cli.options import (
 from tunecache.cli.output import json_out, problem_summary
 from tunecache.errors import StoreReadOnlyError, TunecacheError
 from tunecache.model import Problem, utcnow
-from tunecache.store import connect
+from tunecache.opening import connect
 
 
 @click.group(cls=CommandGroup)
@@ -33,7 +33,7 @@ def db() -> None:
 @click.pass_context
 def db_upgrade(ctx: click.Context, revision: str, as_json: bool) -> None:
     """Create or migrate the schema (creates a SQLite store and its directory)."""
-    from tunecache.store import head_revision
+    from tunecache.migrate import head_revision
 
     store = connect(ctx.obj.get("url"))
     ctx.call_on_close(store.close)
@@ -60,7 +60,7 @@ def db_upgrade(ctx: click.Context, revision: str, as_json: bool) -> None:
 @click.pass_context
 def db_current(ctx: click.Context, as_json: bool) -> None:
     """Show the schema revision of the store (and whether it is head)."""
-    from tunecache.store import head_revision
+    from tunecache.migrate import head_revision
 
     store = connect(ctx.obj.get("url"), create=False)
     ctx.call_on_close(store.close)

@@ -19,7 +19,8 @@ import click
 from tunecache.engine import mask_raw
 from tunecache.errors import TunecacheError
 from tunecache.model import utcnow
-from tunecache.store import Store, open_store
+from tunecache.opening import open_store
+from tunecache.store import Store
 
 #: ``--json``, declared once for every command (as sqlite-utils shares its output options).
 json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output (JSON).")

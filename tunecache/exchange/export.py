@@ -39,6 +39,7 @@ from tunecache.exchange.format import (
     is_stream,
     tunecache_version,
 )
+from tunecache.filters import filter_clauses
 from tunecache.model import (
     BINARY_FIELDS,
     CONFIG_ROW_COLUMNS,
@@ -50,7 +51,7 @@ from tunecache.model import (
 )
 from tunecache.schema import binaries, configs, launch_specs, problems
 from tunecache.signing import Signer
-from tunecache.store import Store, filter_clauses
+from tunecache.store import Store
 from tunecache.target import TARGET_FIELDS
 
 log = logging.getLogger("tunecache")
