@@ -20,12 +20,13 @@ import traceback
 os.environ.setdefault("TRITON_INTERPRET", "1")
 sys.path.insert(0, os.path.dirname(__file__))
 
+from dataclasses import replace  # noqa: E402
+
 import tinykernels  # noqa: E402
 
 import tunecache  # noqa: E402
 from tunecache import background, counters, migrate, opening, writeback  # noqa: E402
 from tunecache.opening import open_store  # noqa: E402
-from dataclasses import replace  # noqa: E402
 
 CHILD_LIMIT_S = 60
 
