@@ -511,8 +511,10 @@ def test_source_is_hashed_once_never_before_its_module_finished_importing(
     # its module finished importing (a factory) is hashed at once: in the prefetch thread, or, where
     # ast.parse is not thread safe (CPython 3.11), on the defining thread. Either way exactly once:
     # a first launch waits for the background hash instead of parsing the source a second time.
+    # (The prefetch hashes only a kernel the store holds rows of: here, tuned by an earlier process.)
     monkeypatch.setattr(background, "AST_NOT_THREAD_SAFE", ast_unsafe)
     monkeypatch.setenv("TUNECACHE_URL", sqlite_url)
+    tinykernels.launch(tinykernels.make_add(store=sqlite_url), 100)
     threads = []
     real = at.kernel_identity
 

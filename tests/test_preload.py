@@ -125,6 +125,41 @@ def test_preload_skips_kernels_with_nothing_stored_without_hashing_them(sqlite_u
     assert len(hashed) == 1  # a kernel with rows is hashed there, as before
 
 
+def test_a_library_of_kernels_with_nothing_stored_costs_one_query_and_no_hashing(sqlite_url, monkeypatch):
+    """The prefetch runs on one background thread: for fla-core's 197 autotuners, a query and a source
+    hash each (0.01-0.1 s apiece) kept that thread busy for seconds, into the first launches, which it
+    slowed (GPU run U). The names of the kernels the store holds are read once per store and process;
+    a kernel not among them costs neither a query nor a hash."""
+    import sqlalchemy as sa
+
+    from tunecache.opening import shared_store
+
+    tinykernels.launch(tinykernels.make_add(store=sqlite_url), 64)  # one kernel with rows
+    statements: list[str] = []
+    engine = shared_store(sqlite_url).engine  # the store every kernel here opens
+
+    def seen(conn, cursor, statement, *args):
+        statements.append(statement)
+
+    sa.event.listen(engine, "before_cursor_execute", seen)
+    hashed = []
+    real_identity = at.kernel_identity
+    monkeypatch.setattr(at, "kernel_identity", lambda fn: hashed.append(fn) or real_identity(fn))
+    try:
+        lib = [tinykernels.make_add(store=sqlite_url, name=f"libkernel{i}") for i in range(5)]
+        if background.AST_NOT_THREAD_SAFE:  # 3.11 hashes on the defining thread (see there), not in the prefetch
+            hashed.clear()
+        for k in lib:
+            k.wait_for_prefetch()
+            assert k.load_winners() == 0
+        assert len(statements) <= 1 and hashed == [], statements  # the names of the stored kernels, once
+        stored = tinykernels.make_add(store=sqlite_url)  # the one with rows: fetched as before
+        stored.wait_for_prefetch()
+        assert len(statements) > 1 and len(hashed) == 1
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", seen)
+
+
 def test_interpreted_kernels_record_nothing(sqlite_url):
     k = tinykernels.make_add(store=sqlite_url)
     tinykernels.launch(k, 64)

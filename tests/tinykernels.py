@@ -15,17 +15,19 @@ def _combine(a, b):
     return a + b
 
 
-def make_add(configs=None, store=None, bucket=None, key=("N",)):
-    """A fresh autotuned add kernel (a new Autotuner each call, like a fresh process would have)."""
+def make_add(configs=None, store=None, bucket=None, key=("N",), name=None):
+    """A fresh autotuned add kernel (a new Autotuner each call, like a fresh process would have);
+    ``name``: another kernel name (``__qualname__``), as another kernel of a library would have."""
 
-    @tunecache.autotune(configs=list(configs or CONFIGS), key=list(key), store=store, bucket=bucket)
     @triton.jit
     def add_kernel(x, y, out, N, BLOCK: tl.constexpr):
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         m = offs < N
         tl.store(out + offs, _combine(tl.load(x + offs, mask=m), tl.load(y + offs, mask=m)), mask=m)
 
-    return add_kernel
+    if name is not None:
+        add_kernel.fn.__qualname__ = add_kernel.fn.__name__ = name
+    return tunecache.autotune(configs=list(configs or CONFIGS), key=list(key), store=store, bucket=bucket)(add_kernel)
 
 
 def launch(kernel, n: int, **kw):

@@ -69,6 +69,9 @@ class KernelStore:
         t0 = time.perf_counter()
         with contextlib.suppress(Exception):
             store = self.arg if isinstance(self.arg, Store) else shared_store(self.arg)
+            if self.kernel[:255] not in store.kernel_names():
+                self.pending, self.prefetched = [], True  # nothing stored: no query, no source hash
+                return
             h = source_hash()
             self.fetch(store, h)
             if h is not None:

@@ -84,6 +84,7 @@ class Store:
         self.readonly = readonly
         self.dialect = engine.dialect.name
         self._lock = threading.Lock()
+        self._names: tuple[int, frozenset[str]] | None = None  # (pid, kernel_names()): see there
         _live_stores.add(self)
 
     # ---- lifecycle ------------------------------------------------------------------------
@@ -123,6 +124,7 @@ class Store:
         if self.readonly:
             raise StoreReadOnlyError(f"{what}: store {self.masked_url} is opened read-only")
         gate = forkgate.writing() if self.dialect == "sqlite" else contextlib.nullcontext()
+        self._names = None  # this process may store a problem of a kernel it has not stored before
         with gate, self._guard(what), self.engine.connect() as conn:
             conn.execution_options(tunecache_write=True)
             with conn.begin():
@@ -202,6 +204,18 @@ class Store:
             if target_digest is not None:
                 q = q.where(problems.c.target_digest == target_digest)
             return problems_from_rows(conn.execute(q))
+
+    def kernel_names(self) -> frozenset[str]:
+        """The names of the kernels that have stored problems: a process defining hundreds of kernels
+        prefetches only those (tunecache.kernelstore). One indexed query per process, kept until this
+        process writes; a kernel another process tunes meanwhile is found by its first launch's lookup."""
+        memo = self._names
+        if memo is not None and memo[0] == os.getpid():
+            return memo[1]
+        with self._read("kernel names") as conn:
+            names = frozenset(r[0] for r in conn.execute(sa.select(problems.c.kernel).distinct()))
+        self._names = (os.getpid(), names)
+        return names
 
     def get_kernel_problems(self, kernel: str) -> list[Problem]:
         """Every problem of every source version of one kernel (by ``module.qualname``, all
