@@ -32,7 +32,7 @@ from typing import Any
 import orjson
 from triton.runtime.autotuner import Autotuner
 
-from tunecache import background, binaries, counters, settings, singleflight, winner, writeback
+from tunecache import background, binaries, counters, measure, settings, singleflight, winner, writeback
 from tunecache import preload as _preload
 from tunecache.errors import CaptureMissError, StoreError
 from tunecache.firstcall import first_run
@@ -55,39 +55,6 @@ from tunecache.store import Store
 from tunecache.target import detect_target, hostname, interpreting
 
 log = logging.getLogger("tunecache")
-
-
-def winner_tolerance() -> float:
-    """``TUNECACHE_WINNER_TOLERANCE`` (default 0.02): a config within this fraction of the fastest
-    that already wins another key of the same kernel and target is chosen instead (0 disables).
-
-    Why: configs that close are within benchmark noise; reusing a winner means fewer distinct
-    kernels to compile on a fresh host and to load at a restart, and fewer winners that flip
-    between two tuning runs of one GPU.
-    """
-    return settings.get("TUNECACHE_WINNER_TOLERANCE")
-
-
-def preload_enabled() -> bool:
-    """``TUNECACHE_PRELOAD`` (default on): load stored winners' binaries once CUDA is up."""
-    return settings.get("TUNECACHE_PRELOAD")
-
-
-def driver_change_policy() -> int | None:
-    """``TUNECACHE_ON_DRIVER_CHANGE``: ``retune`` (None) or ``topk:N`` (N)."""
-    return settings.get("TUNECACHE_ON_DRIVER_CHANGE")
-
-
-def capturing() -> bool:
-    """Whether the current CUDA stream is capturing a graph (a miss then cannot benchmark)."""
-    try:
-        import torch
-    except ImportError:
-        return False
-    try:
-        return bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
-    except Exception:  # noqa: BLE001 - a broken CUDA context is not a capture
-        return False
 
 
 #: Triton's own ``Autotuner.__init__`` and ``run``, as imported: ``install()`` patches the base class's
@@ -205,7 +172,7 @@ class TunecacheAutotuner(Autotuner):
             early = functools.partial(self._tc_ks.open_early, self._early_hash)
             self._tc_ks.opening = (os.getpid(), background.submit(early))
             background.warm_triton_key()
-            if preload_enabled() and not interpreting() and not background.AST_NOT_THREAD_SAFE:
+            if settings.get("TUNECACHE_PRELOAD") and not interpreting() and not background.AST_NOT_THREAD_SAFE:
                 # (On 3.11 a background preload could parse source, racing the launching thread.)
                 background.preload_when_cuda_is_up(self)
 
@@ -491,7 +458,7 @@ class TunecacheAutotuner(Autotuner):
         if self._covers(p, ctx):
             self._use(ctx, p, hit=True)
             return True
-        capture = capturing()
+        capture = measure.capturing()
         if capture or mode == "offline":
             return self._fallback(ctx, "capture" if capture else "offline", mode)
         counters.count(self._tc_name, self._tc_ks.store, misses=1)
@@ -545,7 +512,7 @@ class TunecacheAutotuner(Autotuner):
 
     def _driver_change_prune(self, ctx: _Ctx) -> winner.Pruning | None:
         """``topk:N``: after a driver change, benchmark only the N best configs of the old driver."""
-        n = driver_change_policy()
+        n = settings.get("TUNECACHE_ON_DRIVER_CHANGE")
         store = self._tc_ks.store
         if n is None or store is None:
             return None
@@ -620,7 +587,7 @@ class TunecacheAutotuner(Autotuner):
             self._tc_ks.problems(),
             digest=ctx.digest,
             target_digest=ctx.target.digest,
-            tolerance=winner_tolerance(),
+            tolerance=settings.get("TUNECACHE_WINNER_TOLERANCE"),
         )
         if best is not None:
             self._settle(ctx.key, dict(zip(ctx.hashes, ctx.configs))[best])
@@ -788,9 +755,5 @@ __all__ = [
     "BASE_RUN",
     "TunecacheAutotuner",
     "attach",
-    "capturing",
     "detach",
-    "driver_change_policy",
-    "preload_enabled",
-    "winner_tolerance",
 ]

@@ -18,6 +18,18 @@ from tunecache import settings
 from tunecache.model import ConfigResult
 
 
+def capturing() -> bool:
+    """Whether the current CUDA stream is capturing a graph (a miss then cannot benchmark)."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    try:
+        return bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+    except Exception:  # noqa: BLE001 - a broken CUDA context is not a capture
+        return False
+
+
 @dataclass
 class Round:
     """One benchmark round of one tuning key.
