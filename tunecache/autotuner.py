@@ -48,7 +48,7 @@ from tunecache.identity import (
 )
 from tunecache.kernelstore import KernelStore
 from tunecache.measure import Round, classify, cpu_do_bench
-from tunecache.model import Problem, pick_winner
+from tunecache.model import Problem
 from tunecache.settings import current_mode
 from tunecache.singleflight import Lease
 from tunecache.store import Store
@@ -224,21 +224,9 @@ class TunecacheAutotuner(Autotuner):
             if self._tc_identity is None and not self._may_hash_here():
                 return 0  # the first launch loads its kernel as before
             target = detect_target(device)  # device None: also warms the launch's own lookup
-            if ks.specs is None:  # the prefetch was off, failed, or ran before the hash
-                store = ks.get()
-                if store is None:
-                    return 0
-                ks.fetch(store, self._known_hash())
-                ks.specs = store.get_specs(self.identity.source_hash)
-                log.debug("tunecache: %s: launch specs read (%.3f s)", self._tc_name, time.perf_counter() - t0)
-                binaries.place_for(store, ks.specs)  # before any compile: Triton finds them
-                log.debug("tunecache: %s: binaries placed (%.3f s)", self._tc_name, time.perf_counter() - t0)
-            ks.absorb(self.identity.source_hash)
-            mine = ks.specs.get(target.digest, [])
-            if not mine:
-                return 0
-            winners = {p.winner_config_hash for p in ks.problems() if p.target.digest == target.digest}
-            loaded, skipped = _preload.load(self.fn, [s for s in mine if s.config_hash in winners], dev)
+            loaded, skipped = ks.preload_winners(
+                self.fn, self._known_hash(), lambda: self.identity.source_hash, target.digest, dev
+            )
         except Exception as e:  # noqa: BLE001 - best effort: launches load their kernels as before
             log.debug("tunecache: %s: preload failed: %r", self._tc_name, e)
             return 0
@@ -694,30 +682,13 @@ class TunecacheAutotuner(Autotuner):
         except Exception as e:  # noqa: BLE001 - a report, never a failed launch
             log.debug("tunecache: %s: cannot record the uncovered key: %r", self._tc_name, e)
             return
-
-        def write() -> None:
-            store = self._tc_ks.get()
-            if store is not None and not store.readonly:
-                try:
-                    store.record_miss(problem, "uncovered")
-                except StoreError as e:
-                    self._tc_ks.trouble("write", e)
-
-        background.submit(write)
+        self._tc_ks.record_miss_later(problem, "uncovered")
 
     def _poisoned(self, keys: list[Any], exc: Exception) -> None:
         status, failure = classify(exc)
         for k in keys:
             digest, h = self._tc_from_store.pop(k)
             self.cache.pop(k, None)
-            p = self._tc_ks.mem.pop(digest, None)
-            if p is not None:
-                r = p.config_map().get(h)
-                if r is not None:
-                    r.status, r.failure, r.median_ms = status, failure, None
-                    best = pick_winner(p.configs)
-                    p.winner_config_hash = best.config_hash if best else None
-                    self._tc_ks.mem[digest] = p
             counters.count(None, None, poisoned=1)
             log.warning(
                 "tunecache: %s: stored winner %s failed on this target (%s: %s); marked %s and re-resolving",
@@ -727,12 +698,7 @@ class TunecacheAutotuner(Autotuner):
                 str(exc)[:200],
                 status,
             )
-            store = self._tc_ks.get()
-            if store is not None and not store.readonly:
-                try:
-                    store.mark_config(digest, h, status, failure)
-                except StoreError as e:
-                    self._tc_ks.trouble("write", e)
+            self._tc_ks.mark_failed(digest, h, status, failure)
 
 
 def attach(tuner: Any) -> None:

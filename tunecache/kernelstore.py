@@ -14,10 +14,11 @@ import os
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from typing import Any
 
-from tunecache import binaries, counters, settings, writeback
+from tunecache import background, binaries, counters, preload, settings, writeback
 from tunecache.errors import StoreError
-from tunecache.model import ConfigResult, LaunchSpec, Problem
+from tunecache.model import ConfigResult, LaunchSpec, Problem, pick_winner
 from tunecache.opening import shared_store
 from tunecache.store import Store
 
@@ -180,3 +181,57 @@ class KernelStore:
     def problems(self) -> list[Problem]:
         """This kernel's problems in memory (a copy: another thread may add to it)."""
         return list(self.mem.values())
+
+    def preload_winners(
+        self, fn: Any, known_hash: str | None, source_hash: Callable[[], str], target_digest: str, device: int
+    ) -> tuple[int, int]:
+        """Load the binaries of this kernel's stored winners on ``target_digest`` onto ``device`` into
+        Triton's kernel cache; returns (loaded, skipped). ``known_hash``: the source hash if computed
+        already (else the kernel's rows are fetched by name); ``source_hash()`` computes it. Raises."""
+        t0 = time.perf_counter()
+        if self.specs is None:  # the prefetch was off, failed, or ran before the hash
+            store = self.get()
+            if store is None:
+                return 0, 0
+            self.fetch(store, known_hash)
+            self.specs = store.get_specs(source_hash())
+            log.debug("tunecache: %s: launch specs read (%.3f s)", self.kernel, time.perf_counter() - t0)
+            binaries.place_for(store, self.specs)  # before any compile: Triton finds them
+            log.debug("tunecache: %s: binaries placed (%.3f s)", self.kernel, time.perf_counter() - t0)
+        self.absorb(source_hash())
+        mine = self.specs.get(target_digest, [])
+        if not mine:
+            return 0, 0
+        winners = {p.winner_config_hash for p in self.problems() if p.target.digest == target_digest}
+        return preload.load(fn, [s for s in mine if s.config_hash in winners], device)
+
+    def mark_failed(self, digest: str, config_hash: str, status: str, failure: dict[str, Any]) -> None:
+        """A stored config failed on this target: mark it ``status`` in memory (the problem's winner
+        picked again among the rest) and in the store, so that no process launches it again."""
+        p = self.mem.pop(digest, None)
+        if p is not None:
+            r = p.config_map().get(config_hash)
+            if r is not None:
+                r.status, r.failure, r.median_ms = status, failure, None
+                best = pick_winner(p.configs)
+                p.winner_config_hash = best.config_hash if best else None
+                self.mem[digest] = p
+        store = self.get()
+        if store is not None and not store.readonly:
+            try:
+                store.mark_config(digest, config_hash, status, failure)
+            except StoreError as e:
+                self.trouble("write", e)
+
+    def record_miss_later(self, problem: Problem, reason: str) -> None:
+        """Record ``problem`` as a miss with ``reason`` in the background (a report, never a delay)."""
+
+        def write() -> None:
+            store = self.get()
+            if store is not None and not store.readonly:
+                try:
+                    store.record_miss(problem, reason)
+                except StoreError as e:
+                    self.trouble("write", e)
+
+        background.submit(write)
