@@ -32,7 +32,7 @@ from typing import Any
 import orjson
 from triton.runtime.autotuner import Autotuner
 
-from tunecache import background, binaries, counters, measure, settings, singleflight, winner, writeback
+from tunecache import background, counters, measure, settings, singleflight, winner, writeback
 from tunecache import preload as _preload
 from tunecache.errors import CaptureMissError, StoreError
 from tunecache.firstcall import first_run
@@ -248,11 +248,7 @@ class TunecacheAutotuner(Autotuner):
         if config is None or store.readonly:
             return
         specs = _preload.capture(self.fn, config, best)
-        try:
-            store.put_specs(self._tc_name, self.identity.source_hash, ctx.target.digest, specs)
-            binaries.upload(store, self.fn, self._tc_name, self.identity.source_hash, specs, ctx.target.digest)
-        except StoreError as e:
-            self._tc_ks.trouble("write", e)
+        self._tc_ks.record_specs(store, self.fn, self.identity.source_hash, ctx.target.digest, specs)
 
     def reset(self, store: str | Store | None = None) -> None:
         """Forget every in-memory resolution and bind to ``store`` (default: the environment's) anew.
@@ -479,12 +475,7 @@ class TunecacheAutotuner(Autotuner):
             "CUDA graph capture" if reason == "capture" else "offline mode",
             cfg,
         )
-        store = self._tc_ks.get()
-        if store is not None and not store.readonly:
-            try:
-                store.record_miss(self._problem(ctx), reason)
-            except StoreError as e:
-                self._tc_ks.trouble("write", e)
+        self._tc_ks.record_miss(self._problem(ctx), reason)
         return True
 
     def _new_round(self, ctx: _Ctx, p: Problem | None) -> Round:
@@ -501,22 +492,10 @@ class TunecacheAutotuner(Autotuner):
     def _driver_change_prune(self, ctx: _Ctx) -> winner.Pruning | None:
         """``topk:N``: after a driver change, benchmark only the N best configs of the old driver."""
         n = settings.get("TUNECACHE_ON_DRIVER_CHANGE")
-        store = self._tc_ks.store
-        if n is None or store is None:
+        if n is None:
             return None
-        t = ctx.target
-        try:
-            same_key = store.find_problems(
-                with_configs=True,
-                source_hash=self.identity.source_hash,
-                key_json=ctx.key_json,
-                arch=t.arch,
-                device=t.device_name,
-            )
-        except StoreError as e:
-            self._tc_ks.trouble("read", e)
-            return None
-        old = winner.previous_driver(same_key, t)
+        same_key = self._tc_ks.same_key(self.identity.source_hash, ctx.key_json, ctx.target)
+        old = winner.previous_driver(same_key, ctx.target) if same_key is not None else None
         if old is None:
             return None
         configs = {h: orjson.loads(self.config_ids(c)[0]) for c, h in zip(ctx.configs, ctx.hashes)}
@@ -545,12 +524,7 @@ class TunecacheAutotuner(Autotuner):
         """Exactly one process per digest benchmarks (see :mod:`tunecache.singleflight`)."""
 
         def settled() -> bool | None:  # another process's result, once it covers this key
-            q = store.get(ctx.digest)
-            if not self._covers(q, ctx):
-                return None
-            self._tc_ks.mem[q.digest] = q
-            self._use(ctx, q, hit=False)
-            return True
+            return self._adopt(ctx, store.get(ctx.digest)) or None
 
         def trouble(what: str, e: StoreError) -> bool:
             self._tc_ks.trouble(what, e)
@@ -586,11 +560,7 @@ class TunecacheAutotuner(Autotuner):
         rnd = self._run_bench(self._new_round(ctx, p), bench_fn)
         best = self._choose(ctx, rnd)
         if keep:
-            item = (self._problem(ctx, rnd.seconds, best), rnd.rows(), p is not None)
-            if self._tc_ks.store is not None:
-                writeback.defer_put(self._tc_ks.store, *item)
-            else:
-                self._tc_ks.unsaved.append(item)
+            self._tc_ks.save_later(self._problem(ctx, rnd.seconds, best), rnd.rows(), p is not None)
         return False
 
     def _bench_and_store(self, ctx: _Ctx, store: Store, bench_fn: Callable[[], None], lease: Lease) -> bool:
@@ -599,9 +569,7 @@ class TunecacheAutotuner(Autotuner):
         except StoreError as e:
             self._tc_ks.trouble("read", e)
             p = self._tc_ks.mem.get(ctx.digest)
-        if self._covers(p, ctx):
-            self._tc_ks.mem[p.digest] = p
-            self._use(ctx, p, hit=False)
+        if self._adopt(ctx, p):
             return True
         rnd = self._new_round(ctx, p)
         with lease.kept():
@@ -630,6 +598,10 @@ class TunecacheAutotuner(Autotuner):
         except StoreError as e:
             self._tc_ks.trouble("read", e)
             return False
+        return self._adopt(ctx, q)
+
+    def _adopt(self, ctx: _Ctx, q: Problem | None) -> bool:
+        """Launch ``q``, another process's result read from the store, if it covers this key."""
         if not self._covers(q, ctx):
             return False
         self._tc_ks.mem[q.digest] = q

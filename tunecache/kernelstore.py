@@ -9,6 +9,7 @@ and warned about once per store: the autotuner then tunes in its own process.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import time
@@ -21,6 +22,7 @@ from tunecache.errors import StoreError
 from tunecache.model import ConfigResult, LaunchSpec, Problem, pick_winner
 from tunecache.opening import shared_store
 from tunecache.store import Store
+from tunecache.target import Target
 
 RETRY_OPEN_S = 30.0
 log = logging.getLogger("tunecache")
@@ -223,15 +225,50 @@ class KernelStore:
             except StoreError as e:
                 self.trouble("write", e)
 
+    def record_miss(self, problem: Problem, reason: str) -> None:
+        """Record ``problem`` as a miss with ``reason`` (``tunecache misses``), if the store takes writes."""
+        store = self.get()
+        if store is not None and not store.readonly:
+            try:
+                store.record_miss(problem, reason)
+            except StoreError as e:
+                self.trouble("write", e)
+
     def record_miss_later(self, problem: Problem, reason: str) -> None:
-        """Record ``problem`` as a miss with ``reason`` in the background (a report, never a delay)."""
+        """:meth:`record_miss` in the background (a report, never a delay)."""
+        background.submit(functools.partial(self.record_miss, problem, reason))
 
-        def write() -> None:
-            store = self.get()
-            if store is not None and not store.readonly:
-                try:
-                    store.record_miss(problem, reason)
-                except StoreError as e:
-                    self.trouble("write", e)
+    def save_later(self, problem: Problem, rows: list[ConfigResult], replace: bool) -> None:
+        """A result tuned without the lease: written in the background, or once the store opens."""
+        item = (problem, rows, replace)
+        if self.store is not None:
+            writeback.defer_put(self.store, *item)
+        else:
+            self.unsaved.append(item)
 
-        background.submit(write)
+    def record_specs(
+        self, store: Store, fn: Any, source_hash: str, target_digest: str, specs: list[LaunchSpec]
+    ) -> None:
+        """Store what Triton compiled a winner with, and its binaries, for later preloads."""
+        try:
+            store.put_specs(self.kernel, source_hash, target_digest, specs)
+            binaries.upload(store, fn, self.kernel, source_hash, specs, target_digest)
+        except StoreError as e:
+            self.trouble("write", e)
+
+    def same_key(self, source_hash: str, key_json: str, target: Target) -> list[Problem] | None:
+        """Every stored problem of this source and key on ``target``'s GPU model, any driver (None:
+        the store is not open or cannot answer)."""
+        if self.store is None:
+            return None
+        try:
+            return self.store.find_problems(
+                with_configs=True,
+                source_hash=source_hash,
+                key_json=key_json,
+                arch=target.arch,
+                device=target.device_name,
+            )
+        except StoreError as e:
+            self.trouble("read", e)
+            return None

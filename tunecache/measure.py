@@ -1,4 +1,5 @@
-"""Measuring configs: a benchmark round as a value, the CPU timer, and how a failure is classified.
+"""Measuring configs: a benchmark round as a value, the CPU timer, how a failure is classified, and
+whether a benchmark may run now (not during a CUDA graph capture).
 
 A :class:`Round` is created per benchmark of one tuning key. Triton calls the autotuner's
 ``_bench`` once per config from inside ``bench_fn``, and the benchmarker from inside ``_bench``:
