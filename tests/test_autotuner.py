@@ -23,7 +23,7 @@ from processes import run_json, run_procs
 
 import tunecache
 from tunecache import autotuner as at
-from tunecache import background
+from tunecache import background, measure, settings
 from tunecache.identity import ConfigIds, config_identity
 from tunecache.opening import open_store
 
@@ -240,7 +240,7 @@ class _Capturing:
 
     def __init__(self, monkeypatch):
         self.on = False
-        monkeypatch.setattr(at, "capturing", lambda: self.on)
+        monkeypatch.setattr(measure, "capturing", lambda: self.on)
 
 
 def test_capture_miss_never_benchmarks_and_hit_launches(sqlite_url, monkeypatch, caplog):
@@ -456,7 +456,7 @@ def test_driver_change_topk_benchmarks_only_previous_best(sqlite_url, monkeypatc
     assert sum(r.status == "pruned" for r in newp.configs) == len(tinykernels.CONFIGS) - 2
     monkeypatch.setenv("TUNECACHE_ON_DRIVER_CHANGE", "sometimes")
     with pytest.raises(ValueError, match="TUNECACHE_ON_DRIVER_CHANGE"):
-        at.driver_change_policy()
+        settings.get("TUNECACHE_ON_DRIVER_CHANGE")
 
 
 KEY_WARM = """
@@ -610,7 +610,7 @@ def test_winner_within_tolerance_of_the_fastest_reuses_another_keys_winner(sqlit
     assert tune(tinykernels.make_add(configs=configs, store=fresh)) == {100: 16, 200: 32, 300: 32}
     monkeypatch.setenv("TUNECACHE_WINNER_TOLERANCE", "5")
     with pytest.raises(ValueError, match="TUNECACHE_WINNER_TOLERANCE"):
-        at.winner_tolerance()
+        settings.get("TUNECACHE_WINNER_TOLERANCE")
 
 
 @pytest.mark.slow

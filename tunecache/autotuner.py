@@ -32,7 +32,7 @@ from typing import Any
 import orjson
 from triton.runtime.autotuner import Autotuner
 
-from tunecache import background, binaries, counters, settings, singleflight, winner, writeback
+from tunecache import background, counters, measure, settings, singleflight, winner, writeback
 from tunecache import preload as _preload
 from tunecache.errors import CaptureMissError, StoreError
 from tunecache.firstcall import first_run
@@ -48,46 +48,13 @@ from tunecache.identity import (
 )
 from tunecache.kernelstore import KernelStore
 from tunecache.measure import Round, classify, cpu_do_bench
-from tunecache.model import Problem, pick_winner
+from tunecache.model import Problem
 from tunecache.settings import current_mode
 from tunecache.singleflight import Lease
 from tunecache.store import Store
 from tunecache.target import detect_target, hostname, interpreting
 
 log = logging.getLogger("tunecache")
-
-
-def winner_tolerance() -> float:
-    """``TUNECACHE_WINNER_TOLERANCE`` (default 0.02): a config within this fraction of the fastest
-    that already wins another key of the same kernel and target is chosen instead (0 disables).
-
-    Why: configs that close are within benchmark noise; reusing a winner means fewer distinct
-    kernels to compile on a fresh host and to load at a restart, and fewer winners that flip
-    between two tuning runs of one GPU.
-    """
-    return settings.get("TUNECACHE_WINNER_TOLERANCE")
-
-
-def preload_enabled() -> bool:
-    """``TUNECACHE_PRELOAD`` (default on): load stored winners' binaries once CUDA is up."""
-    return settings.get("TUNECACHE_PRELOAD")
-
-
-def driver_change_policy() -> int | None:
-    """``TUNECACHE_ON_DRIVER_CHANGE``: ``retune`` (None) or ``topk:N`` (N)."""
-    return settings.get("TUNECACHE_ON_DRIVER_CHANGE")
-
-
-def capturing() -> bool:
-    """Whether the current CUDA stream is capturing a graph (a miss then cannot benchmark)."""
-    try:
-        import torch
-    except ImportError:
-        return False
-    try:
-        return bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
-    except Exception:  # noqa: BLE001 - a broken CUDA context is not a capture
-        return False
 
 
 #: Triton's own ``Autotuner.__init__`` and ``run``, as imported: ``install()`` patches the base class's
@@ -205,7 +172,7 @@ class TunecacheAutotuner(Autotuner):
             early = functools.partial(self._tc_ks.open_early, self._early_hash)
             self._tc_ks.opening = (os.getpid(), background.submit(early))
             background.warm_triton_key()
-            if preload_enabled() and not interpreting() and not background.AST_NOT_THREAD_SAFE:
+            if settings.get("TUNECACHE_PRELOAD") and not interpreting() and not background.AST_NOT_THREAD_SAFE:
                 # (On 3.11 a background preload could parse source, racing the launching thread.)
                 background.preload_when_cuda_is_up(self)
 
@@ -257,21 +224,9 @@ class TunecacheAutotuner(Autotuner):
             if self._tc_identity is None and not self._may_hash_here():
                 return 0  # the first launch loads its kernel as before
             target = detect_target(device)  # device None: also warms the launch's own lookup
-            if ks.specs is None:  # the prefetch was off, failed, or ran before the hash
-                store = ks.get()
-                if store is None:
-                    return 0
-                ks.fetch(store, self._known_hash())
-                ks.specs = store.get_specs(self.identity.source_hash)
-                log.debug("tunecache: %s: launch specs read (%.3f s)", self._tc_name, time.perf_counter() - t0)
-                binaries.place_for(store, ks.specs)  # before any compile: Triton finds them
-                log.debug("tunecache: %s: binaries placed (%.3f s)", self._tc_name, time.perf_counter() - t0)
-            ks.absorb(self.identity.source_hash)
-            mine = ks.specs.get(target.digest, [])
-            if not mine:
-                return 0
-            winners = {p.winner_config_hash for p in ks.problems() if p.target.digest == target.digest}
-            loaded, skipped = _preload.load(self.fn, [s for s in mine if s.config_hash in winners], dev)
+            loaded, skipped = ks.preload_winners(
+                self.fn, self._known_hash(), lambda: self.identity.source_hash, target.digest, dev
+            )
         except Exception as e:  # noqa: BLE001 - best effort: launches load their kernels as before
             log.debug("tunecache: %s: preload failed: %r", self._tc_name, e)
             return 0
@@ -293,11 +248,7 @@ class TunecacheAutotuner(Autotuner):
         if config is None or store.readonly:
             return
         specs = _preload.capture(self.fn, config, best)
-        try:
-            store.put_specs(self._tc_name, self.identity.source_hash, ctx.target.digest, specs)
-            binaries.upload(store, self.fn, self._tc_name, self.identity.source_hash, specs, ctx.target.digest)
-        except StoreError as e:
-            self._tc_ks.trouble("write", e)
+        self._tc_ks.record_specs(store, self.fn, self.identity.source_hash, ctx.target.digest, specs)
 
     def reset(self, store: str | Store | None = None) -> None:
         """Forget every in-memory resolution and bind to ``store`` (default: the environment's) anew.
@@ -491,7 +442,7 @@ class TunecacheAutotuner(Autotuner):
         if self._covers(p, ctx):
             self._use(ctx, p, hit=True)
             return True
-        capture = capturing()
+        capture = measure.capturing()
         if capture or mode == "offline":
             return self._fallback(ctx, "capture" if capture else "offline", mode)
         counters.count(self._tc_name, self._tc_ks.store, misses=1)
@@ -524,12 +475,7 @@ class TunecacheAutotuner(Autotuner):
             "CUDA graph capture" if reason == "capture" else "offline mode",
             cfg,
         )
-        store = self._tc_ks.get()
-        if store is not None and not store.readonly:
-            try:
-                store.record_miss(self._problem(ctx), reason)
-            except StoreError as e:
-                self._tc_ks.trouble("write", e)
+        self._tc_ks.record_miss(self._problem(ctx), reason)
         return True
 
     def _new_round(self, ctx: _Ctx, p: Problem | None) -> Round:
@@ -545,23 +491,11 @@ class TunecacheAutotuner(Autotuner):
 
     def _driver_change_prune(self, ctx: _Ctx) -> winner.Pruning | None:
         """``topk:N``: after a driver change, benchmark only the N best configs of the old driver."""
-        n = driver_change_policy()
-        store = self._tc_ks.store
-        if n is None or store is None:
+        n = settings.get("TUNECACHE_ON_DRIVER_CHANGE")
+        if n is None:
             return None
-        t = ctx.target
-        try:
-            same_key = store.find_problems(
-                with_configs=True,
-                source_hash=self.identity.source_hash,
-                key_json=ctx.key_json,
-                arch=t.arch,
-                device=t.device_name,
-            )
-        except StoreError as e:
-            self._tc_ks.trouble("read", e)
-            return None
-        old = winner.previous_driver(same_key, t)
+        same_key = self._tc_ks.same_key(self.identity.source_hash, ctx.key_json, ctx.target)
+        old = winner.previous_driver(same_key, ctx.target) if same_key is not None else None
         if old is None:
             return None
         configs = {h: orjson.loads(self.config_ids(c)[0]) for c, h in zip(ctx.configs, ctx.hashes)}
@@ -590,12 +524,7 @@ class TunecacheAutotuner(Autotuner):
         """Exactly one process per digest benchmarks (see :mod:`tunecache.singleflight`)."""
 
         def settled() -> bool | None:  # another process's result, once it covers this key
-            q = store.get(ctx.digest)
-            if not self._covers(q, ctx):
-                return None
-            self._tc_ks.mem[q.digest] = q
-            self._use(ctx, q, hit=False)
-            return True
+            return self._adopt(ctx, store.get(ctx.digest)) or None
 
         def trouble(what: str, e: StoreError) -> bool:
             self._tc_ks.trouble(what, e)
@@ -620,7 +549,7 @@ class TunecacheAutotuner(Autotuner):
             self._tc_ks.problems(),
             digest=ctx.digest,
             target_digest=ctx.target.digest,
-            tolerance=winner_tolerance(),
+            tolerance=settings.get("TUNECACHE_WINNER_TOLERANCE"),
         )
         if best is not None:
             self._settle(ctx.key, dict(zip(ctx.hashes, ctx.configs))[best])
@@ -631,11 +560,7 @@ class TunecacheAutotuner(Autotuner):
         rnd = self._run_bench(self._new_round(ctx, p), bench_fn)
         best = self._choose(ctx, rnd)
         if keep:
-            item = (self._problem(ctx, rnd.seconds, best), rnd.rows(), p is not None)
-            if self._tc_ks.store is not None:
-                writeback.defer_put(self._tc_ks.store, *item)
-            else:
-                self._tc_ks.unsaved.append(item)
+            self._tc_ks.save_later(self._problem(ctx, rnd.seconds, best), rnd.rows(), p is not None)
         return False
 
     def _bench_and_store(self, ctx: _Ctx, store: Store, bench_fn: Callable[[], None], lease: Lease) -> bool:
@@ -644,9 +569,7 @@ class TunecacheAutotuner(Autotuner):
         except StoreError as e:
             self._tc_ks.trouble("read", e)
             p = self._tc_ks.mem.get(ctx.digest)
-        if self._covers(p, ctx):
-            self._tc_ks.mem[p.digest] = p
-            self._use(ctx, p, hit=False)
+        if self._adopt(ctx, p):
             return True
         rnd = self._new_round(ctx, p)
         with lease.kept():
@@ -675,6 +598,10 @@ class TunecacheAutotuner(Autotuner):
         except StoreError as e:
             self._tc_ks.trouble("read", e)
             return False
+        return self._adopt(ctx, q)
+
+    def _adopt(self, ctx: _Ctx, q: Problem | None) -> bool:
+        """Launch ``q``, another process's result read from the store, if it covers this key."""
         if not self._covers(q, ctx):
             return False
         self._tc_ks.mem[q.digest] = q
@@ -727,30 +654,13 @@ class TunecacheAutotuner(Autotuner):
         except Exception as e:  # noqa: BLE001 - a report, never a failed launch
             log.debug("tunecache: %s: cannot record the uncovered key: %r", self._tc_name, e)
             return
-
-        def write() -> None:
-            store = self._tc_ks.get()
-            if store is not None and not store.readonly:
-                try:
-                    store.record_miss(problem, "uncovered")
-                except StoreError as e:
-                    self._tc_ks.trouble("write", e)
-
-        background.submit(write)
+        self._tc_ks.record_miss_later(problem, "uncovered")
 
     def _poisoned(self, keys: list[Any], exc: Exception) -> None:
         status, failure = classify(exc)
         for k in keys:
             digest, h = self._tc_from_store.pop(k)
             self.cache.pop(k, None)
-            p = self._tc_ks.mem.pop(digest, None)
-            if p is not None:
-                r = p.config_map().get(h)
-                if r is not None:
-                    r.status, r.failure, r.median_ms = status, failure, None
-                    best = pick_winner(p.configs)
-                    p.winner_config_hash = best.config_hash if best else None
-                    self._tc_ks.mem[digest] = p
             counters.count(None, None, poisoned=1)
             log.warning(
                 "tunecache: %s: stored winner %s failed on this target (%s: %s); marked %s and re-resolving",
@@ -760,12 +670,7 @@ class TunecacheAutotuner(Autotuner):
                 str(exc)[:200],
                 status,
             )
-            store = self._tc_ks.get()
-            if store is not None and not store.readonly:
-                try:
-                    store.mark_config(digest, h, status, failure)
-                except StoreError as e:
-                    self._tc_ks.trouble("write", e)
+            self._tc_ks.mark_failed(digest, h, status, failure)
 
 
 def attach(tuner: Any) -> None:
@@ -788,9 +693,5 @@ __all__ = [
     "BASE_RUN",
     "TunecacheAutotuner",
     "attach",
-    "capturing",
     "detach",
-    "driver_change_policy",
-    "preload_enabled",
-    "winner_tolerance",
 ]

@@ -9,17 +9,20 @@ and warned about once per store: the autotuner then tunes in its own process.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from typing import Any
 
-from tunecache import binaries, counters, settings, writeback
+from tunecache import background, binaries, counters, preload, settings, writeback
 from tunecache.errors import StoreError
-from tunecache.model import ConfigResult, LaunchSpec, Problem
+from tunecache.model import ConfigResult, LaunchSpec, Problem, pick_winner
 from tunecache.opening import shared_store
 from tunecache.store import Store
+from tunecache.target import Target
 
 RETRY_OPEN_S = 30.0
 log = logging.getLogger("tunecache")
@@ -183,3 +186,92 @@ class KernelStore:
     def problems(self) -> list[Problem]:
         """This kernel's problems in memory (a copy: another thread may add to it)."""
         return list(self.mem.values())
+
+    def preload_winners(
+        self, fn: Any, known_hash: str | None, source_hash: Callable[[], str], target_digest: str, device: int
+    ) -> tuple[int, int]:
+        """Load the binaries of this kernel's stored winners on ``target_digest`` onto ``device`` into
+        Triton's kernel cache; returns (loaded, skipped). ``known_hash``: the source hash if computed
+        already (else the kernel's rows are fetched by name); ``source_hash()`` computes it. Raises."""
+        t0 = time.perf_counter()
+        if self.specs is None:  # the prefetch was off, failed, or ran before the hash
+            store = self.get()
+            if store is None:
+                return 0, 0
+            self.fetch(store, known_hash)
+            self.specs = store.get_specs(source_hash())
+            log.debug("tunecache: %s: launch specs read (%.3f s)", self.kernel, time.perf_counter() - t0)
+            binaries.place_for(store, self.specs)  # before any compile: Triton finds them
+            log.debug("tunecache: %s: binaries placed (%.3f s)", self.kernel, time.perf_counter() - t0)
+        self.absorb(source_hash())
+        mine = self.specs.get(target_digest, [])
+        if not mine:
+            return 0, 0
+        winners = {p.winner_config_hash for p in self.problems() if p.target.digest == target_digest}
+        return preload.load(fn, [s for s in mine if s.config_hash in winners], device)
+
+    def mark_failed(self, digest: str, config_hash: str, status: str, failure: dict[str, Any]) -> None:
+        """A stored config failed on this target: mark it ``status`` in memory (the problem's winner
+        picked again among the rest) and in the store, so that no process launches it again."""
+        p = self.mem.pop(digest, None)
+        if p is not None:
+            r = p.config_map().get(config_hash)
+            if r is not None:
+                r.status, r.failure, r.median_ms = status, failure, None
+                best = pick_winner(p.configs)
+                p.winner_config_hash = best.config_hash if best else None
+                self.mem[digest] = p
+        store = self.get()
+        if store is not None and not store.readonly:
+            try:
+                store.mark_config(digest, config_hash, status, failure)
+            except StoreError as e:
+                self.trouble("write", e)
+
+    def record_miss(self, problem: Problem, reason: str) -> None:
+        """Record ``problem`` as a miss with ``reason`` (``tunecache misses``), if the store takes writes."""
+        store = self.get()
+        if store is not None and not store.readonly:
+            try:
+                store.record_miss(problem, reason)
+            except StoreError as e:
+                self.trouble("write", e)
+
+    def record_miss_later(self, problem: Problem, reason: str) -> None:
+        """:meth:`record_miss` in the background (a report, never a delay)."""
+        background.submit(functools.partial(self.record_miss, problem, reason))
+
+    def save_later(self, problem: Problem, rows: list[ConfigResult], replace: bool) -> None:
+        """A result tuned without the lease: written in the background, or once the store opens."""
+        item = (problem, rows, replace)
+        if self.store is not None:
+            writeback.defer_put(self.store, *item)
+        else:
+            self.unsaved.append(item)
+
+    def record_specs(
+        self, store: Store, fn: Any, source_hash: str, target_digest: str, specs: list[LaunchSpec]
+    ) -> None:
+        """Store what Triton compiled a winner with, and its binaries, for later preloads."""
+        try:
+            store.put_specs(self.kernel, source_hash, target_digest, specs)
+            binaries.upload(store, fn, self.kernel, source_hash, specs, target_digest)
+        except StoreError as e:
+            self.trouble("write", e)
+
+    def same_key(self, source_hash: str, key_json: str, target: Target) -> list[Problem] | None:
+        """Every stored problem of this source and key on ``target``'s GPU model, any driver (None:
+        the store is not open or cannot answer)."""
+        if self.store is None:
+            return None
+        try:
+            return self.store.find_problems(
+                with_configs=True,
+                source_hash=source_hash,
+                key_json=key_json,
+                arch=target.arch,
+                device=target.device_name,
+            )
+        except StoreError as e:
+            self.trouble("read", e)
+            return None

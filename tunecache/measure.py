@@ -1,4 +1,5 @@
-"""Measuring configs: a benchmark round as a value, the CPU timer, and how a failure is classified.
+"""Measuring configs: a benchmark round as a value, the CPU timer, how a failure is classified, and
+whether a benchmark may run now (not during a CUDA graph capture).
 
 A :class:`Round` is created per benchmark of one tuning key. Triton calls the autotuner's
 ``_bench`` once per config from inside ``bench_fn``, and the benchmarker from inside ``_bench``:
@@ -16,6 +17,18 @@ from typing import Any
 
 from tunecache import settings
 from tunecache.model import ConfigResult
+
+
+def capturing() -> bool:
+    """Whether the current CUDA stream is capturing a graph (a miss then cannot benchmark)."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    try:
+        return bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+    except Exception:  # noqa: BLE001 - a broken CUDA context is not a capture
+        return False
 
 
 @dataclass

@@ -174,7 +174,9 @@ SETTINGS: dict[str, Setting] = {
             "TUNECACHE_WINNER_TOLERANCE",
             "0.02",
             _fraction,
-            "a config this close to the fastest that wins other keys is chosen",
+            "a config within this fraction of the fastest that already wins another key of the same kernel and"
+            " target is chosen instead (0 disables): configs that close are within benchmark noise, and reusing a"
+            " winner means fewer kernels to compile and load and fewer winners that flip between tuning runs",
         ),
         Setting("TUNECACHE_HOST_ID", None, _text, "the host recorded in rows; unset: the hostname"),
         Setting(
