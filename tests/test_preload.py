@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import multiprocessing
 import sys
+import time
 
 import pytest
 import tinykernels
@@ -224,3 +225,33 @@ def test_one_cuda_init_callback_per_process_loads_every_kernel_once(monkeypatch)
     background.preload_when_cuda_is_up(late)
     background.submit(lambda: None).result(timeout=10)
     assert loads[-1] is late and len(loads) == 4 and queue == []
+
+
+def test_a_kernel_whose_module_still_imports_when_cuda_comes_up_is_preloaded_once_it_finished(monkeypatch, sqlite_url):
+    """fla-core queries the GPU while its modules import (``check_shared_mem()`` in ``cumsum.py``), so
+    CUDA is up before the kernels defined below that line exist; their preload ran while their module
+    was still importing, could not hash the source, and was never tried again: 2 of fla's 10 used
+    kernels loaded at their first launch (GPU run V). It is tried again once the module may have
+    finished importing."""
+    tinykernels.launch(tinykernels.make_add(store=sqlite_url), 64)  # stored: there is something to preload
+    state = {"importing": True}
+    monkeypatch.setattr(background, "AST_NOT_THREAD_SAFE", False)  # as on 3.12, where preloads run
+    monkeypatch.setattr(torch.cuda, "_lazy_call", lambda fn, **kw: fn())  # CUDA is up already
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    real_imported = at.module_imported
+    monkeypatch.setattr(at, "module_imported", lambda fn: not state["importing"] and real_imported(fn))
+    loads = []
+    monkeypatch.setattr(at.TunecacheAutotuner, "load_winners", lambda self, device=None: loads.append(self) or 1)
+    background.forget_cuda_callback()
+    k = tinykernels.make_add(store=sqlite_url)  # defined "while its module imports"
+    k.wait_for_prefetch()
+    background.preload_when_cuda_is_up(k)  # CUDA is up: queued at once
+    background.submit(lambda: None).result(timeout=10)
+    assert loads == []  # not now: the source may not be hashed while the module imports
+    state["importing"] = False  # the module's body finished
+    deadline = time.monotonic() + 10
+    while not loads and time.monotonic() < deadline:
+        time.sleep(0.05)
+        background.submit(lambda: None).result(timeout=10)
+    assert loads == [k]

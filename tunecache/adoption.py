@@ -27,7 +27,15 @@ from tunecache.settings import current_mode
 _covering: dict[type, type] = {}
 _adopt_lock = threading.RLock()
 #: Attributes of TunecacheAutotuner that a library's class must not define itself.
-_OURS = ("identity", "config_ids", "wait_for_prefetch", "load_winners", "after_fork_in_child", "fork_locks")
+_OURS = (
+    "identity",
+    "config_ids",
+    "wait_for_prefetch",
+    "load_winners",
+    "ready_to_preload",
+    "after_fork_in_child",
+    "fork_locks",
+)
 
 
 def covering_class(cls: type) -> type:

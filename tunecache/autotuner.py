@@ -210,6 +210,11 @@ class TunecacheAutotuner(Autotuner):
 
     # ---- preloading the winners' binaries ---------------------------------------------------------
 
+    def ready_to_preload(self) -> bool:
+        """Whether :meth:`load_winners` can do its work now: the source is hashed or may be (its
+        module finished importing), or the store holds nothing of this kernel."""
+        return self._tc_identity is not None or self._tc_ks.holds_nothing() or self._may_hash_here()
+
     def load_winners(self, device: int | None = None) -> int:
         """Load this kernel's stored winners for ``device`` (default: the current one) into
         Triton's kernel cache; returns how many binaries were loaded. Never raises."""

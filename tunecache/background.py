@@ -11,6 +11,7 @@ import contextlib
 import os
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -30,6 +31,8 @@ class Tuner(Protocol):
     """What this module needs of a tunecache autotuner."""
 
     def load_winners(self, device: int | None = None) -> int: ...
+
+    def ready_to_preload(self) -> bool: ...
 
     def after_fork_in_child(self) -> None: ...
 
@@ -104,7 +107,32 @@ def _load_when_cuda_is_up() -> None:
         return
     todo = list(_autoload)
     _autoload.clear()  # once: a kernel defined later is queued by itself
-    submit(lambda: sum(t.load_winners() for t in todo))  # the worker's current device is that one
+    give_up_at = time.monotonic() + PRELOAD_RETRY_FOR_S
+    submit(lambda: _preload(todo, give_up_at))  # the worker's current device is that one
+
+
+#: A kernel whose module still imports when CUDA comes up (a library that queries the GPU while it
+#: imports: fla-core) is preloaded again every PRELOAD_RETRY_S, for at most PRELOAD_RETRY_FOR_S.
+PRELOAD_RETRY_S = 0.1
+PRELOAD_RETRY_FOR_S = 120.0
+
+
+def _preload(todo: list[Any], give_up_at: float) -> None:
+    """Load the winners of every tuner in ``todo`` that may hash its source now; the others (their
+    module still imports) are queued again shortly, until ``give_up_at`` (their first launch then
+    loads their kernels as before)."""
+    later = []
+    for t in todo:
+        if t not in _tuners:  # released by uninstall()
+            continue
+        if t.ready_to_preload():
+            t.load_winners()
+        else:
+            later.append(t)
+    if later and time.monotonic() < give_up_at:
+        timer = threading.Timer(PRELOAD_RETRY_S, lambda: submit(lambda: _preload(later, give_up_at)))
+        timer.daemon = True
+        timer.start()
 
 
 def warm_triton_key() -> None:
