@@ -101,10 +101,9 @@ def test_restart_loads_only_this_targets_winners(sqlite_url, monkeypatch):
 
 
 def test_preload_skips_kernels_with_nothing_stored_without_hashing_them(sqlite_url, tmp_path, monkeypatch):
-    """A library defines hundreds of autotuned kernels (fla-core: 205) and a start uses a few. The
-    preload runs on one background thread in definition order: a kernel with nothing in the store must
-    cost no source hash and no query there, or the few with winners are preloaded after their first
-    launch (GPU run S: 2 of fla's 10 used kernels missed the 1 s window)."""
+    """A library defines hundreds of autotuned kernels (fla-core: 197 autotuners) and a start uses a
+    few (10). The preload runs on one background thread in definition order: a kernel with nothing in
+    the store must cost no source hash and no query there, or the few with winners wait behind it."""
     tinykernels.launch(tinykernels.make_add(store=sqlite_url), 64)  # tuned: that store has its row
     hashed = []
     real_identity, real_imported = at.kernel_identity, at.module_imported
