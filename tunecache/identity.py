@@ -70,12 +70,9 @@ import uuid
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import orjson
-
-if TYPE_CHECKING:
-    from tunecache.target import Target
 
 DIGEST_VERSION = 1
 
@@ -654,7 +651,14 @@ def search_space_hash(config_hashes: Sequence[str]) -> str:
     return sha256_hex(",".join(sorted(config_hashes)))
 
 
-def problem_digest(source: str, target: Target, key_json: str) -> str:
+class DigestTarget(Protocol):
+    """What a problem's digest needs of its target (a :class:`tunecache.target.Target`), named here
+    so that identity, which the target module uses, does not import it back."""
+
+    def digest_fields(self) -> dict[str, Any]: ...
+
+
+def problem_digest(source: str, target: DigestTarget, key_json: str) -> str:
     """The content address of one tuning problem."""
     return sha256_hex(
         canonical_json({"v": DIGEST_VERSION, "source": source, "target": target.digest_fields(), "key": key_json})

@@ -14,7 +14,7 @@ import logging
 import os
 import threading
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -23,8 +23,23 @@ from tunecache.engine import sqlite_path
 from tunecache.errors import SchemaError
 from tunecache.schema import SCHEMA_HEAD, SCHEMA_REVISIONS
 
-if TYPE_CHECKING:
-    from tunecache.store import Store
+
+class Migratable(Protocol):
+    """What migrating needs of a store (a :class:`tunecache.store.Store`): named here, so that this
+    module, which the store calls, does not import the store back."""
+
+    url: Any
+    engine: Any
+    dialect: str
+    readonly: bool
+
+    @property
+    def masked_url(self) -> str: ...
+
+    def revision(self) -> str | None: ...
+
+    def upgrade(self, revision: str = "head") -> Any: ...
+
 
 log = logging.getLogger("tunecache")
 
@@ -60,7 +75,7 @@ def current_revision(conn: Connection) -> str | None:
     return rows[0] if rows else None
 
 
-def check_schema(store: Store, migrate: bool) -> None:
+def check_schema(store: Migratable, migrate: bool) -> None:
     """Migrate to head if allowed, refuse a schema newer than this code, never downgrade."""
     head = head_revision()
     current = store.revision()
@@ -103,7 +118,7 @@ def in_process_lock() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def cross_process_lock(store: Store) -> Iterator[None]:
+def cross_process_lock(store: Migratable) -> Iterator[None]:
     """One migration at a time per store across processes: a file lock beside a SQLite file,
     ``GET_LOCK`` on MySQL/MariaDB; PostgreSQL's advisory lock is taken by :func:`apply`, inside
     the migration transaction."""
@@ -126,7 +141,7 @@ def cross_process_lock(store: Store) -> Iterator[None]:
     yield  # PostgreSQL: pg_advisory_xact_lock inside the migration transaction
 
 
-def apply(store: Store, conn: Connection, revision: str) -> None:
+def apply(store: Migratable, conn: Connection, revision: str) -> None:
     """Run the migrations to ``revision`` in the write transaction ``conn``, under the locks above;
     a store another process already brought to head is left as it is."""
     from alembic import command
