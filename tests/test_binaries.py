@@ -462,9 +462,9 @@ def test_a_host_module_travels_and_triton_loads_it_without_building_it(tmp_path,
         assert get_cache_manager(old).get_file(f"__triton_launcher{hostmodules.ext_suffix()}") is None
         assert key is None and hostmodules.utils_key() is None
         return
-    found = binaries.host_module(key, "__triton_launcher", preload.triton_version())
-    assert found is not None  # Triton filed it under the key tunecache computes
-    spec, b = found
+    b = binaries.host_module(key, "__triton_launcher", preload.triton_version())
+    assert b is not None  # Triton filed it under the key tunecache computes
+    spec = binaries.host_module_spec(key, "__triton_launcher", preload.triton_version())
     assert binaries.problems_of(b) is None and b.ext == hostmodules.EXT
     store = open_store(sqlite_url)
     store.put_specs("k", "s" * 64, "t" * 64, [spec])

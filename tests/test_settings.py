@@ -149,3 +149,14 @@ def test_every_command_refuses_a_bad_value_in_one_line(name, sqlite_url):
     assert r.returncode == 1, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"tunecache: error: {name}='bogus' "), r.stderr
+
+
+def test_put_checks_the_name_and_the_value_before_writing():
+    env: dict[str, str] = {}
+    settings.put("TUNECACHE_URL", "sqlite:////tmp/x.sqlite3", env)
+    assert settings.get("TUNECACHE_URL", env) == "sqlite:////tmp/x.sqlite3"
+    with pytest.raises(KeyError):
+        settings.put("TUNECACHE_ULR", "x", env)  # a typo is no setting
+    with pytest.raises(ConfigurationError):
+        settings.put("TUNECACHE_MODE", "bogus", env)
+    assert set(env) == {"TUNECACHE_URL"}  # nothing written for either

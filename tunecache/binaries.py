@@ -141,15 +141,15 @@ def collect(fn: Any, triton_keys: Iterable[str]) -> list[Binary]:
     return list(out.values())
 
 
-def collect_host_modules(fn: Any, triton_keys: Iterable[str]) -> list[tuple[LaunchSpec, Binary]]:
-    """The host modules (:mod:`tunecache.hostmodules`) Triton built in this process to launch ``fn``'s
-    kernels under ``triton_keys``, and its driver utilities, read from Triton's cache, each with the
-    companion launch spec that files it with the kernel's (a module not in the cache is left out)."""
+def host_module_keys(fn: Any, triton_keys: Iterable[str]) -> dict[str, str]:
+    """{key: name} of the host modules (:mod:`tunecache.hostmodules`) that Triton's cache holds for
+    launching ``fn``'s kernels under ``triton_keys`` (their launchers), and of its driver utilities."""
+    from triton.runtime.cache import get_cache_manager
+
     jf = preload.jit_function(fn)
     wanted = set(triton_keys)
     if jf is None or not wanted:
-        return []
-    version = preload.triton_version()
+        return {}
     keys = {hostmodules.utils_key(): "cuda_utils"}
     for kernel, _ in _kernels(jf):
         if str(kernel.hash) in wanted:
@@ -157,13 +157,19 @@ def collect_host_modules(fn: Any, triton_keys: Iterable[str]) -> list[tuple[Laun
                 keys[hostmodules.launcher_key(kernel)] = "__triton_launcher"
             except Exception as e:  # noqa: BLE001 - best effort: the fresh host builds it
                 log.debug("tunecache: no launcher key for %s: %r", str(kernel.hash)[:12], e)
-    found = (host_module(key, name, version) for key, name in sorted((k, n) for k, n in keys.items() if k))
-    return [m for m in found if m is not None]
+    suffix = hostmodules.ext_suffix()
+    return {k: n for k, n in sorted(keys.items()) if k and get_cache_manager(k).get_file(f"{n}{suffix}") is not None}
 
 
-def host_module(key: str, name: str, version: str) -> tuple[LaunchSpec, Binary] | None:
-    """The host module ``name`` that Triton keeps under ``key`` in its cache, as a binary record and
-    the companion launch spec that files it with a kernel's; None if the cache does not hold it."""
+def host_module_spec(key: str, name: str, version: str) -> LaunchSpec:
+    """The companion launch spec that files host module ``name`` (under ``key``) with a kernel's."""
+    spec_json = json.dumps({"host_module": name, "key": key}, sort_keys=True)
+    return LaunchSpec(hashlib.sha256(spec_json.encode()).hexdigest(), COMPANION_CONFIG, key, spec_json, version)
+
+
+def host_module(key: str, name: str, version: str) -> Binary | None:
+    """The host module ``name`` that Triton keeps under ``key`` in its cache, as a binary record;
+    None if the cache does not hold it."""
     from triton.runtime.cache import get_cache_manager
 
     path = get_cache_manager(key).get_file(f"{name}{hostmodules.ext_suffix()}")
@@ -175,9 +181,7 @@ def host_module(key: str, name: str, version: str) -> tuple[LaunchSpec, Binary] 
         return None
     md = hostmodules.metadata(key, name)
     ext = hostmodules.EXT
-    b = Binary(key, binary_sha256(key, name, ext, version, md, data), name, ext, version, md, data)
-    spec_json = json.dumps({"host_module": name, "key": key}, sort_keys=True)
-    return LaunchSpec(hashlib.sha256(spec_json.encode()).hexdigest(), COMPANION_CONFIG, key, spec_json, version), b
+    return Binary(key, binary_sha256(key, name, ext, version, md, data), name, ext, version, md, data)
 
 
 def upload(
@@ -195,13 +199,16 @@ def upload(
         if store.readonly or not specs or not settings.get("TUNECACHE_BINARIES"):
             return 0
         keys = {s.kernel_hash for s in specs}
-        have = store.binary_heads(sorted(keys))
+        host = host_module_keys(fn, keys) if target_digest is not None else {}
+        have = store.binary_heads(sorted(keys | set(host)))
         bins = collect(fn, keys - set(have))
-        if target_digest is not None:
-            host = collect_host_modules(fn, keys)
-            store.put_specs(kernel, source_hash, target_digest, [spec for spec, _ in host])
-            known = store.binary_heads([b.triton_key for _, b in host])
-            bins += [b for _, b in host if b.triton_key not in known]
+        if host and target_digest is not None:
+            version = preload.triton_version()
+            store.put_specs(
+                kernel, source_hash, target_digest, [host_module_spec(k, n, version) for k, n in host.items()]
+            )
+            missing = (host_module(k, n, version) for k, n in host.items() if k not in have)  # read only these
+            bins += [b for b in missing if b is not None]
         limit = settings.get("TUNECACHE_BINARY_MAX_BYTES")
         small = [b for b in bins if b.size <= limit]
         for b in bins:
@@ -320,8 +327,9 @@ def place_for(store: Store | None, specs_by_target: dict[str, list[LaunchSpec]] 
 
 __all__ = [
     "collect",
-    "collect_host_modules",
     "host_module",
+    "host_module_keys",
+    "host_module_spec",
     "place",
     "place_for",
     "problems_of",

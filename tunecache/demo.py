@@ -19,6 +19,7 @@ from typing import Any
 
 import click
 
+from tunecache import settings
 from tunecache.engine import mask_url
 
 
@@ -65,7 +66,8 @@ def run_demo(url: str | None = None, buckets: list[int] | None = None, as_json: 
 
 
 def _run_demo(url: str, buckets: list[int] | None, as_json: bool, temporary: bool) -> dict[str, Any]:
-    env = {**os.environ, "TUNECACHE_URL": url}
+    env = dict(os.environ)
+    settings.put("TUNECACHE_URL", url, env)
     gpu = gpu_available()
     if not gpu:
         env["TRITON_INTERPRET"] = "1"

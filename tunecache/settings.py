@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -241,6 +241,20 @@ def get(name: str, environ: Mapping[str, str] | None = None) -> Any:
         raise ConfigurationError(f"{name}={text!r} {e}") from None
 
 
+def put(name: str, value: str, environ: MutableMapping[str, str] | None = None) -> None:
+    """Set ``name`` to ``value`` in ``environ`` (default: this process's environment), for a child
+    process or for code imported after it (``warm``, the demo), checked as a read would be: a name
+    that is no setting raises KeyError, a value it does not parse raises ConfigurationError.
+
+    >>> env = {}
+    >>> put("TUNECACHE_MODE", "offline", env); env
+    {'TUNECACHE_MODE': 'offline'}
+    """
+    env = os.environ if environ is None else environ
+    get(name, {name: value})  # raises for an unknown name or a bad value, before anything is written
+    env[name] = value
+
+
 def check_all(environ: Mapping[str, str] | None = None) -> None:
     """Parse every variable that is set: the CLI calls it first, so a bad value is refused by every
     command in one line, not only by the code path that happens to read it."""
@@ -253,4 +267,4 @@ def current_mode() -> str:
     return get("TUNECACHE_MODE")
 
 
-__all__ = ["MODES", "SETTINGS", "Setting", "check_all", "current_mode", "get", "raw"]
+__all__ = ["MODES", "SETTINGS", "Setting", "check_all", "current_mode", "get", "put", "raw"]

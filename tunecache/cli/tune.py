@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 
+from tunecache import settings
 from tunecache.cli.options import json_option
 from tunecache.cli.output import json_out
 from tunecache.errors import TunecacheError
@@ -36,7 +37,7 @@ def warm(ctx: click.Context, module: str, as_json: bool) -> None:
     with _log_to_stderr(logging.INFO):
         _interpreter_without_gpu()
         if ctx.obj.get("url"):
-            os.environ["TUNECACHE_URL"] = ctx.obj["url"]
+            settings.put("TUNECACHE_URL", ctx.obj["url"])
         try:
             mod = importlib.import_module(module)
         except ImportError as e:
