@@ -14,6 +14,8 @@ each start a fresh process, cubins cached (one stock start first fills the Trito
   stock-restart      stock Triton, cubins cached: every autotuner benchmarks again
   tunecache-first    TUNECACHE_INSTALL=1 (the .pth hook; no tunecache in the child's code), empty store
   tunecache-restart  the same, store filled: target 0 configs benchmarked, of ANY autotuner class
+  tunecache-restart-no-fill   the same without torch's fill kernel loaded before the first pass
+                     (the setup of runs R-W; see BENCH_TORCH_FILL in the child)
 
 Every child times its passes twice: the first (the start) and again in the same process with every
 winner known ("second call"); target: a tunecache restart's first passes within 1.1x of that second
@@ -113,6 +115,12 @@ def passes():
     torch.cuda.synchronize()
     return outs
 
+if os.environ.get("BENCH_TORCH_FILL", "1") == "1":
+    # A server fills buffers (its KV cache) while it loads: torch's fill kernel is loaded (CUDA lazy
+    # loading) before the first pass, as it is there. Without it the first torch.zeros of the first
+    # pass loads it: 7.7 ms there and not in the second call (run X's profile; phase
+    # tunecache-restart-no-fill keeps the earlier setup, as runs R-W measured).
+    torch.zeros(1, device=dev)
 torch.cuda.synchronize()
 # A server loads its weights between importing its kernels and their first launch; the same pause
 # for every start (BENCH_PAUSE_S, as bench_gpu.py's TC_BENCH_PAUSE_S).
@@ -147,6 +155,15 @@ if prof is not None:
     profile = [f"{v[3]:8.4f} {v[1]:6d} {k[0].rsplit('/', 2)[-1]}:{k[1]}:{k[2]}" for k, v in rows]
 triton.knobs.compilation.listener = None
 benched_first = dict(counts)
+if prof is not None:  # the second call profiled too: the difference is what only a first pass pays
+    prof2 = cProfile.Profile()
+    prof2.enable()
+    passes()
+    prof2.disable()
+    s1, s2 = pstats.Stats(prof).stats, pstats.Stats(prof2).stats
+    extra = {k: v[2] - s2.get(k, (0, 0, 0.0))[2] for k, v in s1.items()}  # own time, first minus second
+    top = sorted(extra.items(), key=lambda kv: -kv[1])[:40]
+    profile_extra = [f"{d:8.4f} {s1[k][1]:6d} {k[0].rsplit('/', 2)[-1]}:{k[1]}:{k[2]}" for k, d in top]
 t0 = time.perf_counter()
 second = passes()
 t_second = time.perf_counter() - t0
@@ -177,6 +194,7 @@ if trace:
     out["trace"] = trace[-400:]
 if prof is not None:
     out["profile_first_pass"] = profile
+    out["profile_first_minus_second_own_time"] = profile_extra
 if "tunecache" in sys.modules:
     import tunecache
     from tunecache import decorator
@@ -243,6 +261,7 @@ def gpu_phases(out_dir: Path, timeout: float, only: set[str], profile: bool) -> 
         ("stock-restart", base),
         ("tunecache-first", tc),
         ("tunecache-restart", tc),
+        ("tunecache-restart-no-fill", {**tc, "BENCH_TORCH_FILL": "0"}),
     ]
     if profile:  # a diagnosis, after the measured starts: where the restart's first pass goes
         starts.append(("tunecache-restart-profiled", {**tc, "BENCH_PROFILE": "1", "TC_BENCH_TRACE": "1"}))

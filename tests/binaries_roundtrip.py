@@ -32,9 +32,9 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource, CompiledKernel, make_backend  # noqa: E402
 
 import tunecache  # noqa: E402
-from tunecache import background, binaries, preload  # noqa: E402
+from tunecache import background, binaries, companions, preload  # noqa: E402
 from tunecache.identity import canonical_key, problem_digest  # noqa: E402
-from tunecache.model import ConfigResult, Problem  # noqa: E402
+from tunecache.model import COMPANION_CONFIG, ConfigResult, Problem  # noqa: E402
 from tunecache.opening import open_store  # noqa: E402
 from tunecache.target import detect_target  # noqa: E402
 
@@ -92,7 +92,10 @@ def build() -> dict:
     mk = triton.compile(msrc, target=TARGET, options={"num_warps": 4, "num_stages": 1})
     binder = jit_module.create_function_from_signature(bk.merge.signature, bk.merge.params, backend)
     spec, opts = binder(x[1:], 100, BLOCK=64, num_warps=4, num_stages=1)[1:3]
-    mcache[str(spec) + str(opts)] = mk
+    mkey = str(spec) + str(opts)
+    mcache[mkey] = mk
+    # ... and Triton tells its jit_post_compile_hook, as its launch path does after that compile.
+    _post_compile_hook(bk.merge, mkey, {"X": "*fp32", "N": "i32", "BLOCK": "constexpr"}, {(2,): 64}, backend)
 
     launchers = _launcher_keys([*cache.values(), mk])
     from triton.runtime.cache import get_cache_manager
@@ -133,7 +136,11 @@ def build() -> dict:
         store.put_specs(tuned.kernel_name, ident.source_hash, target.digest, got)
         uploaded += binaries.upload(store, bk.add_one, tuned.kernel_name, ident.source_hash, got, target.digest)
         specs += got
-    companions = binaries.record_companions(tuned, bk.merge, store=store)
+    # The process resolved a key of the tuned kernel: the plain kernel compiled before is filed with it.
+    companions.resolved(tuned)
+    background.submit(lambda: None).result(timeout=60)
+    comp = [s for s in store.get_specs(ident.source_hash)[target.digest] if s.config_hash == COMPANION_CONFIG]
+    stored_companions = sorted(json.loads(s.spec_json).get("name", "host module") for s in comp)
     again = binaries.upload(store, bk.add_one, tuned.kernel_name, ident.source_hash, specs)  # stored already
     heads = store.binary_heads([s.kernel_hash for s in specs])
     store.close()
@@ -142,7 +149,8 @@ def build() -> dict:
         "kernel": tuned.kernel_name,
         "specs": len(specs),
         "uploaded": uploaded,
-        "companions": companions,
+        "companions": stored_companions,
+        "watching": companions.watching(),
         "uploaded_again": again,
         "kernel_hashes": sorted({s.kernel_hash for s in specs}),
         "heads": sorted(heads),
@@ -151,6 +159,18 @@ def build() -> dict:
         "launchers": launchers,
         "host_modules_stored": sorted(store_heads(launchers["ours"])),
     }
+
+
+def _post_compile_hook(jf, key: str, signature: dict, constexprs: dict, backend) -> None:
+    """Call ``knobs.runtime.jit_post_compile_hook`` through Triton's own ``_call_hook``, which builds
+    its arguments (its parameters differ between versions: 3.7+ pass the target)."""
+    import inspect
+
+    options = backend.parse_options({"num_warps": 4, "num_stages": 1})
+    args = {"hook": knobs.runtime.jit_post_compile_hook, "key": key, "signature": signature, "target": TARGET}
+    args.update(device=0, constants=constexprs, options=options, configs=[{}], is_warmup=False)
+    params = [p for p in inspect.signature(jf._call_hook).parameters if p != "self"]
+    jf._call_hook(*[args[p] for p in params])
 
 
 def store_heads(keys: list) -> dict:
@@ -222,8 +242,11 @@ def place() -> dict:
     inits = []
     CompiledKernel._init_handles = lambda self: inits.append(self.hash)
     background.submit(lambda: None).result(timeout=60)  # the kernel's background prefetch (and placement)
+    mcache = _stub(bk.merge, backend)
     tunecache.reset_stats()
     loaded = bk.tuned.load_winners(0)  # what runs once CUDA is up: place, then preload
+    at_preload = list(compiles)
+    memoised = len(bk.tuned.config_ids)  # the first launch's check_disk_cache computes none of them
     cache_dir = os.environ["TRITON_CACHE_DIR"]
     groups = sorted(os.path.basename(os.path.dirname(p)) for p in glob.glob(f"{cache_dir}/*/__grp__*.json"))
     # The companion was placed with the winners: its first launch's compile is a cache hit too.
@@ -233,6 +256,9 @@ def place() -> dict:
         "loaded": loaded,
         "stats": tunecache.stats(),
         "compiles": compiles,
+        "compiles_at_preload": at_preload,
+        "config_ids_memoised": memoised,
+        "merge_preloaded": sorted(str(k.hash) for k in mcache.values()),
         "inits": sorted(inits),
         "cached": sorted(str(k.hash) for k in cache.values()),
         "groups": len(groups),

@@ -44,6 +44,19 @@ def run_add(n):
     torch.cuda.synchronize()
     assert torch.equal(out, x + y)
     return add.best_config.kwargs["BLOCK"], add.best_config.num_warps
+
+@triton.jit
+def scale(out, N, BLOCK: tl.constexpr):  # a plain kernel launched after the tuned one
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out + offs, tl.load(out + offs, mask=offs < N) * 2, mask=offs < N)
+
+def run_add_then_scale(n):
+    x = torch.arange(n, dtype=torch.float32, device="cuda")
+    out = torch.empty(n, device="cuda")
+    add[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, x, out, n)
+    scale[(triton.cdiv(n, 1024),)](out, n, BLOCK=1024)
+    torch.cuda.synchronize()
+    assert torch.equal(out, 4 * x)
 """
 
 
@@ -97,6 +110,37 @@ def test_restart_preloads_the_winners_binaries_before_the_first_launch(sqlite_ur
     assert b["compiled"] == []  # every launch found its binary loaded
     off = child(PRELOAD, {"TUNECACHE_URL": sqlite_url, "TUNECACHE_PRELOAD": "0"}, tmp_path)
     assert off["stats"]["preloaded"] == 0 and off["cached_before"] == 0 and len(off["compiled"]) >= 2
+
+
+COMPANION = """
+import json
+import triton
+from tunecache import background, preload
+torch.zeros(1, device="cuda")  # CUDA comes up: the preload starts
+background.submit(lambda: None).result(timeout=120)
+cache = preload.jit_function(scale).device_caches[torch.cuda.current_device()][0]
+before = len(cache)
+compiled = []
+hook = triton.knobs.runtime.jit_post_compile_hook  # tunecache's: it chains to the one set before it
+triton.knobs.runtime.jit_post_compile_hook = lambda **kw: compiled.append(kw["repr"]) or (hook and hook(**kw))
+for n in (1000, 100000):
+    run_add_then_scale(n)
+background.submit(lambda: None).result(timeout=120)  # the companions filed, in the background
+print(json.dumps({"stats": tunecache.stats(), "scale_cached_before": before, "compiled": compiled}))
+"""
+
+
+def test_a_plain_kernel_launched_with_a_tuned_one_is_preloaded_at_the_restart(sqlite_url, tmp_path):
+    """No code names ``scale``: the first process files what Triton compiled of it with ``add`` (the
+    kernel it resolved last), and a restart loads it before its first launch."""
+    a = child(COMPANION, {"TUNECACHE_URL": sqlite_url}, tmp_path)
+    assert a["stats"]["benchmarks"] == 2 * 6 and a["scale_cached_before"] == 0
+    assert any(c.startswith("scale[") for c in a["compiled"])
+    b = child(COMPANION, {"TUNECACHE_URL": sqlite_url}, tmp_path)
+    assert b["stats"]["benchmarks"] == 0 and b["scale_cached_before"] == 2  # N=1000 is not aligned
+    assert b["compiled"] == [], b["compiled"]  # neither add nor scale loaded anything at its launch
+    off = child(COMPANION, {"TUNECACHE_URL": sqlite_url, "TUNECACHE_COMPANIONS": "0"}, tmp_path)
+    assert off["scale_cached_before"] == 0 and any(c.startswith("scale[") for c in off["compiled"])
 
 
 OOR = """

@@ -32,7 +32,7 @@ from typing import Any
 import orjson
 from triton.runtime.autotuner import Autotuner
 
-from tunecache import background, counters, measure, settings, singleflight, winner, writeback
+from tunecache import background, companions, counters, measure, settings, singleflight, winner, writeback
 from tunecache import preload as _preload
 from tunecache.errors import CaptureMissError, StoreError
 from tunecache.firstcall import first_run
@@ -161,6 +161,9 @@ class TunecacheAutotuner(Autotuner):
         self._tc_from_store: dict[Any, tuple[str, str]] = {}  # tuning key -> (digest, config hash)
         self._tc_lock = threading.RLock()
         background.register(self)
+        companions.register_tuned(fn)  # its compiles are benchmarks and winners, not companions
+        if current_mode() != "off":
+            companions.watch()  # the plain kernels launched next to it (see tunecache.companions)
         self.__dict__["run"] = functools.partial(first_run, self)  # once: does it reach Autotuner.run?
         if current_mode() != "off" and settings.get("TUNECACHE_PREFETCH"):
             # Open the store and fetch this kernel's problems while the server loads its weights,
@@ -232,6 +235,8 @@ class TunecacheAutotuner(Autotuner):
             loaded, skipped = ks.preload_winners(
                 self.fn, self._known_hash(), lambda: self.identity.source_hash, target.digest, dev
             )
+            for c in self.configs:  # the first launch's check_disk_cache finds their identities memoised
+                self.config_ids(c)
         except Exception as e:  # noqa: BLE001 - best effort: launches load their kernels as before
             log.debug("tunecache: %s: preload failed: %r", self._tc_name, e)
             return 0
@@ -245,6 +250,10 @@ class TunecacheAutotuner(Autotuner):
                 time.perf_counter() - t0,
             )
         return loaded
+
+    def companion_store(self) -> Store | None:
+        """The store this kernel's companions are filed in (None: not open, or unreachable)."""
+        return self._tc_ks.get()
 
     def _record_specs(self, ctx: _Ctx, store: Store, best: str | None) -> None:
         """After a benchmark: store what Triton compiled the winner with, for later preloads
@@ -405,6 +414,7 @@ class TunecacheAutotuner(Autotuner):
         sets the fastest, which this then overrides). ``stored``: (digest, config hash) of the
         stored winner launched, blamed if that launch fails (see :meth:`run`)."""
         self.cache[key] = config
+        companions.resolved(self)
         if timings is not None:
             self.configs_timings = timings
         if stored is not None:

@@ -135,6 +135,22 @@ def _preload(todo: list[Any], give_up_at: float) -> None:
         timer.start()
 
 
+def retry(job: Callable[[], bool]) -> None:
+    """Run ``job`` on the worker again every PRELOAD_RETRY_S until it returns True (done), for at
+    most PRELOAD_RETRY_FOR_S: for a preload that waits for a module still importing."""
+    give_up_at = time.monotonic() + PRELOAD_RETRY_FOR_S
+
+    def again() -> None:
+        if not job() and time.monotonic() < give_up_at:
+            timer = threading.Timer(PRELOAD_RETRY_S, lambda: submit(again))
+            timer.daemon = True
+            timer.start()
+
+    timer = threading.Timer(PRELOAD_RETRY_S, lambda: submit(again))
+    timer.daemon = True
+    timer.start()
+
+
 def warm_triton_key() -> None:
     """Once per process, in a daemon thread: compute Triton's compiler fingerprint (``triton_key``).
 

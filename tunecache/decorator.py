@@ -112,7 +112,7 @@ def uninstall() -> None:
     """Undo :func:`install`: Autotuner's own ``__init__`` and ``run`` back (the very objects), and every
     instance it adopted back to its own class and ``cache_results``. Kernels built with
     ``tunecache.autotune`` stay tunecache's."""
-    from tunecache import adoption, firstcall
+    from tunecache import adoption, companions, firstcall
 
     with _install_lock:
         if not _originals:
@@ -125,6 +125,7 @@ def uninstall() -> None:
         _originals.clear()
         for t in firstcall.adopted():
             adoption.release(t)
+        companions.unwatch()
 
 
 def installed() -> bool:

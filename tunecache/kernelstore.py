@@ -17,7 +17,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from tunecache import background, binaries, counters, preload, settings, writeback
+from tunecache import background, binaries, companions, counters, preload, settings, writeback
 from tunecache.errors import StoreError
 from tunecache.model import ConfigResult, LaunchSpec, Problem, pick_winner
 from tunecache.opening import shared_store
@@ -208,7 +208,11 @@ class KernelStore:
         if not mine:
             return 0, 0
         winners = {p.winner_config_hash for p in self.problems() if p.target.digest == target_digest}
-        return preload.load(fn, [s for s in mine if s.config_hash in winners], device)
+        loaded, skipped = preload.load(fn, [s for s in mine if s.config_hash in winners], device)
+        if settings.get("TUNECACHE_COMPANIONS"):  # the plain kernels filed with it (tunecache.companions)
+            more, less = companions.load(mine, device)
+            loaded, skipped = loaded + more, skipped + less
+        return loaded, skipped
 
     def mark_failed(self, digest: str, config_hash: str, status: str, failure: dict[str, Any]) -> None:
         """A stored config failed on this target: mark it ``status`` in memory (the problem's winner

@@ -196,6 +196,12 @@ SETTINGS: dict[str, Setting] = {
             "upload the winners' compiled binaries after tuning; place stored ones into Triton's cache at start",
         ),
         Setting(
+            "TUNECACHE_COMPANIONS",
+            "1",
+            _switch,
+            "file the plain @triton.jit kernels a process launches with its last-resolved tuned kernel; preload them",
+        ),
+        Setting(
             "TUNECACHE_BINARY_MAX_BYTES",
             "2M",
             _bytes_up_to(MAX_BINARY_BYTES),
