@@ -143,6 +143,7 @@ if os.environ.get("BENCH_PROFILE") == "1":
     prof = cProfile.Profile()
     prof.enable()
 trace.append(f"{time.perf_counter() - T_PROCESS:8.3f} first pass")
+modules_before = set(sys.modules)
 t0 = time.perf_counter()
 first = passes()
 t_first = time.perf_counter() - t0
@@ -154,6 +155,7 @@ if prof is not None:
     rows = sorted(pstats.Stats(prof).stats.items(), key=lambda kv: -kv[1][3])[:45]
     profile = [f"{v[3]:8.4f} {v[1]:6d} {k[0].rsplit('/', 2)[-1]}:{k[1]}:{k[2]}" for k, v in rows]
 triton.knobs.compilation.listener = None
+imported_in_first_pass = sorted(set(sys.modules) - modules_before)
 benched_first = dict(counts)
 if prof is not None:  # the second call profiled too: the difference is what only a first pass pays
     prof2 = cProfile.Profile()
@@ -163,6 +165,17 @@ if prof is not None:  # the second call profiled too: the difference is what onl
     s1, s2 = pstats.Stats(prof).stats, pstats.Stats(prof2).stats
     extra = {k: v[2] - s2.get(k, (0, 0, 0.0))[2] for k, v in s1.items()}  # own time, first minus second
     top = sorted(extra.items(), key=lambda kv: -kv[1])[:40]
+
+    def package(k):
+        path, name = k[0], k[2]
+        for p in ("tunecache", "triton", "torch", "fla"):
+            if f"/{p}/" in path or (path == "~" and p in name):
+                return p
+        return "import" if "importlib" in path else "python/builtins"
+
+    by_package = {}
+    for k, d in extra.items():
+        by_package[package(k)] = by_package.get(package(k), 0.0) + d
     profile_extra = [f"{d:8.4f} {s1[k][1]:6d} {k[0].rsplit('/', 2)[-1]}:{k[1]}:{k[2]}" for k, d in top]
 t0 = time.perf_counter()
 second = passes()
@@ -189,12 +202,14 @@ out = {
     "tunecache_imported": "tunecache" in sys.modules,
     "first_pass_loads": loads,
     "preloaded_before_first_pass": preloaded_before,
+    "imported_in_first_pass": imported_in_first_pass,
 }
 if trace:
     out["trace"] = trace[-400:]
 if prof is not None:
     out["profile_first_pass"] = profile
     out["profile_first_minus_second_own_time"] = profile_extra
+    out["profile_first_minus_second_by_package"] = {k: round(v, 5) for k, v in sorted(by_package.items())}
 if "tunecache" in sys.modules:
     import tunecache
     from tunecache import decorator

@@ -7,9 +7,11 @@ of real sm90 binaries) is in tests/test_binaries.py, and on the GPU in tests/tes
 
 from __future__ import annotations
 
+import importlib.machinery
 import json
 import sys
 import time
+import types
 
 import pytest
 import triton
@@ -143,6 +145,7 @@ def test_a_companion_whose_module_still_imports_is_preloaded_once_it_finished(mo
     state = {"importing": True}
     loads: list = []
     monkeypatch.setattr(companions, "find", lambda name: None if state["importing"] else plain_kernel)
+    monkeypatch.setattr(companions, "may_appear", lambda name: True)  # its module imports (tested below)
     monkeypatch.setattr(
         preload, "load", lambda jf, specs, dev: loads.append((jf, [s.spec_hash for s in specs])) or (1, 0)
     )
@@ -161,3 +164,17 @@ def test_a_companion_whose_module_still_imports_is_preloaded_once_it_finished(mo
     _drain()
     assert loads == [(plain_kernel, ["a" * 64])]
     assert tunecache.stats()["preloaded"] == 1
+
+
+def test_a_companion_is_waited_for_only_where_its_module_may_still_define_it(monkeypatch):
+    assert companions.may_appear("nosuchlibrary.ops.kernel") is False  # a library this process never imported
+    assert companions.may_appear("json.no_such_kernel") is False  # its module finished importing without it
+    assert "json.not_yet" not in sys.modules
+    assert companions.may_appear("json.not_yet.kernel") is True  # its library is imported, its module not yet
+    importing = types.ModuleType("tc_importing_lib")
+    importing.__spec__ = importlib.machinery.ModuleSpec("tc_importing_lib", None)
+    importing.__spec__._initializing = True  # as CPython marks a module whose body still runs
+    monkeypatch.setitem(sys.modules, "tc_importing_lib", importing)
+    assert companions.may_appear("tc_importing_lib.kernel") is True
+    importing.__spec__._initializing = False
+    assert companions.may_appear("tc_importing_lib.kernel") is False

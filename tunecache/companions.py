@@ -152,6 +152,24 @@ def find(name: str) -> Any | None:
     return None
 
 
+def may_appear(name: str) -> bool:
+    """Whether the kernel Triton names ``name`` may still be defined in this process: its library is
+    imported, and its module is not, or still imports. False for a library this process never
+    imported, and for a module that finished importing without it (a renamed kernel)."""
+    parts = name.split(".")
+    if parts[0] not in sys.modules:
+        return False
+    for i in range(len(parts) - 1, 0, -1):
+        mod = sys.modules.get(".".join(parts[:i]))
+        if mod is None:
+            continue
+        spec = getattr(mod, "__spec__", None)
+        if spec is None or getattr(spec, "_initializing", True) is not False:
+            return True  # still importing
+        return i < len(parts) - 1  # a package imported: the kernel's module may be imported later
+    return True
+
+
 def load(specs: Iterable[LaunchSpec], device: int) -> tuple[int, int]:
     """Preload the companion kernels among ``specs`` onto ``device``; returns (loaded, skipped).
     Host modules (also companions) are left alone. A kernel whose module has not finished importing
@@ -179,7 +197,8 @@ def _load(by_name: dict[str, list[LaunchSpec]], device: int) -> tuple[int, int, 
     for name, mine in by_name.items():
         jf = find(name)
         if jf is None:
-            waiting[name] = mine
+            if may_appear(name):
+                waiting[name] = mine
             continue
         n, k = preload.load(jf, mine, device)
         loaded, skipped = loaded + n, skipped + k
