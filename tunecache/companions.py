@@ -34,8 +34,10 @@ from tunecache.model import COMPANION_CONFIG, LaunchSpec
 log = logging.getLogger("tunecache")
 
 _lock = threading.Lock()
-_tuned: weakref.WeakSet[Any] = weakref.WeakSet()  # JITFunctions under tunecache's autotuners
-_pending: dict[Any, None] = {}  # plain JITFunctions compiled since the last recording (ordered)
+# Keyed by id, never by the JITFunction: Triton hashes one by its ``cache_key``, which read while its
+# module still imports freezes a key without the helpers defined below it (docs/reliability.md, Trust 1).
+_tuned: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()  # under tunecache's tuners
+_pending: dict[int, Any] = {}  # plain JITFunctions compiled since the last recording (ordered)
 _last: weakref.ref[Any] | None = None  # the tuner whose key this process resolved last
 _installed: list[Any] = []  # [the hook set before ours] while ours is set
 
@@ -81,7 +83,7 @@ def register_tuned(fn: Any) -> None:
     """``fn`` (an autotuner's kernel, maybe under Heuristics) is tuned: never a companion."""
     jf = preload.jit_function(fn)
     if jf is not None:
-        _tuned.add(jf)
+        _tuned[id(jf)] = jf
 
 
 def _on_compile(**kwargs: Any) -> Any:
@@ -92,9 +94,9 @@ def _on_compile(**kwargs: Any) -> Any:
     try:
         info = kwargs.get("fn")
         jf = getattr(info, "jit_function", None)
-        if jf is not None and not kwargs.get("is_manual_warmup") and jf not in _tuned:
+        if jf is not None and not kwargs.get("is_manual_warmup") and _tuned.get(id(jf)) is not jf:
             with _lock:
-                _pending[jf] = None
+                _pending[id(jf)] = jf
                 tuner = _last() if _last is not None else None
             if tuner is not None:
                 background.submit(functools.partial(_record, tuner))
@@ -117,7 +119,7 @@ def resolved(tuner: Any) -> None:
 def _record(tuner: Any) -> None:
     """Background: file every pending plain kernel's specialisations with ``tuner``'s kernel."""
     with _lock:
-        jfs = list(_pending)
+        jfs = list(_pending.values())
         _pending.clear()
     if not jfs:
         return
