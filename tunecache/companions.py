@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
 import sys
 import threading
 import weakref
@@ -219,6 +220,23 @@ def _by_name(specs: Iterable[LaunchSpec]) -> dict[str, list[LaunchSpec]]:
         if isinstance(name, str):
             by_name.setdefault(name, []).append(s)
     return by_name
+
+
+def fork_locks() -> dict[str, Any]:
+    """This module's lock, which a forked child gets fresh (for tests/test_fork.py)."""
+    return {"companions.lock": _lock}
+
+
+def _after_fork_in_child() -> None:
+    # A lock a parent's thread held at the fork would stay taken in the child, and a launch that
+    # resolves a key takes it. The parent's pending kernels are the parent's to file.
+    global _lock
+    _lock = threading.Lock()
+    _pending.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def forget() -> None:
