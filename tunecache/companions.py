@@ -114,7 +114,10 @@ def resolved(tuner: Any) -> None:
         _last = weakref.ref(tuner)
         waiting = bool(_pending)
     if waiting:
-        background.submit(functools.partial(_record, tuner))
+        try:
+            background.submit(functools.partial(_record, tuner))
+        except RuntimeError:  # the interpreter is shutting down: nothing is filed, nothing fails
+            pass
 
 
 def _record(tuner: Any) -> None:
