@@ -107,8 +107,20 @@ def _load_when_cuda_is_up() -> None:
         return
     todo = list(_autoload)
     _autoload.clear()  # once: a kernel defined later is queued by itself
-    give_up_at = time.monotonic() + PRELOAD_RETRY_FOR_S
-    submit(lambda: _preload(todo, give_up_at))  # the worker's current device is that one
+
+    def load_ready() -> bool:  # on the worker, whose current device is that one
+        todo[:] = [t for t in todo if t in _tuners and not _loaded_if_ready(t)]  # not released by uninstall()
+        return not todo
+
+    retry(load_ready, first_delay=0.0)
+
+
+def _loaded_if_ready(tuner: Any) -> bool:
+    """Load ``tuner``'s winners if it may hash its source now (its module finished importing)."""
+    if not tuner.ready_to_preload():
+        return False
+    tuner.load_winners()
+    return True
 
 
 #: A kernel whose module still imports when CUDA comes up (a library that queries the GPU while it
@@ -117,38 +129,25 @@ PRELOAD_RETRY_S = 0.1
 PRELOAD_RETRY_FOR_S = 120.0
 
 
-def _preload(todo: list[Any], give_up_at: float) -> None:
-    """Load the winners of every tuner in ``todo`` that may hash its source now; the others (their
-    module still imports) are queued again shortly, until ``give_up_at`` (their first launch then
-    loads their kernels as before)."""
-    later = []
-    for t in todo:
-        if t not in _tuners:  # released by uninstall()
-            continue
-        if t.ready_to_preload():
-            t.load_winners()
-        else:
-            later.append(t)
-    if later and time.monotonic() < give_up_at:
-        timer = threading.Timer(PRELOAD_RETRY_S, lambda: submit(lambda: _preload(later, give_up_at)))
+def retry(job: Callable[[], bool], first_delay: float | None = None) -> None:
+    """Run ``job`` on the worker (after ``first_delay``, default PRELOAD_RETRY_S), then again every
+    PRELOAD_RETRY_S until it returns True (done), for at most PRELOAD_RETRY_FOR_S: for a preload
+    that waits for a module still importing."""
+    give_up_at = time.monotonic() + PRELOAD_RETRY_FOR_S
+
+    def later(delay: float) -> None:
+        timer = threading.Timer(delay, lambda: submit(again))
         timer.daemon = True
         timer.start()
 
-
-def retry(job: Callable[[], bool]) -> None:
-    """Run ``job`` on the worker again every PRELOAD_RETRY_S until it returns True (done), for at
-    most PRELOAD_RETRY_FOR_S: for a preload that waits for a module still importing."""
-    give_up_at = time.monotonic() + PRELOAD_RETRY_FOR_S
-
     def again() -> None:
         if not job() and time.monotonic() < give_up_at:
-            timer = threading.Timer(PRELOAD_RETRY_S, lambda: submit(again))
-            timer.daemon = True
-            timer.start()
+            later(PRELOAD_RETRY_S)
 
-    timer = threading.Timer(PRELOAD_RETRY_S, lambda: submit(again))
-    timer.daemon = True
-    timer.start()
+    if first_delay == 0.0:
+        submit(again)
+    else:
+        later(PRELOAD_RETRY_S if first_delay is None else first_delay)
 
 
 def warm_triton_key() -> None:
