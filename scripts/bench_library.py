@@ -19,6 +19,8 @@ each start a fresh process, cubins cached (one stock start first fills the Trito
   tunecache-restart-floor     the restart with every winner the tunecache-restart child resolved put
                      into its autotuner's in-process cache before the first pass (a measurement,
                      not a tunecache feature): the best first pass any tuning cache could give
+  stock-pinned       stock Triton (no tunecache) with the same winners put into its autotuners
+                     before the first pass: configs pinned by hand, cubins cached
 
 Every child times its passes twice: the first (the start) and again in the same process with every
 winner known ("second call"); target: a tunecache restart's first passes within 1.1x of that second
@@ -325,6 +327,7 @@ def gpu_phases(out_dir: Path, timeout: float, only: set[str], profile: bool, rep
         ("tunecache-restart", tc_restart),
         ("tunecache-restart-no-fill", {**tc, "BENCH_TORCH_FILL": "0"}),
         ("tunecache-restart-floor", {**tc, "BENCH_INJECT_WINNERS": str(winners)}),
+        ("stock-pinned", {**base, "BENCH_INJECT_WINNERS": str(winners)}),
     ]
     if profile:  # a diagnosis, after the measured starts: where the restart's first pass goes
         starts.append(("tunecache-restart-profiled", {**tc, "BENCH_PROFILE": "1", "TC_BENCH_TRACE": "1"}))
@@ -332,10 +335,12 @@ def gpu_phases(out_dir: Path, timeout: float, only: set[str], profile: bool, rep
         starts.append(("tunecache-restart-floor-profiled", floor_env))
     if only:
         starts = [(n, e) for n, e in starts if n in only]
-    # The restarts change nothing stored: with --repeat they run again in rounds, side by side.
-    again = [(n, e) for n, e in starts if n.startswith("tunecache-restart") and not n.endswith("profiled")]
+    # The restarts change nothing stored: with --repeat they run again in rounds, side by side, the
+    # order reversed every other round.
+    again = [(n, e) for n, e in starts if n.startswith(("tunecache-restart", "stock-pinned")) and "profiled" not in n]
     profiled = [(n, e) for n, e in starts if n.endswith("profiled")]
-    order = [x for x in starts if x not in profiled] + again * (repeat - 1) + profiled
+    rounds = [again if i % 2 else again[::-1] for i in range(1, repeat)]  # every other round reversed
+    order = [x for x in starts if x not in profiled] + [x for r in rounds for x in r] + profiled
     runs: dict[str, list[dict]] = {}
     for name, env in order:
         t0 = time.perf_counter()

@@ -751,3 +751,65 @@ def test_config_identity_memo_is_bounded():
     for b in range(20):
         assert ids(triton.Config({"BLOCK": 2**b})) == config_identity(triton.Config({"BLOCK": 2**b}))
     assert 0 < len(ids) <= 8
+
+
+def test_config_identity_memo_tells_configs_apart_by_every_field_on_both_paths():
+    """The memo's key is read in one attrgetter where a Config has every field, by getattr with
+    defaults where it lacks one (a config type of another Triton): equal values share an entry,
+    a change in any field, kwarg or pre_hook is another config, on either path."""
+    from types import SimpleNamespace
+
+    def hook(nargs):
+        return None
+
+    def full(**over):
+        base = {"kwargs": {"BLOCK": 32}, "num_warps": 4, "num_stages": 2, "num_ctas": 1, "maxnreg": None}
+        return triton.Config(**{**base, **over})
+
+    def bare(**over):  # no ir_override, no maxnreg: the attrgetter path cannot read it
+        d = {"kwargs": {"BLOCK": 32}, "num_warps": 4, "num_stages": 2, "num_ctas": 1, "pre_hook": None, **over}
+        return SimpleNamespace(**d)
+
+    for make in (full, bare):
+        ids = ConfigIds()
+        variants = [
+            make(),
+            make(kwargs={"BLOCK": 64}),
+            make(kwargs={"BLOCK": 32, "SPLIT": 2}),
+            make(num_warps=8),
+            make(num_stages=3),
+            make(num_ctas=2),
+            make(pre_hook=hook),
+        ]
+        got = [ids(c) for c in variants]
+        assert got == [config_identity(c) for c in variants]
+        assert len({h for _, h in got}) == len(variants), make.__name__
+        assert ids(make()) == got[0] and len(ids) == len(variants)  # equal values: memo hit
+
+
+def test_a_stored_hit_gives_triton_configs_timings_of_the_stored_rows(sqlite_url, monkeypatch):
+    """Triton's own cache hit sets ``configs_timings``; a stored hit does too (built at its first
+    read, so the first launch hashes no Config): every current config, its stored timings."""
+
+    def timed(self, *args, config, **meta):
+        ms = config.kwargs["BLOCK"] + config.num_warps / 10
+        return [ms, ms - 0.5, ms + 0.5]
+
+    monkeypatch.setattr(triton.runtime.autotuner.Autotuner, "_bench", timed)
+    k = tinykernels.make_add(store=sqlite_url)
+    tinykernels.launch(k, 64)
+    benched = {(c.kwargs["BLOCK"], c.num_warps): t for c, t in k.configs_timings.items()}
+    tunecache.flush()
+    tunecache.reset_stats()
+    k2 = tinykernels.make_add(store=sqlite_url)  # a restart: the key comes from the store
+    assert "configs_timings" not in vars(k2)
+    with pytest.raises(AttributeError):
+        k2.configs_timings  # noqa: B018 - before any key: as Triton's own (never set)
+    tinykernels.launch(k2, 64)
+    assert tunecache.stats()["hits"] == 1 and tunecache.stats()["benchmarks"] == 0
+    got = k2.configs_timings
+    assert all(any(c is d for d in k2.configs) for c in got)  # the tuner's own Config objects
+    assert {(c.kwargs["BLOCK"], c.num_warps): t for c, t in got.items()} == benched
+    assert k2.configs_timings is got and vars(k2)["configs_timings"] is got  # built once
+    k2.configs_timings = {"mine": [1.0]}  # an assignment wins, as on Triton's class
+    assert k2.configs_timings == {"mine": [1.0]}

@@ -149,7 +149,12 @@ def test_uninstall_puts_triton_back_exactly(sqlite_url):
     assert m.run_all(40)
     benched = tunecache.stats()["benchmarks"]
     assert benched == N_KERNELS * len(m.CONFIGS)
+    restarted = fresh_libmod()  # its keys come from the store: configs_timings built when read
+    assert restarted.run_all(40) and tunecache.stats()["benchmarks"] == benched
     tunecache.uninstall()
+    assert type(restarted.lib_kernel) is restarted.LibAutotuner
+    for k in restarted.KERNELS.values():  # still readable under Triton's class, from the store
+        assert len(k.configs_timings) == len(m.CONFIGS) and "configs_timings" in vars(k)
     assert dict(vars(Autotuner)) == before  # the very same objects
     assert type(m.lib_kernel) is m.LibAutotuner and type(m.direct) is Autotuner and type(m.plain) is Autotuner
     assert all(k.cache_results is False for k in m.KERNELS.values())

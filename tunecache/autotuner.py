@@ -75,6 +75,23 @@ class _computed:
         return self if obj is None else self.f(obj)
 
 
+class _StoredTimings:
+    """Triton's ``configs_timings`` after a stored hit, built at its first read: a restart's first
+    launch of each key then hashes no Config (Triton hashes one by building its kwargs). A value
+    assigned on the instance (Triton's ``benchmark()`` does) is found first, as with ``_computed``."""
+
+    def __get__(self, obj: Any, cls: type | None = None) -> Any:
+        if obj is None:
+            return self
+        pending = obj.__dict__.get("_tc_timings")
+        if pending is None:
+            raise AttributeError(f"{type(obj).__name__!r} object has no attribute 'configs_timings'")
+        rows, by_hash = pending
+        timings = {c: rows[h].timings() for h, c in by_hash.items() if h in rows}
+        obj.__dict__["configs_timings"] = timings  # found first from now on
+        return timings
+
+
 class _Ctx:
     """Everything about one miss: computed once per new tuning key, never on the launch path."""
 
@@ -332,6 +349,8 @@ class TunecacheAutotuner(Autotuner):
         self._tc_kwargs = kwargs
         return super().prune_configs(kwargs)
 
+    configs_timings = _StoredTimings()  # Triton's attribute; a stored hit's is built when read
+
     @_computed
     def do_bench(self) -> Callable[..., Any]:  # shadows Autotuner.do_bench (a cached_property)
         base = self._do_bench
@@ -407,7 +426,7 @@ class TunecacheAutotuner(Autotuner):
         self,
         key: Any,
         config: Any,
-        timings: dict[Any, list[float]] | None = None,
+        timings: tuple[Mapping[str, Any], dict[str, Any]] | None = None,
         stored: tuple[str, str] | None = None,
     ) -> None:
         """The one place tunecache gives a tuning key its config (Triton's own ``bench_fn`` first
@@ -415,8 +434,9 @@ class TunecacheAutotuner(Autotuner):
         stored winner launched, blamed if that launch fails (see :meth:`run`)."""
         self.cache[key] = config
         companions.resolved(self)
-        if timings is not None:
-            self.configs_timings = timings
+        if timings is not None:  # (stored rows, config by hash): see _StoredTimings
+            self.__dict__.pop("configs_timings", None)
+            self.__dict__["_tc_timings"] = timings
         if stored is not None:
             self._tc_from_store[key] = stored
 
@@ -428,11 +448,9 @@ class TunecacheAutotuner(Autotuner):
 
     def _use(self, ctx: _Ctx, p: Problem, *, hit: bool) -> None:
         """Launch the stored winner: the same config on every worker of the fleet."""
-        rows = p.config_map()
         by_hash = dict(zip(ctx.hashes, ctx.configs))
         win = winner.stored_choice(p, ctx.hashes)
-        timings = {c: rows[h].timings() for h, c in by_hash.items() if h in rows}
-        self._settle(ctx.key, by_hash[win], timings, stored=(p.digest, win))
+        self._settle(ctx.key, by_hash[win], (p.config_map(), by_hash), stored=(p.digest, win))
         if hit:
             counters.count(self._tc_name, self._tc_ks.store, hits=1, saved_seconds=p.tuning_seconds or 0.0)
             writeback.hit(self._tc_ks.store, p.digest)
@@ -696,8 +714,11 @@ def attach(tuner: Any) -> None:
 
 def detach(tuner: Any) -> None:
     """Undo what :func:`attach` set on the instance: its first-call ``run``, the ``kernel_name``
-    tunecache gave it, and the user's ``cache_results``."""
+    tunecache gave it, and the user's ``cache_results``; a stored hit's ``configs_timings`` is
+    built, so that it stays readable under Triton's class."""
     tuner.__dict__.pop("run", None)
+    if "_tc_timings" in tuner.__dict__:  # Triton's class reads configs_timings from the instance only
+        getattr(tuner, "configs_timings", None)
     if tuner.__dict__.get("kernel_name") == tuner._tc_name and tuner._tc_set_name:
         del tuner.__dict__["kernel_name"]
     tuner.cache_results = tuner._tc_user_cache_results

@@ -63,6 +63,7 @@ import hashlib
 import inspect
 import logging
 import math
+import operator
 import os
 import sys
 import textwrap
@@ -560,6 +561,7 @@ def _opaque(fn: Any, name: str) -> str:
 
 
 CONFIG_FIELDS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
+_VKEY_GET = operator.attrgetter("kwargs", "pre_hook", *CONFIG_FIELDS, "ir_override")  # ConfigIds' memo key
 
 
 def config_dict(config: Any) -> dict[str, Any]:
@@ -618,15 +620,21 @@ class ConfigIds:
         return len(self._memo)
 
     def __call__(self, config: Any) -> tuple[str, str]:
-        """(canonical JSON, hash) of ``config``."""
-        hook = getattr(config, "pre_hook", None)
+        """(canonical JSON, hash) of ``config``. Runs for every config at each key's first launch:
+        the memo key is read with one C-level ``attrgetter`` (getattr's semantics, properties
+        included); a config without one of those attributes takes the slower path."""
         try:
-            vkey = (
-                tuple(sorted(config.kwargs.items())),
-                tuple(getattr(config, f, None) for f in CONFIG_FIELDS),
-                getattr(config, "ir_override", None),
-                id(hook) if hook is not None else None,
-            )
+            try:
+                v = _VKEY_GET(config)
+                hook = v[1]
+                vkey = (tuple(sorted(v[0].items())), v[2:], id(hook) if hook is not None else None)
+            except AttributeError:
+                hook = getattr(config, "pre_hook", None)
+                vkey = (
+                    tuple(sorted(config.kwargs.items())),
+                    (*(getattr(config, f, None) for f in CONFIG_FIELDS), getattr(config, "ir_override", None)),
+                    id(hook) if hook is not None else None,
+                )
             memo = self._memo.get(vkey)
         except TypeError:  # an unhashable kwarg: config_identity names it
             return config_identity(config)
