@@ -141,14 +141,17 @@ def listener(src, metadata, metadata_group, times, cache_hit):
 triton.knobs.compilation.listener = listener
 
 
-def _tuners():  # every autotuner of the process by its kernel's module.qualname (a name two share: left out)
+def _autotuners():  # every Autotuner object of the process
     import gc
+    return [obj for obj in gc.get_objects() if isinstance(obj, Autotuner)]
+
+
+def _tuners():  # every autotuner of the process by its kernel's module.qualname (a name two share: left out)
     found = {}
-    for obj in gc.get_objects():
-        if isinstance(obj, Autotuner):
-            fn = getattr(obj, "base_fn", None)
-            name = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}"
-            found[name] = None if name in found else obj
+    for obj in _autotuners():
+        fn = getattr(obj, "base_fn", None)
+        name = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}"
+        found[name] = None if name in found else obj
     return {k: v for k, v in found.items() if v is not None}
 
 
@@ -227,13 +230,11 @@ if os.environ.get("BENCH_RECORD_WINNERS"):
 same = all(torch.equal(a, b) for T in first for a, b in zip(first[T], second[T]))
 finite = all(bool(torch.isfinite(o.float()).all()) for T in first for o in first[T])
 classes = {}
-import gc
-for obj in gc.get_objects():
-    if isinstance(obj, Autotuner):
-        cls = type(obj)
-        tc = any(c.__name__ == "TunecacheAutotuner" for c in cls.__mro__)
-        n = cls.__name__ + ("+tunecache" if tc else "")
-        classes[n] = classes.get(n, 0) + 1
+for obj in _autotuners():
+    cls = type(obj)
+    tc = any(c.__name__ == "TunecacheAutotuner" for c in cls.__mro__)
+    n = cls.__name__ + ("+tunecache" if tc else "")
+    classes[n] = classes.get(n, 0) + 1
 out = {
     "first_s": t_first,
     "second_s": t_second,

@@ -129,8 +129,8 @@ PRELOAD_RETRY_S = 0.1
 PRELOAD_RETRY_FOR_S = 120.0
 
 
-def retry(job: Callable[[], bool], first_delay: float | None = None) -> None:
-    """Run ``job`` on the worker (after ``first_delay``, default PRELOAD_RETRY_S), then again every
+def retry(job: Callable[[], bool], first_delay: float = PRELOAD_RETRY_S) -> None:
+    """Run ``job`` on the worker (after ``first_delay`` seconds; 0: queued at once), then again every
     PRELOAD_RETRY_S until it returns True (done), for at most PRELOAD_RETRY_FOR_S: for a preload
     that waits for a module still importing."""
     give_up_at = time.monotonic() + PRELOAD_RETRY_FOR_S
@@ -144,10 +144,10 @@ def retry(job: Callable[[], bool], first_delay: float | None = None) -> None:
         if not job() and time.monotonic() < give_up_at:
             later(PRELOAD_RETRY_S)
 
-    if first_delay == 0.0:
-        submit(again)
+    if first_delay > 0:
+        later(first_delay)
     else:
-        later(PRELOAD_RETRY_S if first_delay is None else first_delay)
+        submit(again)
 
 
 def warm_triton_key() -> None:

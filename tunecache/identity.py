@@ -561,7 +561,17 @@ def _opaque(fn: Any, name: str) -> str:
 
 
 CONFIG_FIELDS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
-_VKEY_GET = operator.attrgetter("kwargs", "pre_hook", *CONFIG_FIELDS, "ir_override")  # ConfigIds' memo key
+_VKEY_FIELDS = ("kwargs", "pre_hook", *CONFIG_FIELDS, "ir_override")  # what ConfigIds' memo key reads
+_VKEY_GET = operator.attrgetter(*_VKEY_FIELDS)
+
+
+def _vkey_fields(config: Any) -> tuple[Any, ...]:
+    """The config's ``_VKEY_FIELDS`` with getattr's semantics: one C-level ``attrgetter`` (this runs
+    for every config at each key's first launch); None for one a config type lacks."""
+    try:
+        return _VKEY_GET(config)
+    except AttributeError:
+        return tuple(getattr(config, f, None) for f in _VKEY_FIELDS)
 
 
 def config_dict(config: Any) -> dict[str, Any]:
@@ -620,21 +630,11 @@ class ConfigIds:
         return len(self._memo)
 
     def __call__(self, config: Any) -> tuple[str, str]:
-        """(canonical JSON, hash) of ``config``. Runs for every config at each key's first launch:
-        the memo key is read with one C-level ``attrgetter`` (getattr's semantics, properties
-        included); a config without one of those attributes takes the slower path."""
+        """(canonical JSON, hash) of ``config``."""
+        v = _vkey_fields(config)
+        hook = v[1]
         try:
-            try:
-                v = _VKEY_GET(config)
-                hook = v[1]
-                vkey = (tuple(sorted(v[0].items())), v[2:], id(hook) if hook is not None else None)
-            except AttributeError:
-                hook = getattr(config, "pre_hook", None)
-                vkey = (
-                    tuple(sorted(config.kwargs.items())),
-                    (*(getattr(config, f, None) for f in CONFIG_FIELDS), getattr(config, "ir_override", None)),
-                    id(hook) if hook is not None else None,
-                )
+            vkey = (tuple(sorted(v[0].items())), v[2:], id(hook) if hook is not None else None)
             memo = self._memo.get(vkey)
         except TypeError:  # an unhashable kwarg: config_identity names it
             return config_identity(config)
