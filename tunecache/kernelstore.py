@@ -75,6 +75,8 @@ class KernelStore:
             if self.kernel[:255] not in store.kernel_names():
                 self.pending, self.prefetched = [], True  # nothing stored: no query, no source hash
                 return
+            if not store.readonly:
+                writeback.start()  # a stored hit queues a count: no thread start at the first launch
             h = source_hash()
             self.fetch(store, h)
             if h is not None:
