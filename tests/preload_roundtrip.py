@@ -110,8 +110,11 @@ def main() -> None:
     misfiled = LaunchSpec(
         hashlib.sha256(forged_json.encode()).hexdigest(), s0.config_hash, s0.kernel_hash, forged_json, s0.triton_version
     )
+    imports = []  # load() imports what a first launch would, once it loaded something
+    preload.import_launch_modules = lambda: imports.append(len(cache))
     r_bad = preload.load(add_one, [bad_hash, other_triton, misfiled], 0)
     after_bad = sorted(label.get(k, k) for k in cache)
+    imports_after_bad = list(imports)
     r_good = preload.load(add_one, specs, 0)
     r_again = preload.load(add_one, specs, 0)
     print(
@@ -127,6 +130,7 @@ def main() -> None:
                 "again": list(r_again),
                 "inits": sorted(inits) == sorted(kernels[k].hash for k in captured),
                 "cache_after_good": sorted(label.get(k, k) for k in cache),
+                "launch_imports": [imports_after_bad, imports],
             }
         )
     )

@@ -39,6 +39,21 @@ def test_recorded_specialisation_preloads_the_same_binary_under_the_same_key():
     assert r["bad"] == [0, 3] and r["cache_after_bad"] == []
     assert r["good"] == [2, 0] and r["inits"] and r["cache_after_good"] == r["captured"]
     assert r["again"] == [0, 0]  # already in Triton's cache: nothing done twice
+    # What a first launch imports is imported once something was loaded (after both binaries).
+    assert r["launch_imports"] == [[], [2]]
+
+
+def test_the_modules_a_first_launch_imports_are_imported_by_the_preload():
+    probe = (
+        "import json, sys, triton\n"
+        "from tunecache import preload\n"
+        "before = [n in sys.modules for n in preload.LAUNCH_IMPORTS]\n"
+        "preload.import_launch_modules()\n"
+        "print(json.dumps([before, [n in sys.modules for n in preload.LAUNCH_IMPORTS]]))"
+    )
+    before, after = run_json(["-c", probe])
+    assert after == [True, True]
+    assert not all(before)  # `import triton` alone leaves Gluon's descriptors to the first launch
 
 
 def test_store_keeps_specs_per_kernel_and_target_and_drops_them_with_the_last_problem(store_url):
