@@ -86,17 +86,19 @@ def test_restart_on_gpu_does_no_benchmarks_and_keeps_the_winners(sqlite_url, tmp
 
 
 PRELOAD = """
-import json
+import json, sys
 import triton
 from tunecache import autotuner, background, preload
 torch.zeros(1, device="cuda")  # CUDA comes up, as when a server loads its weights: the preload starts
 background.submit(lambda: None).result(timeout=120)  # queued behind it
 cache = preload.jit_function(add).device_caches[torch.cuda.current_device()][0]
 before = len(cache)
+launch_modules = all(n in sys.modules for n in preload.LAUNCH_IMPORTS)  # before the first launch
 compiled = []
 triton.knobs.runtime.jit_post_compile_hook = lambda **kw: compiled.append(kw["repr"])
 winners = [run_add(n) for n in (1000, 100000, 1000000)]
-print(json.dumps({"stats": tunecache.stats(), "winners": winners, "cached_before": before, "compiled": compiled}))
+print(json.dumps({"stats": tunecache.stats(), "winners": winners, "cached_before": before, "compiled": compiled,
+                  "launch_modules": launch_modules}))
 """
 
 
@@ -108,8 +110,10 @@ def test_restart_preloads_the_winners_binaries_before_the_first_launch(sqlite_ur
     assert b["stats"]["preloaded"] >= 2 and b["stats"]["preload_skipped"] == 0
     assert b["cached_before"] == b["stats"]["preloaded"]
     assert b["compiled"] == []  # every launch found its binary loaded
+    assert b["launch_modules"]  # and what Triton's first launch imports, imported
     off = child(PRELOAD, {"TUNECACHE_URL": sqlite_url, "TUNECACHE_PRELOAD": "0"}, tmp_path)
     assert off["stats"]["preloaded"] == 0 and off["cached_before"] == 0 and len(off["compiled"]) >= 2
+    assert not off["launch_modules"]
 
 
 COMPANION = """
