@@ -163,8 +163,8 @@ def load(fn: Any, specs: Iterable[LaunchSpec], device: int) -> tuple[int, int]:
     return loaded, skipped
 
 
-#: What Triton's launch path imports at a process's first launch (its native specializer, 3.6+),
-#: beyond what the preload's own loading imported (the compiler's modules, Gluon's among them).
+#: What Triton's launch path imports at a process's first launch (the argument specialisation: in
+#: jit.py on 3.4, in the native specializer since), beyond what the preload's own loading imported.
 LAUNCH_IMPORTS = ("triton.tools.tensor_descriptor", "triton.experimental.gluon.nvidia.hopper")
 
 
