@@ -75,6 +75,24 @@ def test_dead_pid_is_judged_only_in_our_own_namespace(store_url):
     s.close()
 
 
+def test_a_takeover_names_the_holders_death_before_its_expiry(store_url, caplog):
+    """A holder of this namespace that is gone is reported as gone even once its lease expired too
+    (a waiter starved of CPU may come late): the log says why the benchmark was orphaned."""
+    s = open_store(store_url)
+    pid = dead_pid()
+    other_ns = f"{hostname()}#pidns=4026599999.{'0' * 16}"
+    put_lease(s, "f" * 64, leaseholder.lease_host(), pid, expires_in=-1)  # gone, and expired since
+    put_lease(s, "9" * 64, other_ns, pid, expires_in=-1)  # its pid means nothing here: expired only
+    with caplog.at_level(logging.WARNING, logger="tunecache"):
+        assert s.try_lease("f" * 64, "me:1:x", 30) is True
+        assert s.try_lease("9" * 64, "me:1:x", 30) is True
+    took = [r.getMessage() for r in caplog.records if "took over" in r.getMessage()]
+    assert len(took) == 2
+    assert f"other:{pid}:x (its process is gone)" in took[0]
+    assert took[1].endswith("(expired)")
+    s.close()
+
+
 HOLDER = """
     import sys, time
     from tunecache.opening import open_store

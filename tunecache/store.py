@@ -630,8 +630,9 @@ class Store:
             row = conn.execute(sa.select(leases).where(leases.c.digest == digest)).mappings().first()
             if row is None:
                 return False
-            stale = row["expires_at"] < now or (row["host"] == host and not pid_alive(row["pid"]))
-            if not stale:
+            # Its holder's death first: a lease orphaned by a crash may be found only after it expired.
+            gone = row["host"] == host and not pid_alive(row["pid"])
+            if not gone and row["expires_at"] >= now:
                 return False
             res = conn.execute(
                 sa.update(leases)
@@ -644,7 +645,7 @@ class Store:
                     "tunecache: took over the benchmark lease of %s from %s (%s)",
                     digest[:12],
                     row["holder"],
-                    "expired" if row["expires_at"] < now else "its process is gone",
+                    "its process is gone" if gone else "expired",
                 )
             return res.rowcount == 1
 
