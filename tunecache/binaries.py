@@ -30,7 +30,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from tunecache import hostmodules, preload, settings
+from tunecache import hostmodules, preload, settings, trust
 from tunecache.errors import StoreError
 from tunecache.model import BINARY_EXTS, COMPANION_CONFIG, Binary, LaunchSpec, binary_sha256
 from tunecache.opening import shared_store
@@ -264,48 +264,72 @@ def record_companions(tuner: Any, *fns: Any, store: Store | None = None) -> int:
 # ---- the serving side: place into Triton's cache ----------------------------------------------------
 
 
-def place(store: Store, specs: Iterable[LaunchSpec]) -> tuple[int, int]:
+def place(store: Store, specs: Iterable[LaunchSpec], policy: trust.Policy | None = None) -> tuple[int, int]:
     """Write into Triton's cache the stored binaries of ``specs`` (this Triton's) that it lacks, each
-    verified first; returns (placed, refused). Never raises: what is not placed is compiled.
+    verified first and vouched for by ``policy`` (default: :func:`tunecache.trust.policy` of
+    ``store``); returns (placed, refused). Never raises: what is not placed is compiled, and one bad
+    row never keeps the others out.
 
     Reads only the names of the stored binaries first, then the bytes of those missing here: a warm
     restart, whose Triton cache has them all, reads no bytes.
     """
     try:
-        from triton.runtime.cache import get_cache_manager
-
         version = preload.triton_version()
         keys = sorted({s.kernel_hash for s in specs if s.triton_version == version})
         if not keys:
             return 0, 0
+        policy = policy if policy is not None else trust.policy(store)
         heads = store.binary_heads(keys)
-        missing = [k for k, (name, ext, _) in heads.items() if _NAME.fullmatch(name) and not _cached(k, name, ext)]
-        placed = refused = 0
-        for b in store.get_binaries(missing) if missing else []:
-            why = problems_of(b)
-            if why is None and b.triton_version != version:
-                why = f"it was compiled by Triton {b.triton_version}, this is {version}"
-            if why is not None:
-                refused += 1
-                log.warning("tunecache: binary %s (%s) not placed: %s", b.triton_key[:12], b.name, why)
-                continue
-            mgr = get_cache_manager(b.triton_key)
-            if b.ext == hostmodules.EXT:  # a host module: one file, where this host's Triton looks
-                md = json.loads(b.metadata)
-                if hostmodules.loads_here(md):
-                    mgr.put(b.binary, hostmodules.file_name(b.name, md), binary=True)
-                    placed += 1
-                continue
-            md_file, bin_file = f"{b.name}.json", f"{b.name}.{b.ext}"
-            paths = {bin_file: mgr.put(b.binary, bin_file, binary=True), md_file: mgr.put(b.metadata, md_file)}
-            mgr.put_group(md_file, paths)  # last: Triton sees the group only once both files are whole
-            placed += 1
-        if placed or refused:
-            log.debug("tunecache: placed %d binaries into Triton's cache (%d refused)", placed, refused)
-        return placed, refused
+        # A key or name Triton's cache manager cannot take is refused below, with the row's other checks.
+        missing = [k for k, (name, ext, _) in heads.items() if not _placeable(k, name) or not _cached(k, name, ext)]
+        bins = store.get_binaries(missing) if missing else []
     except Exception as e:  # noqa: BLE001 - best effort: Triton compiles what is not placed
-        log.debug("tunecache: placing binaries failed: %r", e)
+        log.debug("tunecache: reading binaries to place failed: %r", e)
         return 0, 0
+    placed = refused = 0
+    for b in bins:
+        why = problems_of(b)
+        if why is None and b.triton_version != version:
+            why = f"it was compiled by Triton {b.triton_version}, this is {version}"
+        if why is not None:
+            refused += 1
+            log.warning("tunecache: binary %s (%s) not placed: %s", b.triton_key[:12], b.name[:40], why)
+            continue
+        why = policy.binary(b)
+        if why is not None:
+            refused += 1
+            trust.refused("binary", f"{b.triton_key[:12]} ({b.name})", why, policy.store)
+            continue
+        try:
+            placed += _put(b)
+        except Exception as e:  # noqa: BLE001 - this one is compiled; the next row may still be placed
+            refused += 1
+            log.debug("tunecache: placing binary %s failed: %r", b.triton_key[:12], e)
+    if placed or refused:
+        log.debug("tunecache: placed %d binaries into Triton's cache (%d refused)", placed, refused)
+    return placed, refused
+
+
+def _put(b: Binary) -> int:
+    """Write verified binary ``b`` where this host's Triton looks; returns 1 if written."""
+    from triton.runtime.cache import get_cache_manager
+
+    mgr = get_cache_manager(b.triton_key)
+    if b.ext == hostmodules.EXT:  # a host module: one file, where this host's Triton looks
+        md = json.loads(b.metadata)
+        if not hostmodules.loads_here(md):
+            return 0
+        mgr.put(b.binary, hostmodules.file_name(b.name, md), binary=True)
+        return 1
+    md_file, bin_file = f"{b.name}.json", f"{b.name}.{b.ext}"
+    paths = {bin_file: mgr.put(b.binary, bin_file, binary=True), md_file: mgr.put(b.metadata, md_file)}
+    mgr.put_group(md_file, paths)  # last: Triton sees the group only once both files are whole
+    return 1
+
+
+def _placeable(triton_key: str, name: str) -> bool:
+    """A key and name Triton's cache manager can take (checked before asking it anything)."""
+    return bool(_HEX64.fullmatch(triton_key)) and bool(_NAME.fullmatch(name))
 
 
 def _cached(triton_key: str, name: str, ext: str) -> bool:
@@ -317,12 +341,14 @@ def _cached(triton_key: str, name: str, ext: str) -> bool:
     return mgr.get_group(f"{name}.json") is not None
 
 
-def place_for(store: Store | None, specs_by_target: dict[str, list[LaunchSpec]] | None) -> tuple[int, int]:
+def place_for(
+    store: Store | None, specs_by_target: dict[str, list[LaunchSpec]] | None, policy: trust.Policy | None = None
+) -> tuple[int, int]:
     """:func:`place` for every target's specs of one kernel (the target is not known before CUDA is up;
     another target's binary sits under a key this host never looks up)."""
     if store is None or not specs_by_target or interpreting() or not settings.get("TUNECACHE_BINARIES"):
         return 0, 0
-    return place(store, [s for specs in specs_by_target.values() for s in specs])
+    return place(store, [s for specs in specs_by_target.values() for s in specs], policy)
 
 
 __all__ = [

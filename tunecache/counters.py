@@ -32,6 +32,7 @@ COUNTERS = (
     "poisoned",
     "preloaded",
     "preload_skipped",
+    "untrusted",
     "kernels_seen",
     "kernels_covered",
 )

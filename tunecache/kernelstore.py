@@ -17,7 +17,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from tunecache import background, binaries, companions, counters, preload, settings, writeback
+from tunecache import background, binaries, companions, counters, preload, settings, trust, writeback
 from tunecache.errors import StoreError
 from tunecache.model import ConfigResult, LaunchSpec, Problem, pick_winner
 from tunecache.opening import shared_store
@@ -80,14 +80,20 @@ class KernelStore:
             h = source_hash()
             self.fetch(store, h)
             if h is not None:
-                self.specs = store.get_specs(h)
-                binaries.place_for(store, self.specs)  # before any compile: Triton finds them
+                self.read_specs(store, h)
         log.debug(
             "tunecache: %s: prefetched (hashed: %s) in %.3f s",
             self.kernel,
             self.specs is not None,
             time.perf_counter() - t0,
         )
+
+    def read_specs(self, store: Store, source_hash: str) -> None:
+        """Read this kernel's launch specs that this process trusts (:mod:`tunecache.trust`) and place
+        their trusted binaries into Triton's cache, before any compile: Triton then finds them."""
+        policy = trust.policy(store)
+        self.specs = policy.specs(source_hash, store.get_specs(source_hash))
+        binaries.place_for(store, self.specs, policy)
 
     def holds_nothing(self) -> bool:
         """The prefetch ran and the store holds no row of this kernel (of any version): nothing to
@@ -201,10 +207,8 @@ class KernelStore:
             if store is None:
                 return 0, 0
             self.fetch(store, known_hash)
-            self.specs = store.get_specs(source_hash())
-            log.debug("tunecache: %s: launch specs read (%.3f s)", self.kernel, time.perf_counter() - t0)
-            binaries.place_for(store, self.specs)  # before any compile: Triton finds them
-            log.debug("tunecache: %s: binaries placed (%.3f s)", self.kernel, time.perf_counter() - t0)
+            self.read_specs(store, source_hash())
+            log.debug("tunecache: %s: specs read, binaries placed (%.3f s)", self.kernel, time.perf_counter() - t0)
         self.absorb(source_hash())
         mine = self.specs.get(target_digest, [])
         if not mine:

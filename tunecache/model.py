@@ -130,6 +130,7 @@ class LaunchSpec:
     kernel_hash: str  # Triton's compile-cache hash of the binary: a preload must reproduce it
     spec_json: str  # Triton's serialize_specialization_data output
     triton_version: str
+    signature: str | None = None  # its maker's row signature (tunecache.trust), or None: unsigned
 
 
 #: The config hash of a companion's launch spec: a plain ``@triton.jit`` kernel (e.g. a merge stage)
@@ -153,6 +154,7 @@ class Binary:
     triton_version: str
     metadata: bytes  # the .json file, as Triton wrote it
     binary: bytes  # the .cubin / .hsaco
+    signature: str | None = None  # its maker's row signature (tunecache.trust), or None: unsigned
 
     @property
     def size(self) -> int:
@@ -219,6 +221,9 @@ LAUNCH_SPEC_FIELDS = (
 #: A binary line's fields (version 3): the kernel whose launch spec references it, then the :class:`Binary`
 #: (metadata as text, binary as base64).
 BINARY_FIELDS = ("kernel", "source_hash", "triton_key", "sha256", "name", "ext", "triton_version", "metadata", "binary")
+#: A launch spec or binary line's fields in a version 4 file: the row signature is carried with it.
+LAUNCH_SPEC_FIELDS_SIGNED = (*LAUNCH_SPEC_FIELDS, "signature")
+BINARY_FIELDS_SIGNED = (*BINARY_FIELDS, "signature")
 #: Fields holding a naive UTC datetime (ISO 8601 text in JSON).
 TIMESTAMP_FIELDS = frozenset({"created_at", "updated_at", "last_hit_at", "measured_at"})
 #: Fields holding a JSON value that the store keeps as text in a column ``<field>_json``.
@@ -334,13 +339,16 @@ def launch_spec_to_json(kernel: str, source_hash: str, target_digest: str, spec:
 
 def launch_spec_from_json(obj: Mapping[str, Any]) -> tuple[str, str, str, LaunchSpec]:
     """The inverse of :func:`launch_spec_to_json`: (kernel, source_hash, target_digest, spec)."""
-    spec = LaunchSpec(obj["spec_hash"], obj["config_hash"], obj["kernel_hash"], obj["spec"], obj["triton_version"])
+    fields = ("spec_hash", "config_hash", "kernel_hash", "spec", "triton_version")
+    spec = LaunchSpec(*(obj[f] for f in fields), obj.get("signature"))
     return obj["kernel"], obj["source_hash"], obj["target_digest"], spec
 
 
 def launch_spec_row(kernel: str, source_hash: str, target_digest: str, spec: LaunchSpec) -> dict[str, Any]:
     """A launch spec as a ``launch_specs`` row, without the host and time the store stamps on it."""
-    return dict(zip(LAUNCH_SPEC_COLUMNS, launch_spec_to_json(kernel, source_hash, target_digest, spec).values()))
+    row = dict(zip(LAUNCH_SPEC_COLUMNS, launch_spec_to_json(kernel, source_hash, target_digest, spec).values()))
+    row["signature"] = spec.signature
+    return row
 
 
 def binary_row(kernel: str, source_hash: str, b: Binary) -> dict[str, Any]:
@@ -356,6 +364,7 @@ def binary_row(kernel: str, source_hash: str, b: Binary) -> dict[str, Any]:
         "size": b.size,
         "metadata": b.metadata,
         "binary": b.binary,
+        "signature": b.signature,
     }
 
 
@@ -379,7 +388,14 @@ def binary_from_json(obj: Mapping[str, Any]) -> tuple[str, str, Binary]:
     base64 that is not strictly that."""
     data = base64.b64decode(obj["binary"], validate=True)
     b = Binary(
-        obj["triton_key"], obj["sha256"], obj["name"], obj["ext"], obj["triton_version"], obj["metadata"].encode(), data
+        obj["triton_key"],
+        obj["sha256"],
+        obj["name"],
+        obj["ext"],
+        obj["triton_version"],
+        obj["metadata"].encode(),
+        data,
+        obj.get("signature"),
     )
     return obj["kernel"], obj["source_hash"], b
 

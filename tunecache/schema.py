@@ -152,6 +152,7 @@ launch_specs = sa.Table(
     sa.Column("spec_json", sa.Text, nullable=False),
     sa.Column("host", sa.String(255), nullable=False),
     sa.Column("created_at", Timestamp, nullable=False),
+    sa.Column("signature", sa.Text, nullable=True),  # tunecache.signing.sign_row's, or None (unsigned)
 )
 
 # What Triton's compile cache holds for each winner's specialisation (tunecache.binaries), filed by
@@ -173,6 +174,7 @@ binaries = sa.Table(
     sa.Column("binary", Blob, nullable=False),
     sa.Column("host", sa.String(255), nullable=False),
     sa.Column("created_at", Timestamp, nullable=False),
+    sa.Column("signature", sa.Text, nullable=True),  # tunecache.signing.sign_row's, or None (unsigned)
 )
 
 if tuple(c.name for c in problems.c) != PROBLEM_COLUMNS or tuple(c.name for c in configs.c)[1:] != CONFIG_ROW_COLUMNS:
@@ -181,5 +183,5 @@ if tuple(c.name for c in problems.c) != PROBLEM_COLUMNS or tuple(c.name for c in
 #: The migrations this code knows, oldest first (tests check it against Alembic's script directory).
 #: Kept as constants so that opening an up-to-date store, on every server start, needs no Alembic
 #: import (about 0.3 s): Alembic is loaded only when there is something to migrate.
-SCHEMA_REVISIONS = ("0001", "0002", "0003", "0004", "0005")
+SCHEMA_REVISIONS = ("0001", "0002", "0003", "0004", "0005", "0006")
 SCHEMA_HEAD = SCHEMA_REVISIONS[-1]

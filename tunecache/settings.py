@@ -119,6 +119,21 @@ def _driver_policy(raw: str) -> int | None:
     raise _Bad("is not 'retune' or 'topk:N' with N >= 1")
 
 
+TRUST_STORE = ("auto", "yes", "no")
+
+
+def _trust_store(raw: str) -> str:
+    """``auto`` (default), ``yes`` or ``no`` (the switch spellings are accepted)."""
+    v = raw.strip().lower()
+    if v in _TRUE:
+        return "yes"
+    if v in _FALSE:
+        return "no"
+    if v == "auto":
+        return "auto"
+    raise _Bad("is not auto, yes (1) or no (0)")
+
+
 def _json_object(raw: str) -> dict[str, Any]:
     try:
         v = json.loads(raw)
@@ -217,8 +232,22 @@ SETTINGS: dict[str, Setting] = {
             "TUNECACHE_TRUSTED_KEYS",
             None,
             _text,
-            "public keys (files or `tunecache-ed25519 ...` text, comma-separated) whose signed exports may "
-            "install binaries and launch specs",
+            "public keys (files or `tunecache-ed25519 ...` text, comma-separated) whose signed exports may be "
+            "imported and whose signed binaries, host modules and launch specs are placed and preloaded",
+        ),
+        Setting(
+            "TUNECACHE_SIGNING_KEY",
+            None,
+            _text,
+            "private key (made by `tunecache keygen`) this process signs the binaries, host modules and launch "
+            "specs it stores with; unset: they are stored unsigned",
+        ),
+        Setting(
+            "TUNECACHE_TRUST_STORE",
+            "auto",
+            _trust_store,
+            "yes: place and preload every binary, host module and launch spec of the store, signed or not; no: "
+            "only those signed by a trusted key; auto: yes for a SQLite file only this user can write, else no",
         ),
     )
 }
@@ -273,4 +302,4 @@ def current_mode() -> str:
     return get("TUNECACHE_MODE")
 
 
-__all__ = ["MODES", "SETTINGS", "Setting", "check_all", "current_mode", "get", "put", "raw"]
+__all__ = ["MODES", "SETTINGS", "TRUST_STORE", "Setting", "check_all", "current_mode", "get", "put", "raw"]

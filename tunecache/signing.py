@@ -1,8 +1,11 @@
-"""Signing: Ed25519 keys, signatures of export files, and the keys a host trusts.
+"""Signing: Ed25519 keys, signatures of export files and of stored rows, and the keys a host trusts.
 
 An export that carries binaries (or launch specs) carries code that will run on every GPU of a
 fleet, so ``tunecache export --sign KEY`` signs it and ``import --binaries``/``--launch-specs``
-accept it only when the signature verifies against a key in ``TUNECACHE_TRUSTED_KEYS``.
+accept it only when the signature verifies against a key in ``TUNECACHE_TRUSTED_KEYS``. Each
+binary, host module and launch spec row is signed too, by the process that made it
+(``TUNECACHE_SIGNING_KEY``): what a row signature covers, and when a row is used, is
+:mod:`tunecache.trust`'s. Trust is by the full public key, never by its id alone.
 
 Keys (``tunecache keygen PATH``): PATH holds the private key (PKCS#8 PEM, unencrypted, mode 0600:
 keep it in the build system's secret store), ``PATH.pub`` the public key as one line,
@@ -20,6 +23,8 @@ import base64
 import binascii
 import hashlib
 import os
+import threading
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +37,8 @@ ALGORITHM = "ed25519"
 #: newline included). The header carries the sha256 of every body line, so the one signature
 #: covers every byte of the file before it.
 SIGNED_CONTEXT = b"tunecache-export-signature-1\n"
+#: What a row signature signs: this, then the row's message (:mod:`tunecache.trust` builds it).
+ROW_CONTEXT = b"tunecache-row-signature-1\n"
 
 
 def _crypto() -> Any:
@@ -97,6 +104,11 @@ class Signer:
         self.raw_public = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
         self.key_id = key_id(self.raw_public)
 
+    def sign_row(self, message: bytes) -> str:
+        """A row signature: ``ed25519:<base64 public key>:<base64 signature>`` (a text column)."""
+        sig = self._key.sign(ROW_CONTEXT + message)
+        return f"{ALGORITHM}:{base64.b64encode(self.raw_public).decode()}:{base64.b64encode(sig).decode()}"
+
     def sign(self, header_line: bytes) -> dict[str, str]:
         """The signature object of an export whose header line is ``header_line``."""
         sig = self._key.sign(SIGNED_CONTEXT + header_line)
@@ -117,6 +129,15 @@ def _strict_b64(text: str) -> bytes:
     return raw
 
 
+def file_public_key(signature: dict[str, str]) -> bytes | None:
+    """The raw public key an export's signature object names (None if it is not 32 bytes of base64)."""
+    try:
+        raw = _strict_b64(signature["public_key"])
+    except (KeyError, TypeError, ValueError, binascii.Error):
+        return None
+    return raw if len(raw) == 32 else None
+
+
 def verify(signature: dict[str, str], header_line: bytes) -> bool:
     """Whether ``signature`` (checked for shape by the caller) signs ``header_line`` with the public
     key it names. Trust in that key is :func:`trusted_keys`'s business."""
@@ -134,6 +155,56 @@ def verify(signature: dict[str, str], header_line: bytes) -> bool:
     return True
 
 
+def row_public_key(signature: str) -> bytes | None:
+    """The raw public key a row signature names; None if it is not one."""
+    parts = signature.split(":")
+    if len(parts) != 3 or parts[0] != ALGORITHM:
+        return None
+    try:
+        raw = _strict_b64(parts[1])
+    except (ValueError, binascii.Error):
+        return None
+    return raw if len(raw) == 32 else None
+
+
+def verify_row(signature: str | None, message: bytes, trusted: Collection[bytes]) -> str | None:
+    """Why ``signature`` does not vouch for ``message``; None if it does: a well-formed row signature
+    by one of the ``trusted`` raw public keys (compared whole) that verifies."""
+    if not signature:
+        return "it is unsigned"
+    raw = row_public_key(signature)
+    if raw is None:
+        return "its signature is malformed"
+    if raw not in trusted:
+        return f"it is signed by key {key_id(raw)}, which is not in TUNECACHE_TRUSTED_KEYS"
+    from cryptography.exceptions import InvalidSignature
+
+    ed25519 = _crypto()
+    try:
+        sig = _strict_b64(signature.split(":")[2])
+        ed25519.Ed25519PublicKey.from_public_bytes(raw).verify(sig, ROW_CONTEXT + message)
+    except (InvalidSignature, ValueError, binascii.Error):
+        return f"its signature by key {key_id(raw)} does not verify (the row was altered)"
+    return None
+
+
+_signers: dict[str, Signer] = {}
+_signers_lock = threading.Lock()
+
+
+def process_signer() -> Signer | None:
+    """The key this process signs the rows it makes with (``TUNECACHE_SIGNING_KEY``), read once per
+    path; None when unset. Raises :class:`SigningError` for a key that cannot be read."""
+    path = settings.get("TUNECACHE_SIGNING_KEY")
+    if not path:
+        return None
+    with _signers_lock:
+        signer = _signers.get(path)
+        if signer is None:
+            signer = _signers[path] = Signer(path)
+        return signer
+
+
 def parse_public(text: str, where: str) -> bytes:
     """The raw public key of a ``tunecache-ed25519 BASE64 [comment]`` line."""
     parts = text.split()
@@ -149,8 +220,9 @@ def parse_public(text: str, where: str) -> bytes:
 
 
 def trusted_keys(environ: Any = None) -> dict[str, bytes]:
-    """The public keys of ``TUNECACHE_TRUSTED_KEYS``, by key id. A bad entry raises
-    :class:`ConfigurationError` naming it: a typo must not silently trust nothing (or anything)."""
+    """The public keys of ``TUNECACHE_TRUSTED_KEYS``, by key id (for messages: trust is decided by
+    the raw key, the values). A bad entry raises :class:`ConfigurationError` naming it: a typo must
+    not silently trust nothing (or anything)."""
     value = settings.get("TUNECACHE_TRUSTED_KEYS", environ) or ""
     out: dict[str, bytes] = {}
     for entry in (e.strip() for e in value.split(",")):
@@ -170,4 +242,18 @@ def trusted_keys(environ: Any = None) -> dict[str, bytes]:
     return out
 
 
-__all__ = ["ALGORITHM", "PUBLIC_PREFIX", "Signer", "key_id", "keygen", "public_line", "trusted_keys", "verify"]
+__all__ = [
+    "ALGORITHM",
+    "PUBLIC_PREFIX",
+    "ROW_CONTEXT",
+    "Signer",
+    "file_public_key",
+    "key_id",
+    "keygen",
+    "process_signer",
+    "public_line",
+    "row_public_key",
+    "trusted_keys",
+    "verify",
+    "verify_row",
+]

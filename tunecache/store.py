@@ -31,7 +31,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from tunecache import counters, forkgate
+from tunecache import counters, forkgate, trust
 from tunecache.bulk import BulkWriter, bulk_writer
 from tunecache.engine import mask_url, scrub, store_error
 from tunecache.errors import StoreError, StoreReadOnlyError, driver_message
@@ -489,10 +489,11 @@ class Store:
     # ---- launch specialisations (preload) ------------------------------------------------------
 
     def put_specs(self, kernel: str, source_hash: str, target_digest: str, specs: Sequence[LaunchSpec]) -> int:
-        """Record winners' specialisations (idempotent: a spec already stored is kept); returns
-        how many were new."""
+        """Record this process's winners' specialisations, signed with its key (idempotent: a spec
+        already stored is kept); returns how many were new."""
         if not specs:
             return 0
+        specs = trust.sign_specs(source_hash, target_digest, list(specs))  # signed where made
         rows = [launch_spec_row(kernel[:255], source_hash, target_digest, sp) for sp in specs]
         with self._write("record launch specs") as conn:
             return self.add_specs(conn, rows)
@@ -521,7 +522,8 @@ class Store:
     def get_specs(self, source_hash: str) -> dict[str, list[LaunchSpec]]:
         """Every recorded specialisation of one kernel, by target digest, in one query."""
         c = launch_specs.c
-        q = sa.select(c.target_digest, c.spec_hash, c.config_hash, c.kernel_hash, c.spec_json, c.triton_version)
+        cols = (c.spec_hash, c.config_hash, c.kernel_hash, c.spec_json, c.triton_version, c.signature)
+        q = sa.select(c.target_digest, *cols)
         out: dict[str, list[LaunchSpec]] = {}
         with self._read("launch specs") as conn:
             for t, *rest in conn.execute(q.where(c.source_hash == source_hash).order_by(c.spec_hash)):
@@ -545,23 +547,25 @@ class Store:
     def get_binaries(self, triton_keys: Sequence[str]) -> list[Binary]:
         """The stored binaries among ``triton_keys``, in key order (unverified: see tunecache.binaries)."""
         c = binaries.c
-        cols = (c.triton_key, c.sha256, c.name, c.ext, c.triton_version, c.metadata, c.binary)
+        cols = (c.triton_key, c.sha256, c.name, c.ext, c.triton_version, c.metadata, c.binary, c.signature)
         keys = sorted(set(triton_keys))
         out: list[Binary] = []
         with self._read("binaries") as conn:
             for i in range(0, len(keys), 100):
                 q = sa.select(*cols).where(c.triton_key.in_(keys[i : i + 100])).order_by(c.triton_key)
-                out += [Binary(k, h, n, e, v, bytes(m), bytes(b)) for k, h, n, e, v, m, b in conn.execute(q)]
+                out += [Binary(k, h, n, e, v, bytes(m), bytes(b), sig) for k, h, n, e, v, m, b, sig in conn.execute(q)]
         return out
 
     def put_binaries(
         self, kernel: str, source_hash: str, bins: Sequence[Binary], max_kernel_bytes: int | None = None
     ) -> int:
-        """Store binaries of one kernel source (a binary already stored is kept); returns how many were
-        new. With ``max_kernel_bytes``, a binary that would take the kernel's stored bytes past it is
-        left out (checked in the writing transaction; concurrent uploaders may pass it by a binary each)."""
+        """Store binaries of one kernel source that this process made, signed with its key (a binary
+        already stored is kept); returns how many were new. With ``max_kernel_bytes``, a binary that
+        would take the kernel's stored bytes past it is left out (checked in the writing transaction;
+        concurrent uploaders may pass it by a binary each)."""
         if not bins:
             return 0
+        bins = trust.sign_binaries(list(bins))  # signed where made
         with self._write("store binaries") as conn:
             used = 0
             if max_kernel_bytes is not None:

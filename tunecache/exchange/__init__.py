@@ -14,6 +14,7 @@ from tunecache.exchange.format import (
     MAX_FAILURE_DEPTH,
     MAX_LINE_BYTES,
     READABLE_VERSIONS,
+    SIGNED_ROWS_VERSION,
     Progress,
     Source,
 )
@@ -28,6 +29,7 @@ __all__ = [
     "MAX_FAILURE_DEPTH",
     "MAX_LINE_BYTES",
     "READABLE_VERSIONS",
+    "SIGNED_ROWS_VERSION",
     "ImportSummary",
     "Progress",
     "Source",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import datetime as dt
 import gzip
 import hashlib
@@ -26,14 +27,15 @@ from typing import IO, Any
 import orjson
 import sqlalchemy as sa
 
+from tunecache import trust
 from tunecache.errors import TunecacheError
 from tunecache.exchange.format import (
     BATCH,
-    BINARIES_VERSION,
     FORMAT_NAME,
     FORMAT_VERSION,
     GZIP_LEVEL,
     MAX_LINE_BYTES,
+    SIGNED_ROWS_VERSION,
     Progress,
     Source,
     is_stream,
@@ -41,12 +43,15 @@ from tunecache.exchange.format import (
 )
 from tunecache.filters import filter_clauses
 from tunecache.model import (
-    BINARY_FIELDS,
+    BINARY_FIELDS_SIGNED,
     CONFIG_ROW_COLUMNS,
     LAUNCH_SPEC_COLUMNS,
     LAUNCH_SPEC_FIELDS,
+    LAUNCH_SPEC_FIELDS_SIGNED,
     PROBLEM_COLUMNS,
     TIMESTAMP_FIELDS,
+    Binary,
+    LaunchSpec,
     utcnow,
 )
 from tunecache.schema import binaries, configs, launch_specs, problems
@@ -73,7 +78,9 @@ _C_MEDIAN, _C_P20, _C_P80, _C_SAMPLES = _C["median_ms"], _C["p20_ms"], _C["p80_m
 _C_FAILURE, _C_HOST, _C_MEASURED = _C["failure"], _C["host"], _C["measured_at"]
 _S_HASH, _S_KERNEL = LAUNCH_SPEC_COLUMNS.index("spec_hash"), LAUNCH_SPEC_COLUMNS.index("kernel")
 _S_SOURCE, _S_KERNEL_HASH = LAUNCH_SPEC_COLUMNS.index("source_hash"), LAUNCH_SPEC_COLUMNS.index("kernel_hash")
-_B_READ = ("triton_key", "sha256", "name", "ext", "triton_version", "metadata", "binary")
+_S_CONFIG, _S_VERSION = LAUNCH_SPEC_COLUMNS.index("config_hash"), LAUNCH_SPEC_COLUMNS.index("triton_version")
+_S_TARGET, _S_SPEC = LAUNCH_SPEC_COLUMNS.index("target_digest"), LAUNCH_SPEC_COLUMNS.index("spec_json")
+_B_READ = ("triton_key", "sha256", "name", "ext", "triton_version", "metadata", "binary", "signature")
 
 
 def export(
@@ -104,7 +111,10 @@ def export(
     "the path ends in .gz". Returns a summary: problems, configs, bytes, body_sha256, seconds.
 
     ``with_binaries`` adds the compiled binaries the exported launch specs reference, and
-    ``signer`` signs the file (both write version 3, see :mod:`tunecache.exchange.format`).
+    ``signer`` signs the file (both write version 4, see :mod:`tunecache.exchange.format`): each
+    launch spec and binary line then carries its row signature, and only rows this process trusts
+    (:mod:`tunecache.trust`, with ``signer``'s own key trusted) are written, so that a file signature
+    never vouches for a row no trusted key made. The summary's ``untrusted`` counts those left out.
     """
     t0 = time.perf_counter()
     filters = {"kernel": kernel, "arch": arch, "device": device, "driver": driver, "since": since}
@@ -112,8 +122,13 @@ def export(
     if (with_binaries or signer is not None) and not with_launch_specs:
         raise ValueError("binaries and signatures come with launch specs: drop --no-launch-specs")
     v3 = with_binaries or signer is not None
-    version = BINARIES_VERSION if v3 else FORMAT_VERSION if with_launch_specs else 1
-    counts: dict[str, int] = {"binaries": 0}
+    version = SIGNED_ROWS_VERSION if v3 else FORMAT_VERSION if with_launch_specs else 1
+    counts: dict[str, int] = {"binaries": 0, "untrusted": 0}
+    vouch = None
+    if v3:
+        vouch = trust.policy(store)
+        if signer is not None and not vouch.whole:
+            vouch = dataclasses.replace(vouch, keys=vouch.keys | {signer.raw_public})
 
     def header(n_problems: int, n_configs: int, n_specs: int, sha: str) -> bytes:
         h = {
@@ -141,7 +156,7 @@ def export(
 
     def body(f: IO[bytes]) -> tuple[int, int, int, str]:
         n_problems, n_configs, n_specs, n_bins, sha = _write_body(
-            store, f, filters, progress, with_launch_specs, with_binaries
+            store, f, filters, progress, with_launch_specs, with_binaries, vouch, counts
         )
         counts["binaries"] = n_bins
         return n_problems, n_configs, n_specs, sha
@@ -194,6 +209,7 @@ def export(
         "configs": n_configs,
         "launch_specs": n_specs,
         "binaries": counts["binaries"],
+        "untrusted": counts["untrusted"],
         "signed_by": signer.key_id if signer is not None else None,
         "version": version,
         "bytes": size,
@@ -284,6 +300,18 @@ def _iso_from_sqlite(v: str | None) -> str | None:
     return dt.datetime.fromisoformat(v).isoformat()  # any other form SQLite may hold
 
 
+def _untrusted(vouch: trust.Policy, what: str, name: str, counts: dict[str, int] | None, row: Any, *where: str) -> bool:
+    """Whether ``vouch`` refuses ``row`` (a LaunchSpec with its source and target, or a Binary): then
+    it is counted and named in the log, and left out of the file."""
+    why = vouch.spec(where[0], where[1], row) if isinstance(row, LaunchSpec) else vouch.binary(row)
+    if why is None:
+        return False
+    if counts is not None:
+        counts["untrusted"] += 1
+    log.warning("tunecache: export: %s %s left out: %s", what, name, why)
+    return True
+
+
 def _write_body(
     store: Store,
     body: IO[bytes],
@@ -291,8 +319,13 @@ def _write_body(
     progress: Progress | None,
     with_specs: bool,
     with_binaries: bool = False,
+    vouch: trust.Policy | None = None,
+    counts: dict[str, int] | None = None,
 ) -> tuple[int, int, int, int, str]:
     """Stream problems in digest order, a batch at a time with its config rows, as JSON lines.
+
+    With ``vouch`` (version 4) the launch spec and binary lines carry their row signatures, and
+    rows it does not vouch for are left out (counted in ``counts["untrusted"]``).
 
     Keyset pagination (digest > last) over the primary keys: no per-problem query, no server-side
     cursor, and every batch is one indexed range (or IN list when filtered). The whole export
@@ -386,11 +419,20 @@ def _write_body(
             of_exported = sa.exists().where(
                 problems.c.source_hash == s.source_hash, problems.c.target_digest == s.target_digest, *where
             )
-            q = sa.select(*(s[c] for c in LAUNCH_SPEC_COLUMNS)).where(of_exported)
+            q = sa.select(*(s[c] for c in LAUNCH_SPEC_COLUMNS), s.signature).where(of_exported)
             refs: dict[str, tuple[str, str]] = {}  # kernel_hash -> (kernel, source_hash) of its first spec
             for row in conn.execute(q.order_by(s.source_hash, s.target_digest, s.spec_hash)):
+                if vouch is not None:
+                    spec = LaunchSpec(
+                        row[_S_HASH], row[_S_CONFIG], row[_S_KERNEL_HASH], row[_S_SPEC], row[_S_VERSION], row[-1]
+                    )
+                    where = (row[_S_SOURCE], row[_S_TARGET])
+                    if _untrusted(vouch, "launch spec", row[_S_HASH][:12], counts, spec, *where):
+                        continue
+                    line = dumps(dict(zip(LAUNCH_SPEC_FIELDS_SIGNED, row)), option=newline)
+                else:
+                    line = dumps(dict(zip(LAUNCH_SPEC_FIELDS, row[:-1])), option=newline)
                 refs.setdefault(row[_S_KERNEL_HASH], (row[_S_KERNEL], row[_S_SOURCE]))
-                line = dumps(dict(zip(LAUNCH_SPEC_FIELDS, row)), option=newline)
                 if len(line) > MAX_LINE_BYTES:  # pragma: no cover - a spec is a few KiB
                     raise TunecacheError(
                         f"launch spec {row[_S_HASH][:16]} of {row[_S_KERNEL]} is a {len(line)}-byte line"
@@ -405,11 +447,15 @@ def _write_body(
             keys = sorted(refs)
             for i in range(0, len(keys), 50):
                 q = sa.select(*(b[c] for c in _B_READ)).where(b.triton_key.in_(keys[i : i + 50]))
-                for key, digest, name, ext, version, md, data in conn.execute(q.order_by(b.triton_key)):
+                for key, digest, name, ext, version, md, data, sig in conn.execute(q.order_by(b.triton_key)):
                     kernel_name, source = refs[key]
-                    obj = dict(zip(BINARY_FIELDS, (kernel_name, source, key, digest, name, ext, version)))
-                    obj["metadata"] = bytes(md).decode()
-                    obj["binary"] = base64.b64encode(bytes(data)).decode()
+                    binary = Binary(key, digest, name, ext, version, bytes(md), bytes(data), sig)
+                    if vouch is not None and _untrusted(vouch, "binary", f"{key[:12]} ({name})", counts, binary):
+                        continue
+                    obj = dict(zip(BINARY_FIELDS_SIGNED, (kernel_name, source, key, digest, name, ext, version)))
+                    obj["metadata"] = binary.metadata.decode()
+                    obj["binary"] = base64.b64encode(binary.binary).decode()
+                    obj["signature"] = sig
                     line = dumps(obj, option=newline)
                     if len(line) > MAX_LINE_BYTES:
                         raise TunecacheError(

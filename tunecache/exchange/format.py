@@ -150,7 +150,21 @@ followed by the header line exactly as written (its padding and newline included
 The header holds the body's sha256, so the signature covers every byte before it: a byte changed
 anywhere fails the import. Import checks the signature of every signed file; ``import --binaries``
 and ``--launch-specs`` further require that its key is one of ``TUNECACHE_TRUSTED_KEYS``, unless
-``--trust-unsigned`` (:mod:`tunecache.signing`).
+``--trust-unsigned`` (:mod:`tunecache.signing`). Where ``TUNECACHE_TRUSTED_KEYS`` is set, every
+import, of results too, needs a file signed by one of them, unless ``--trust-unsigned``: a file
+whose signature line was cut off is then an unsigned file, and refused.
+
+Version 4: row signatures
+-------------------------
+
+Version 4 is version 3 whose launch spec and binary lines have one more field, ``signature``: the
+row signature its maker stored with it (``ed25519:<base64 public key>:<base64 signature>``, see
+:mod:`tunecache.trust` for what it covers), or null for a row stored unsigned. Export writes
+version 4 wherever it wrote version 3, and only rows the exporting process trusts
+(:mod:`tunecache.trust`: signed by a trusted key or the signing key of the export, or from a store
+trusted as a whole): a file signature never vouches for a row that no trusted key made. Import
+stores each row with its signature; a process places or preloads it only if the signature
+verifies against one of its own trusted keys (or its store is trusted as a whole).
 
 Unknown fields, missing fields, ``true`` where an integer is expected, NaN or Infinity (not
 JSON), a duplicate digest, config hash or launch spec: each is an error naming the line. A later
@@ -194,11 +208,14 @@ from tunecache.identity import CONFIG_FIELDS
 FORMAT_NAME = "tunecache-export"
 #: The version a plain export writes (problems and launch specs).
 FORMAT_VERSION = 2
-#: The version of an export with binaries or a signature (``export --binaries``, ``--sign``).
+#: The first version with binaries and a signature (3).
 BINARIES_VERSION = 3
-#: Versions import reads: 1 (problems only), 2 (problems, then the winners' launch specs) and 3
-#: (then their binaries, and a signature).
-READABLE_VERSIONS = (1, 2, 3)
+#: The version an export with binaries or a signature writes (``export --binaries``, ``--sign``):
+#: version 3 whose launch spec and binary lines carry their row signatures.
+SIGNED_ROWS_VERSION = 4
+#: Versions import reads: 1 (problems only), 2 (problems, then the winners' launch specs), 3
+#: (then their binaries, and a signature) and 4 (with row signatures).
+READABLE_VERSIONS = (1, 2, 3, 4)
 #: Longest line import accepts (newline included). A problem with 12 configs takes about 4 KiB; the
 #: limit leaves room for ~10,000 configs per problem while keeping a hostile file's memory bounded.
 #: Export refuses to write a longer line, so every export can be imported.

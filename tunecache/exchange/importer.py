@@ -94,20 +94,21 @@ def import_(
     like the store itself (your own export, e.g. during an image build). ``with_binaries`` also adds
     the file's compiled binaries (and its launch specs): code that every GPU of the fleet will run.
     Both require a file signed by a key of ``TUNECACHE_TRUSTED_KEYS``, else raise
-    :class:`UntrustedFileError` before anything is written, unless ``trust_unsigned``.
+    :class:`UntrustedFileError` before anything is written, unless ``trust_unsigned``; so does any
+    import where ``TUNECACHE_TRUSTED_KEYS`` is set. Rows keep their makers' signatures
+    (:mod:`tunecache.trust` decides at each start what is placed).
     """
     if on_conflict not in CONFLICT_POLICIES:
         raise ValueError(f"on_conflict must be one of {', '.join(CONFLICT_POLICIES)}, not {on_conflict!r}")
     if store.readonly and not dry_run:  # say so before minutes of validation, not after
         raise StoreReadOnlyError(f"import: store {store.masked_url} is opened read-only")
     with_launch_specs = with_launch_specs or with_binaries  # a binary is placed for its launch specs
-    trusted = None if trust_unsigned or not with_launch_specs else signing.trusted_keys()  # a bad entry: now
+    trusted = None if trust_unsigned else signing.trusted_keys()  # a bad entry: now
     t0 = time.perf_counter()
     with open_source(src) as (reader, gz):
         scan = validate.scan(reader, gz, max_line_bytes, progress)
         log.debug("tunecache: import validated %d lines in %.2fs", scan.lines, time.perf_counter() - t0)
-        if with_launch_specs:
-            _check_trust(scan, trusted, with_binaries)
+        _check_trust(scan, trusted, with_launch_specs, with_binaries)
         summary = ImportSummary(
             problems=len(scan.problems),
             configs=scan.configs,
@@ -147,21 +148,31 @@ def import_(
     return summary
 
 
-def _check_trust(scan: Scan, trusted: dict[str, bytes] | None, with_binaries: bool) -> None:
-    """Refuse to install launch specs or binaries from a file no trusted key signed (``trusted`` None:
-    the caller passed ``trust_unsigned``). The signature itself was verified by the scan."""
-    what = "binaries and launch specs" if with_binaries else "launch specs"
+def _check_trust(scan: Scan, trusted: dict[str, bytes] | None, with_launch_specs: bool, with_binaries: bool) -> None:
+    """Refuse, before anything is written, a file that no trusted key signed when it is to install
+    launch specs or binaries, or when ``TUNECACHE_TRUSTED_KEYS`` is set at all (results included: a
+    signed file whose signature line was cut off is then refused, not imported as unsigned).
+    ``trusted`` None: the caller passed ``trust_unsigned``. The signature itself was verified by the
+    scan; trust is decided by the whole public key, never by its id."""
+    what = "binaries and launch specs" if with_binaries else "launch specs" if with_launch_specs else "results"
     if trusted is None:
-        if scan.signed_by is None:
+        if scan.signed_by is None and with_launch_specs:
             log.warning("tunecache: importing %s from an unsigned file (--trust-unsigned)", what)
         return
+    if not with_launch_specs and not trusted:
+        return  # results only, and this host trusts no key: any export file may bring results
     if scan.signed_by is None:
-        raise UntrustedFileError(
-            f"refusing to import {what} from an unsigned file: they steer or are the code every GPU runs. "
-            "Sign it (`tunecache export --sign KEY`) and list the public key in TUNECACHE_TRUSTED_KEYS, or pass "
-            "--trust-unsigned for a file you trust like your own store; nothing was imported"
+        why = (
+            "TUNECACHE_TRUSTED_KEYS is set, so every import needs a file signed by one of its keys"
+            if trusted
+            else "they steer or are the code every GPU runs"
         )
-    if scan.signed_by not in trusted:
+        raise UntrustedFileError(
+            f"refusing to import {what} from an unsigned file: {why}. Sign it (`tunecache export --sign KEY`) and "
+            "list the public key in TUNECACHE_TRUSTED_KEYS, or pass --trust-unsigned for a file you trust like your "
+            "own store; nothing was imported"
+        )
+    if scan.signed_key not in trusted.values():
         raise UntrustedFileError(
             f"refusing to import {what}: the file is signed by key {scan.signed_by}, which is not in "
             f"TUNECACHE_TRUSTED_KEYS ({', '.join(sorted(trusted)) or 'empty'}); nothing was imported"
@@ -256,6 +267,7 @@ def _apply(
                 scan.specs,
                 refs,
                 n + scan.specs + scan.binaries,
+                scan.row_signatures,
             ):
                 pipe.put(p_rows, c_rows, s_rows, b_rows)
                 if progress is not None:
@@ -278,6 +290,7 @@ def _row_batches(
     n_specs: int = 0,
     bin_refs: set[bytes] | None = None,
     n_body: int | None = None,
+    row_signatures: bool = False,
 ) -> Iterator[tuple[int, list[tuple[Any, ...]], list[tuple[Any, ...]], list[dict[str, Any]], list[dict[str, Any]]]]:
     """Database rows of the problems to write, in batches; every body line (valid: pass 1) goes into
     ``sha``, the launch-spec lines after the ``n_problems`` problems and the binary lines after the
@@ -312,11 +325,11 @@ def _row_batches(
                 if done > n_spec_end:
                     if bin_refs is None:
                         continue
-                    b_rows.append(check_binary(loads(line), bin_refs, None))
+                    b_rows.append(check_binary(loads(line), bin_refs, None, row_signatures))
                 else:
                     if spec_pairs is None:
                         continue
-                    s_rows.append(check_spec(loads(line), spec_pairs, None))
+                    s_rows.append(check_spec(loads(line), spec_pairs, None, row_signatures))
                 s_bytes += len(line)
                 if s_bytes >= _SPEC_BATCH_BYTES or len(s_rows) + len(b_rows) >= WRITE_BATCH:
                     yield done, p_rows, c_rows, s_rows, b_rows

@@ -17,6 +17,7 @@ from typing import Any
 
 import orjson
 
+from tunecache import signing
 from tunecache.errors import ImportFormatError
 from tunecache.exchange.format import (
     BATCH,
@@ -31,6 +32,7 @@ from tunecache.exchange.format import (
     MAX_FAILURE_DEPTH,
     READABLE_VERSIONS,
     SIGNATURE_FIELDS,
+    SIGNED_ROWS_VERSION,
     Progress,
     Rewind,
     tunecache_version,
@@ -38,8 +40,10 @@ from tunecache.exchange.format import (
 from tunecache.identity import CONFIG_FIELDS, canonical_json, config_hash_of, problem_digest
 from tunecache.model import (
     BINARY_FIELDS,
+    BINARY_FIELDS_SIGNED,
     CONFIG_ROW_FIELDS,
     LAUNCH_SPEC_FIELDS,
+    LAUNCH_SPEC_FIELDS_SIGNED,
     PROBLEM_FIELDS,
     STATUSES,
     binary_from_json,
@@ -51,8 +55,10 @@ from tunecache.schema import problems
 from tunecache.settings import MAX_BINARY_BYTES
 from tunecache.target import TARGET_FIELDS, Target
 
-_SPEC_SET = frozenset(LAUNCH_SPEC_FIELDS)
-_BINARY_SET = frozenset(BINARY_FIELDS)
+_SPEC_FIELDS = {False: LAUNCH_SPEC_FIELDS, True: LAUNCH_SPEC_FIELDS_SIGNED}  # by "carries row signatures"
+_BINARY_FIELDS = {False: BINARY_FIELDS, True: BINARY_FIELDS_SIGNED}
+_SPEC_SETS = {k: frozenset(v) for k, v in _SPEC_FIELDS.items()}
+_BINARY_SETS = {k: frozenset(v) for k, v in _BINARY_FIELDS.items()}
 _SIGNATURE_SET = frozenset(SIGNATURE_FIELDS)
 _PROBLEM_SET = frozenset(PROBLEM_FIELDS)
 _CONFIG_ROW_SET = frozenset(CONFIG_ROW_FIELDS)
@@ -380,6 +386,12 @@ class Scan:
     binaries: int = 0  # binary lines (version 3), validated (content hash, key binding, names)
     refs: set[bytes] = field(default_factory=set)  # digests of (source_hash, kernel_hash) of the specs
     signed_by: str | None = None  # the key id whose signature verified (version 3), else None
+    signed_key: bytes | None = None  # that key, whole: trust is decided by it, never by its id
+
+    @property
+    def row_signatures(self) -> bool:
+        """Whether its launch spec and binary lines carry row signatures (version 4)."""
+        return bool(self.header["version"] >= SIGNED_ROWS_VERSION)
 
 
 def scan(reader: Rewind, gz: bool, max_line: int, progress: Progress | None) -> Scan:
@@ -416,11 +428,11 @@ def scan(reader: Rewind, gz: bool, max_line: int, progress: Progress | None) -> 
                 continue
             if len(found) >= announced:
                 if n_found_specs < n_specs:
-                    check_spec(obj, pairs, seen_specs)
+                    check_spec(obj, pairs, seen_specs, header["version"] >= SIGNED_ROWS_VERSION)
                     refs.add(_ref(obj["source_hash"], obj["kernel_hash"]))
                     n_found_specs += 1
                 elif n_found_bins < n_bins:
-                    check_binary(obj, refs, seen_bins)
+                    check_binary(obj, refs, seen_bins, header["version"] >= SIGNED_ROWS_VERSION)
                     n_found_bins += 1
                 elif header["signed_by"] is not None and signature is None:
                     signature = check_signature(obj, header["signed_by"])
@@ -481,15 +493,12 @@ def scan(reader: Rewind, gz: bool, max_line: int, progress: Progress | None) -> 
             "export the file again",
             last=lineno - (1 if signature is not None else 0),
         )
-    if signature is not None:
-        from tunecache import signing
-
-        if not signing.verify(signature, header_line):
-            raise ImportFormatError(
-                sig_line,
-                f"the signature by key {signature['key_id']} does not verify: the file was changed after it "
-                "was signed; nothing was imported",
-            )
+    if signature is not None and not signing.verify(signature, header_line):
+        raise ImportFormatError(
+            sig_line,
+            f"the signature by key {signature['key_id']} does not verify: the file was changed after it "
+            "was signed; nothing was imported",
+        )
     if progress is not None:
         progress("validate", len(found), announced)
     return Scan(
@@ -503,6 +512,7 @@ def scan(reader: Rewind, gz: bool, max_line: int, progress: Progress | None) -> 
         n_found_bins,
         refs,
         signature["key_id"] if signature is not None else None,
+        signing.file_public_key(signature) if signature is not None else None,
     )
 
 
@@ -510,8 +520,15 @@ def _ref(source_hash: str, kernel_hash: str) -> bytes:
     return hashlib.sha256(f"{source_hash}{kernel_hash}".encode()).digest()
 
 
-def check_binary(obj: Any, refs: set[bytes], seen: set[str] | None) -> dict[str, Any]:
-    """Validate one binary line (version 3); return its binaries row values (without host and time).
+def _row_signature(obj: dict[str, Any], what: str) -> None:
+    sig = obj.get("signature")
+    if sig is not None and (type(sig) is not str or len(sig) > 300 or signing.row_public_key(sig) is None):
+        raise Invalid(f"{what} 'signature' must be null or a row signature 'ed25519:<key>:<signature>'")
+
+
+def check_binary(obj: Any, refs: set[bytes], seen: set[str] | None, signed: bool = False) -> dict[str, Any]:
+    """Validate one binary line (version 3, with its row signature in version 4); return its binaries
+    row values (without host and time).
 
     A binary is code: its content must match its sha256, its metadata must be filed under its
     Triton key, its names must be plain (:func:`tunecache.binaries.problems_of`), and a launch spec of
@@ -519,7 +536,8 @@ def check_binary(obj: Any, refs: set[bytes], seen: set[str] | None) -> dict[str,
     """
     from tunecache.binaries import problems_of
 
-    _check_fields(obj, _BINARY_SET, BINARY_FIELDS, "a binary")
+    _check_fields(obj, _BINARY_SETS[signed], _BINARY_FIELDS[signed], "a binary")
+    _row_signature(obj, "binary")
     for name in ("source_hash", "triton_key", "sha256"):
         if not _is_hex(obj[name], 64):
             raise Invalid(f"binary {name} must be 64 lowercase hex digits")
@@ -562,15 +580,17 @@ def check_signature(obj: Any, signed_by: str) -> dict[str, Any]:
     return sig
 
 
-def check_spec(obj: Any, pairs: set[tuple[str, str]], seen: set[bytes] | None) -> dict[str, Any]:
-    """Validate one launch-spec line (version 2); return its launch_specs row values.
+def check_spec(obj: Any, pairs: set[tuple[str, str]], seen: set[bytes] | None, signed: bool = False) -> dict[str, Any]:
+    """Validate one launch-spec line (version 2, with its row signature in version 4); return its
+    launch_specs row values.
 
     A spec only tells Triton which specialisation of a kernel this store already knows to compile;
     the kernel's code always comes from the importing process, and a preload whose binary differs
     from ``kernel_hash`` is dropped (tunecache.preload). Still, every field is checked, the hash
     recomputed, and a spec must belong to a kernel and target of this file's problems.
     """
-    _check_fields(obj, _SPEC_SET, LAUNCH_SPEC_FIELDS, "a launch spec")
+    _check_fields(obj, _SPEC_SETS[signed], _SPEC_FIELDS[signed], "a launch spec")
+    _row_signature(obj, "launch spec")
     for name in ("source_hash", "target_digest", "spec_hash", "kernel_hash"):
         if not _is_hex(obj[name], 64):
             raise Invalid(f"launch spec {name} must be 64 lowercase hex digits")

@@ -1,0 +1,221 @@
+"""Trust: which binaries, host modules and launch specs of a store this process places or preloads.
+
+A stored binary or host module is native code, and a launch spec steers what Triton compiles and
+under which cache key: whoever can write them into a store a fleet reads runs code on every GPU of
+it. So each such row is signed where it is made, by the tuning process's key
+(``TUNECACHE_SIGNING_KEY``, made by ``tunecache keygen``), and a process places or preloads a row
+only when one of these holds:
+
+- its signature verifies against a full public key in ``TUNECACHE_TRUSTED_KEYS`` (never a key id
+  alone: two keys may share an id);
+- the store is trusted as a whole: ``TUNECACHE_TRUST_STORE=yes``, or ``auto`` (the default) for a
+  SQLite file that only this user can write (the file and its directory are this user's and
+  neither group- nor world-writable): whoever can write it can already run code as this user.
+
+What a row signature covers (:func:`spec_message`, :func:`binary_message`): a launch spec's
+kernel source, target digest, config, Triton cache key, Triton version and the sha256 of
+its specialisation text; a binary's or host module's content address (every byte of its metadata,
+whose ``target`` names the GPU architecture, and of its binary; see
+:func:`tunecache.model.binary_sha256`), its Triton cache key, name, extension and Triton version.
+Both are recomputed from the row's content when it is checked, never read from the row.
+
+A row that is not vouched for is not placed, not loaded, and counted (``stats()["untrusted"]``);
+the process says so in one warning line, whatever the number of rows, and compiles those kernels
+as Triton would. Results (timings, winners) are not code and are read from any store.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import stat
+import threading
+from dataclasses import dataclass, replace
+from typing import Any
+
+from tunecache import counters, settings, signing
+from tunecache.errors import SigningError
+from tunecache.model import Binary, LaunchSpec, binary_sha256
+
+log = logging.getLogger("tunecache")
+
+
+def _message(kind: str, fields: dict[str, str]) -> bytes:
+    return json.dumps({"kind": kind, **fields}, sort_keys=True, separators=(",", ":")).encode()
+
+
+def spec_message(source_hash: str, target_digest: str, spec: LaunchSpec) -> bytes:
+    """What a launch spec row's signature signs (not the kernel's name: its source is named)."""
+    return _message(
+        "launch_spec",
+        {
+            "source_hash": source_hash,
+            "target_digest": target_digest,
+            "config_hash": spec.config_hash,
+            "kernel_hash": spec.kernel_hash,
+            "triton_version": spec.triton_version,
+            "spec_sha256": hashlib.sha256(spec.spec_json.encode()).hexdigest(),
+        },
+    )
+
+
+def binary_message(b: Binary) -> bytes:
+    """What a binary (or host module) row's signature signs."""
+    content = binary_sha256(b.triton_key, b.name, b.ext, b.triton_version, b.metadata, b.binary)
+    return _message(
+        "binary",
+        {
+            "triton_key": b.triton_key,
+            "sha256": content,
+            "name": b.name,
+            "ext": b.ext,
+            "triton_version": b.triton_version,
+        },
+    )
+
+
+_signer_warned = False
+
+
+def _signer() -> signing.Signer | None:
+    """This process's signing key; a key that cannot be read is warned about once and rows are stored
+    unsigned (a fleet that trusts only signed rows then compiles them: never a failed launch)."""
+    global _signer_warned
+    try:
+        return signing.process_signer()
+    except SigningError as e:
+        if not _signer_warned:
+            _signer_warned = True
+            log.warning("tunecache: TUNECACHE_SIGNING_KEY: %s; binaries and launch specs are stored unsigned", e)
+        return None
+
+
+def sign_specs(source_hash: str, target_digest: str, specs: list[LaunchSpec]) -> list[LaunchSpec]:
+    """``specs`` signed with this process's key (unchanged where no key is set or one is signed)."""
+    signer = _signer()
+    if signer is None:
+        return specs
+    return [
+        s if s.signature else replace(s, signature=signer.sign_row(spec_message(source_hash, target_digest, s)))
+        for s in specs
+    ]
+
+
+def sign_binaries(bins: list[Binary]) -> list[Binary]:
+    """``bins`` signed with this process's key (unchanged where no key is set or one is signed)."""
+    signer = _signer()
+    if signer is None:
+        return bins
+    return [b if b.signature else replace(b, signature=signer.sign_row(binary_message(b))) for b in bins]
+
+
+def private_sqlite(url: Any) -> bool:
+    """Whether ``url`` is a SQLite file (existing or not) that only this user can write."""
+    if not str(getattr(url, "drivername", "")).startswith("sqlite"):
+        return False
+    db = getattr(url, "database", None)
+    if not db or db == ":memory:" or db.startswith("file:"):
+        return False
+    path = os.path.abspath(os.path.expanduser(db))
+    for p in (path, os.path.dirname(path)):
+        try:
+            st = os.stat(p)
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return False
+        if st.st_uid != os.geteuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            return False
+    return True
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What one process trusts of one store."""
+
+    keys: frozenset[bytes]  # raw Ed25519 public keys
+    whole: bool  # the store is trusted as a whole
+    store: str  # its masked URL, for messages
+
+    def spec(self, source_hash: str, target_digest: str, s: LaunchSpec) -> str | None:
+        """Why launch spec ``s`` must not be preloaded; None if it may."""
+        if self.whole:
+            return None
+        return signing.verify_row(s.signature, spec_message(source_hash, target_digest, s), self.keys)
+
+    def specs(self, source_hash: str, by_target: dict[str, list[LaunchSpec]]) -> dict[str, list[LaunchSpec]]:
+        """The launch specs of ``by_target`` (one kernel source's, by target digest) this process
+        may preload; each one refused is counted (:func:`refused`)."""
+        if self.whole:
+            return by_target
+        out: dict[str, list[LaunchSpec]] = {}
+        for t, specs in by_target.items():
+            for s in specs:
+                why = self.spec(source_hash, t, s)
+                if why is None:
+                    out.setdefault(t, []).append(s)
+                else:
+                    refused("launch spec", s.spec_hash[:12], why, self.store)
+        return out
+
+    def binary(self, b: Binary) -> str | None:
+        """Why binary (or host module) ``b`` must not be placed; None if it may."""
+        if self.whole:
+            return None
+        return signing.verify_row(b.signature, binary_message(b), self.keys)
+
+
+def policy(store: Any) -> Policy:
+    """The trust this process gives ``store`` (a :class:`tunecache.store.Store`) now, from the settings.
+    Raises :class:`~tunecache.errors.ConfigurationError` for a bad ``TUNECACHE_TRUSTED_KEYS`` entry."""
+    mode = settings.get("TUNECACHE_TRUST_STORE")
+    whole = mode == "yes" or (mode == "auto" and private_sqlite(store.url))
+    keys = frozenset(signing.trusted_keys().values()) if not whole else frozenset()
+    return Policy(keys, whole, store.masked_url)
+
+
+_refused_lock = threading.Lock()
+_refused_warned = False
+
+
+def refused(what: str, name: str, why: str, store: str) -> None:
+    """Count a row that was not placed or loaded; one warning per process, a debug line per row."""
+    global _refused_warned
+    counters.count(None, None, untrusted=1)
+    log.debug("tunecache: %s %s from %s not used: %s", what, name, store, why)
+    with _refused_lock:
+        if _refused_warned:
+            return
+        _refused_warned = True
+    log.warning(
+        "tunecache: binaries and launch specs from %s that no trusted key signed are not used (first: %s %s: %s); "
+        "Triton compiles those kernels. Sign them where they are tuned (TUNECACHE_SIGNING_KEY) and list the public "
+        "key in TUNECACHE_TRUSTED_KEYS, or set TUNECACHE_TRUST_STORE=yes for a store only you can write. "
+        "stats()['untrusted'] counts them",
+        store,
+        what,
+        name,
+        why,
+    )
+
+
+def reset_warnings() -> None:
+    """Warn again (for tests)."""
+    global _refused_warned
+    with _refused_lock:
+        _refused_warned = False
+
+
+__all__ = [
+    "Policy",
+    "binary_message",
+    "policy",
+    "private_sqlite",
+    "refused",
+    "reset_warnings",
+    "sign_binaries",
+    "sign_specs",
+    "spec_message",
+]
