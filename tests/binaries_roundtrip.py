@@ -18,6 +18,7 @@ from __future__ import annotations
 import glob
 import hashlib
 import json
+import logging
 import os
 import sys
 
@@ -228,7 +229,20 @@ def _in_cache(keys: list) -> list:
     return sorted(k for k in keys if k and get_cache_manager(k).get_file(name) is not None)
 
 
+class _Warnings(logging.Handler):
+    """tunecache's warnings of this process, for the tests that count its lines."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
 def place() -> dict:
+    warned = _Warnings()
+    logging.getLogger("tunecache").addHandler(warned)
     compiles: list[dict] = []
     knobs.compilation.listener = lambda src, metadata, metadata_group, times, cache_hit: compiles.append(
         {"name": src.name, "hash": metadata["hash"], "cache_hit": cache_hit}
@@ -265,6 +279,7 @@ def place() -> dict:
         "launchers_placed": _in_cache(os.environ.get("LAUNCHERS", "").split(",")),
         "merge_hash": str(mk.hash),
         "cubins": {str(k.hash): hashlib.sha256(k.asm["cubin"]).hexdigest() for k in [*cache.values(), mk]},
+        "warnings": warned.lines,
     }
 
 

@@ -26,7 +26,8 @@ from tunecache.cli.output import json_out
 @click.option(
     "--binaries",
     is_flag=True,
-    help="Also write the winners' compiled binaries (format 3), so that the importing host compiles nothing.",
+    help="Also write the winners' compiled binaries (format 4, with each row's signature), so that the importing "
+    "host compiles nothing. Only rows a trusted key signed (or from a store trusted as a whole) are written.",
 )
 @click.option(
     "--sign",
@@ -77,7 +78,12 @@ def export_cmd(
             f"exported {s['problems']} problems ({s['configs']} config rows, {s['launch_specs']} launch specs, "
             + (f"{s['binaries']} binaries, " if binaries else "")
             + f"{s['bytes']} bytes) to {path} in {s['seconds']:.1f}s"
-            + (f", signed by key {s['signed_by']}" if s["signed_by"] else ""),
+            + (f", signed by key {s['signed_by']}" if s["signed_by"] else "")
+            + (
+                f"; {s['untrusted']} launch specs and binaries no trusted key signed were left out"
+                if s.get("untrusted")
+                else ""
+            ),
             err=to_stderr,
         )
 
