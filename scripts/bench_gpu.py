@@ -17,7 +17,11 @@ pause of TC_BENCH_PAUSE_S, default 1 s, stands for the server loading its weight
   fresh-host       a new store imported from an export (with --launch-specs), EMPTY Triton cache: compiles winners only
   fresh-host-binaries  the same from a signed export with --binaries (imported with TUNECACHE_TRUSTED_KEYS):
                    the winners' binaries are placed into the empty Triton cache, so nothing is compiled
-                   (every start counts Triton's compiles per kernel, cache hits apart: "compiles")
+                   (every start counts Triton's compiles per kernel, cache hits apart: "compiles").
+                   The tuning starts sign every row (TUNECACHE_SIGNING_KEY); this start checks each
+                   row's signature against TUNECACHE_TRUSTED_KEYS (TUNECACHE_TRUST_STORE=no)
+  fresh-host-untrusted the same store, the tuning key NOT trusted: nothing placed or preloaded, Triton
+                   compiles; then every bucket checked against the fp32 reference in that store and cache
   winners-direct   the restart's winners launched with config= (no tuner): same kernels to load
   restart-profile  a tunecache restart under cProfile: where its time goes
   restart-series   TC_BENCH_ROUNDS (5) interleaved rounds of fixed / tunecache restart / winners
@@ -449,7 +453,13 @@ def run_all(out_dir: Path, quick: bool) -> dict:
         base_env["TRITON_INTERPRET"] = "1"
     cache1, cache2 = str(work / "triton-cache-1"), str(work / "triton-cache-2")
     url1, url2 = f"sqlite:///{work / 'store1.sqlite3'}", f"sqlite:///{work / 'store2.sqlite3'}"
-    env1 = {**base_env, "TRITON_CACHE_DIR": cache1, "TUNECACHE_URL": url1}
+    # The tuning starts sign what they store, as a fleet's tuning jobs would (README, "Trust model").
+    from tunecache import signing
+
+    key, other_key = work / "signing-key", work / "other-key"
+    signing.keygen(key)
+    signing.keygen(other_key)
+    env1 = {**base_env, "TRITON_CACHE_DIR": cache1, "TUNECACHE_URL": url1, "TUNECACHE_SIGNING_KEY": str(key)}
     r: dict = {
         "buckets": len(buckets),
         "device": torch.cuda.get_device_name() if cuda else "cpu",
@@ -512,7 +522,7 @@ def run_all(out_dir: Path, quick: bool) -> dict:
         """A fresh host from a signed export with binaries: a new store, an EMPTY Triton cache
         (``pause_s``: another pause before the first launch, in its own store and cache)."""
         tc = [sys.executable, "-m", "tunecache.cli"]
-        key, plain, signed = work / "signing-key", work / "results.jsonl.gz", work / "results+binaries.jsonl.gz"
+        plain, signed = work / "results.jsonl.gz", work / "results+binaries.jsonl.gz"
         tag = "" if pause_s is None else f"-{pause_s:g}s"
         url3, cache3 = f"sqlite:///{work / f'store3{tag}.sqlite3'}", str(work / f"triton-cache-3{tag}")
         steps = {}
@@ -522,8 +532,6 @@ def run_all(out_dir: Path, quick: bool) -> dict:
             p = subprocess.run([*tc, *argv], env=env, capture_output=True, text=True)
             steps[name] = {"rc": p.returncode, "wall_s": time.perf_counter() - t0, "out": (p.stdout + p.stderr)[-600:]}
 
-        if not key.exists():
-            run("keygen", ["keygen", str(key)])
         run("export-plain", ["--url", url1, "export", str(plain)])
         run("export-binaries-signed", ["--url", url1, "export", str(signed), "--binaries", "--sign", str(key)])
         trusted = {**base_env, "TUNECACHE_TRUSTED_KEYS": f"{key}.pub"}
@@ -536,8 +544,16 @@ def run_all(out_dir: Path, quick: bool) -> dict:
         }
         label = f"fresh-host-binaries{tag}"
         extra = {} if pause_s is None else {"pause_s": pause_s}
-        start(label, {**base_env, "TRITON_CACHE_DIR": cache3, "TUNECACHE_URL": url3}, **extra)
+        # Every row's signature is checked (a private SQLite file would otherwise be trusted whole).
+        env3 = {**base_env, "TRITON_CACHE_DIR": cache3, "TUNECACHE_URL": url3, "TUNECACHE_TRUST_STORE": "no"}
+        start(label, {**env3, "TUNECACHE_TRUSTED_KEYS": f"{key}.pub"}, **extra)
         r[label]["split_kernels_compiled"] = cubins(cache3)
+        if pause_s is None:  # the same store and an empty cache, the tuning key not trusted
+            cache4 = str(work / "triton-cache-4")
+            untrusted = {**env3, "TRITON_CACHE_DIR": cache4, "TUNECACHE_TRUSTED_KEYS": f"{other_key}.pub"}
+            start("fresh-host-untrusted", untrusted)
+            r["fresh-host-untrusted"]["split_kernels_compiled"] = cubins(cache4)
+            r["fresh-host-untrusted-correctness"] = spawn("correctness", a, untrusted, log)
 
     def fixed() -> None:
         winners = r.get("tunecache-first", {}).get("winners", {})
@@ -655,6 +671,7 @@ def summary(r: dict) -> str:
         "restart-profile",
         "fresh-host",
         "fresh-host-binaries",
+        "fresh-host-untrusted",
         "tunecache-restart-5s",
         "fresh-host-binaries-5s",
     ):
@@ -678,6 +695,7 @@ def summary(r: dict) -> str:
         "tunecache-restart",
         "fresh-host",
         "fresh-host-binaries",
+        "fresh-host-untrusted",
         "tunecache-restart-5s",
         "fresh-host-binaries-5s",
     ):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -282,3 +283,26 @@ def test_export_of_a_store_without_trusted_rows_warns_and_leaves_them_out_throug
     assert header["launch_specs"] == 0 and header["binaries"] == 0 and header["problems"] == 2
     res = CliRunner().invoke(main, ["--url", signed["url"], "export", str(tmp_path / "p.jsonl"), "--binaries"])
     assert res.exit_code == 0  # the tuner's own private SQLite file: trusted as a whole (auto)
+
+
+def test_one_bad_binary_row_never_keeps_the_good_ones_out(signed, tmp_path):
+    """A row whose Triton key Triton's cache manager cannot take (not hex) sits beside good ones: the
+    good ones are still placed (before, the cache manager raised first and nothing was placed)."""
+    url = f"sqlite:///{tmp_path / 'store.sqlite3'}"
+    shutil.copy(signed["url"].removeprefix("sqlite:///"), tmp_path / "store.sqlite3")
+    specs, bins = rows(url, signed["source_hash"])
+    target, v = next(iter(specs.items()))
+    bad_key = "Z" * 64
+    good = next(b for b in bins if b.ext == "cubin")
+    s = open_store(url)
+    s.put_specs(
+        signed["kernel"],
+        signed["source_hash"],
+        target,
+        [dataclasses.replace(v[0], kernel_hash=bad_key, spec_hash="e" * 64)],
+    )
+    s.put_binaries(signed["kernel"], signed["source_hash"], [dataclasses.replace(good, triton_key=bad_key)])
+    r = place(url, tmp_path / "cache")
+    assert r["loaded"] == 4 and r["compiles_at_preload"], r
+    assert all(c["cache_hit"] for c in r["compiles_at_preload"]), r["compiles_at_preload"]
+    assert any("not placed" in w and "64 hex" in w for w in r["warnings"]), r["warnings"]
