@@ -162,8 +162,10 @@ def make_readonly(tmp_path: Path):
 
 @pytest.fixture
 def roles(pg_url):
-    """Two fresh role names; dropped (with their privileges) after the test."""
-    names = {k: f"tc_{k}_{uuid.uuid4().hex[:8]}" for k in ("reader", "tuner")}
+    """Fresh role names (a reader, a tuner, and more for test_roles.py's setups); those created are
+    dropped (with their privileges) after the test."""
+    kinds = ("reader", "tuner", "owner", "writers", "team", "nested", "member", "boss")
+    names = {k: f"tc_{k}_{uuid.uuid4().hex[:8]}" for k in kinds}
     yield names
     from tunecache.engine import resolve_url
 

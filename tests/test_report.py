@@ -7,10 +7,12 @@ import html
 import json
 import os
 import re
+from html.parser import HTMLParser
 
 import pytest
 from chromium import Chromium, find_chromium
 from click.testing import CliRunner
+from realcli import tc
 
 from tunecache import fleet, report
 from tunecache.cli import main
@@ -224,3 +226,58 @@ def test_browser_test_sees_console_errors_and_outside_requests(tmp_path):
     assert any("undefinedFn" in e or "Uncaught" in e for e in got["console_errors"])
     assert "http://127.0.0.1:9/x.png" in got["requests"]
     assert got["plot_sizes"] == [[0, 0]]
+
+
+# Store text is a user's: a kernel's name, a key's values, a config's, a host's. None of it is markup
+# (HTML) nor TeX (matplotlib reads $...$ as math: mangled, or a crash on math it cannot parse).
+HOSTILE = "--><script>alert(1)</script><img src=x onerror=alert(2)>"
+EVIL_KERNEL = f"evil.k{HOSTILE}$x$"
+EVIL_HOST = "gpu-$x^$"  # math that does not parse: matplotlib raises while drawing it
+EVIL_KEY = "a$b$c"
+
+
+class _Tags(HTMLParser):
+    """The elements and attributes a browser would make of a page."""
+
+    def __init__(self, page: str) -> None:
+        super().__init__()
+        self.tags: list[tuple[str, list[tuple[str, str | None]]]] = []
+        self.feed(page)
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append((tag, attrs))
+
+
+def _svg_texts(page: str) -> list[str]:
+    """Every text the SVGs draw, one string per <text> element, as the browser reads it."""
+    return [html.unescape(re.sub(r"<[^>]+>", "", t)) for t in re.findall(r"<text\b[^>]*>(.*?)</text>", page, re.S)]
+
+
+def test_report_draws_and_escapes_store_text_verbatim(sqlite_url, tmp_path):
+    s = open_store(sqlite_url)
+    key = json.dumps([["N", 7], ["tag", EVIL_KEY]])
+    p = Problem(problem_digest("src9", H200, key), EVIL_KERNEL, "src9", H200, key, tuning_seconds=1.0)
+    for host, f in ((EVIL_HOST, 1.0), ("gpu-b", 1.5)):
+        rows = [
+            ConfigResult(h, {**cfg(b), "kwargs": {"BLOCK_T": b, "MODE": "p$y$q"}}, median_ms=b * f, host=host)
+            for h, b in (("c16", 16), ("c32", 32))
+        ]
+        s.put(Problem(**{**p.__dict__, "host": host, "configs": []}), rows)
+    s.record_miss(p, "capture")
+    s.close()
+    out = tmp_path / "r.html"
+    r = tc("--url", sqlite_url, "report", "--min-keys", "1", "-o", str(out))
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    page = out.read_text()
+    # HTML: the payload is text, never a tag or an attribute.
+    tags = _Tags(page).tags
+    assert [t for t, _ in tags if t in ("script", "img")] == []
+    assert [(t, a) for t, attrs in tags for a, _ in attrs if a.startswith("on")] == []
+    assert html.escape(EVIL_KERNEL) in page and EVIL_KERNEL in _text(page)
+    # SVG: each label drawn as the very string stored (no TeX: no $ dropped, no glyphs split).
+    texts = _svg_texts(page)
+    assert EVIL_KERNEL in texts  # time saved, one bar per kernel
+    assert EVIL_HOST in texts  # fleet, one row per host
+    assert f"N=7 tag={EVIL_KEY}" in texts  # heat map and winner line columns
+    assert "BLOCK_T=16 MODE=p$y$q w4 s2" in texts  # heat map rows
+    assert f"k{HOSTILE}$x$ N=7 tag={EVIL_KEY}"[:80] in [t[:80] for t in texts]  # misses

@@ -15,6 +15,7 @@ import sqlalchemy as sa
 import tinykernels
 from click.testing import CliRunner
 from processes import run_procs
+from realcli import one_line_error, tc
 
 import tunecache
 from tunecache.cli import main
@@ -47,7 +48,14 @@ def test_reader_resolves_every_key_with_no_error_and_every_write_is_refused_by_t
     assert res.exit_code == 0, res.output
     out = json.loads(res.output)["roles"]
     assert out == [
-        {"role": roles["reader"], "kind": "reader", "created": True, "privileges": "SELECT", "warning": None}
+        {
+            "role": roles["reader"],
+            "kind": "reader",
+            "created": True,
+            "privileges": "SELECT",
+            "read_only": True,
+            "warnings": [],
+        }
     ]
     reader = as_role(pg_url, roles["reader"])
     for mode in ("readonly", "offline", "readwrite"):  # the serving modes, and a misconfigured worker
@@ -123,3 +131,113 @@ def test_grant_refuses_sqlite(sqlite_url):
     open_store(sqlite_url).close()
     res = CliRunner().invoke(main, ["--url", sqlite_url, "db", "grant", "--reader", "r"])
     assert res.exit_code == 1 and "PostgreSQL" in res.output
+
+
+def sql(url: str, *stmts: str) -> list[list[tuple]]:
+    """Run statements on ``url`` in autocommit; the rows of each (empty for a statement with none)."""
+    engine = sa.create_engine(resolve_url(url), isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as c:
+            return [[tuple(r) for r in res] if (res := c.exec_driver_sql(s)).returns_rows else [] for s in stmts]
+    finally:
+        engine.dispose()
+
+
+#: What ``db grant`` could change: the tables' privileges, the default privileges, the roles.
+GRANT_STATE = (
+    "SELECT c.relname, c.relacl::text FROM pg_class c WHERE c.relnamespace = 'public'::regnamespace ORDER BY 1",
+    "SELECT defaclrole::regrole::text, defaclobjtype, defaclacl::text FROM pg_default_acl ORDER BY 1, 2",
+    "SELECT r.rolname, m.roleid::regrole::text FROM pg_roles r LEFT JOIN pg_auth_members m ON m.member = r.oid "
+    "WHERE starts_with(r.rolname, 'tc_') ORDER BY 1, 2",
+)
+
+
+def upgraded(url: str) -> None:
+    r = tc("--url", url, "db", "upgrade")
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
+def test_grant_refuses_to_make_the_tables_owner_or_the_connected_role_a_reader_and_changes_nothing(pg_url, roles):
+    owner, reader = roles["owner"], roles["reader"]
+    sql(pg_url, f'CREATE ROLE "{owner}" LOGIN CREATEROLE', f'GRANT CREATE, USAGE ON SCHEMA public TO "{owner}"')
+    as_owner = as_role(pg_url, owner)
+    upgraded(as_owner)  # the tables belong to a plain (not superuser) role, as on a managed server
+    (((admin,),),) = sql(pg_url, "SELECT current_user")
+    before = sql(pg_url, *GRANT_STATE)
+    for url, args, named in (
+        (as_owner, ["--reader", owner], owner),  # the connected role, which owns the tables
+        (as_owner, ["--tuner", owner], owner),  # would revoke its TRUNCATE and its default privileges
+        (pg_url, ["--reader", reader, "--reader", owner], owner),  # the tables' owner; the reader not created
+        (pg_url, ["--tuner", admin], admin),  # the connected (super)user
+    ):
+        line = one_line_error(tc("--url", url, "db", "grant", *args))
+        assert named in line and "nothing was changed" in line.lower(), line
+    assert sql(pg_url, *GRANT_STATE) == before
+    (((can,),),) = sql(pg_url, f"SELECT has_table_privilege('{owner}', 'problems', 'INSERT, UPDATE, DELETE')")
+    assert can is True
+    # The owner still grants a reader of its own, which is then read-only.
+    r = tc("--url", as_owner, "db", "grant", "--reader", reader, "--json")
+    assert r.returncode == 0, r.stderr[-3000:]
+    (got,) = json.loads(r.stdout)["roles"]
+    assert got["role"] == reader and got["read_only"] is True and got["warnings"] == []
+    assert open_store(as_role(pg_url, reader)).readonly
+
+
+def test_a_reader_that_can_still_write_is_reported_with_each_cause(pg_url, roles):
+    upgraded(pg_url)
+    w, team, reader, nested, member, boss, plain = (
+        roles[k] for k in ("writers", "team", "reader", "nested", "member", "boss", "tuner")
+    )
+    sql(
+        pg_url,
+        f'CREATE ROLE "{w}" NOLOGIN',
+        f'GRANT INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO "{w}"',
+        f'CREATE ROLE "{team}" NOLOGIN',
+        f'GRANT "{w}" TO "{team}"',
+        *(f'CREATE ROLE "{r}" LOGIN' for r in (reader, nested, member, plain)),
+        f'CREATE ROLE "{boss}" LOGIN SUPERUSER',
+        f'GRANT "{w}" TO "{reader}"',  # a writers group
+        f'GRANT "{team}" TO "{nested}"',  # a writers group, through another group
+        f'GRANT pg_write_all_data TO "{member}"',
+    )
+    args = [a for r in (reader, nested, member, boss, plain) for a in ("--reader", r)]
+    r = tc("--url", pg_url, "db", "grant", "--no-create", *args, "--json")
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = {x["role"]: x for x in json.loads(r.stdout)["roles"]}
+    for role in (reader, nested, member, boss):
+        assert got[role]["read_only"] is False, got[role]
+    assert got[plain]["read_only"] is True and got[plain]["warnings"] == []
+    (line,) = got[reader]["warnings"]
+    assert w in line and f'REVOKE "{w}" FROM "{reader}"' in line, line
+    (line,) = got[nested]["warnings"]  # one cause: writers' grants, reached through team
+    assert w in line and team in line and f'REVOKE "{team}" FROM "{nested}"' in line, line
+    (line,) = got[member]["warnings"]
+    assert "pg_write_all_data" in line and f'REVOKE "pg_write_all_data" FROM "{member}"' in line, line
+    (line,) = got[boss]["warnings"]
+    assert "superuser" in line, line
+    # The warnings say the truth: that reader writes, the one without a warning cannot.
+    sql(as_role(pg_url, reader), "DELETE FROM problems")
+    with pytest.raises(sa.exc.ProgrammingError, match="permission denied"):
+        sql(as_role(pg_url, plain), "DELETE FROM problems")
+
+    # Text: the role's line says it, each cause is a warning line on stderr.
+    r = tc("--url", pg_url, "db", "grant", "--no-create", "--reader", reader, "--reader", plain)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.splitlines() == [f"{reader}: reader, but it can still write (see the warning)", f"{plain}: reader"]
+    (warn,) = r.stderr.splitlines()
+    assert warn.startswith(f"tunecache: warning: {reader} ") and w in warn, r.stderr
+
+    # The cause removed, the same grant reports a reader; a grant to PUBLIC is named too.
+    sql(pg_url, f'REVOKE "{w}" FROM "{reader}"', "GRANT INSERT ON configs TO PUBLIC")
+    (got,) = grant(open_store(pg_url), readers=[reader], create=False)
+    (line,) = got["warnings"]
+    assert got["read_only"] is False and "PUBLIC" in line and "configs" in line and "INSERT" in line, line
+    sql(pg_url, "REVOKE INSERT ON configs FROM PUBLIC")
+    (got,) = grant(open_store(pg_url), readers=[reader], create=False)
+    assert got["read_only"] is True and got["warnings"] == []
+
+
+def test_grant_on_mysql_says_what_to_do_instead(mysql_url):
+    open_store(mysql_url).close()
+    line = one_line_error(tc("--url", mysql_url, "db", "grant", "--reader", "r"))
+    assert "MySQL" in line and "GRANT SELECT" in line and "SQLite" not in line, line

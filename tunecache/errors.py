@@ -24,6 +24,11 @@ class SchemaError(StoreError):
     """The database schema is missing, older than needed in read-only mode, or newer than this code."""
 
 
+class RoleError(TunecacheError):
+    """``tunecache db grant`` was asked to give a role a kind that would take away its own rights
+    (the tables' owner, or the role running the grant, made a reader or a tuner); nothing was changed."""
+
+
 class ConfigurationError(TunecacheError, ValueError):
     """A ``TUNECACHE_*`` setting has a value tunecache does not accept."""
 

@@ -4,15 +4,19 @@ Needs the ``report`` extra (matplotlib). No pyplot (no global figure state, no G
 function builds a :class:`~matplotlib.figure.Figure` and returns its SVG. Text stays text
 (``svg.fonttype: none``, drawn by the browser's own sans-serif, so no font is embedded or fetched)
 and every figure gets its own id salt, so the ids of many SVGs in one page never collide.
+
+Every label is store text (kernel names, key values, configs, hosts): it is drawn verbatim, never
+read as TeX, since matplotlib takes ``$...$`` for math and mangles it or fails on math it cannot parse.
 """
 
 from __future__ import annotations
 
+import functools
 import io
 import itertools
 import math
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 try:
     import matplotlib
@@ -28,6 +32,22 @@ HEAT_CAP = 2.0
 FAILED_CODES = {"out_of_resources": "OOR", "compile_error": "CE", "runtime_error": "RE", "pruned": "pr"}
 
 
+_F = TypeVar("_F", bound=Callable[..., str])
+#: Text objects read this when they are made, tick labels as late as the drawing: both happen inside.
+_PLAIN_TEXT = {"text.parse_math": False, "text.usetex": False}
+
+
+def _plain_text(fn: _F) -> _F:
+    """Build and draw the figure with math parsing off, for this figure only (no global rcParams change)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> str:
+        with matplotlib.rc_context(_PLAIN_TEXT):
+            return fn(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
 def _svg(fig: Figure) -> str:
     buf = io.StringIO()
     rc = {"svg.fonttype": "none", "svg.hashsalt": f"tc{next(_ids)}", "font.family": "sans-serif"}
@@ -41,6 +61,7 @@ def _fig(w: float, h: float) -> Figure:
     return Figure(figsize=(max(w, 3.0), max(h, 2.0)), layout="constrained")
 
 
+@_plain_text
 def heatmap(
     configs: Sequence[str],
     keys: Sequence[str],
@@ -70,6 +91,7 @@ def heatmap(
     return _svg(fig)
 
 
+@_plain_text
 def winner_line(keys: Sequence[str], times: Sequence[float], winners: Sequence[str]) -> str:
     """The winner's time per key, in bucket order, coloured by which config wins."""
     fig = _fig(min(14.0, max(6.0, 2.0 + 0.3 * len(keys))), 3.2)
@@ -87,6 +109,7 @@ def winner_line(keys: Sequence[str], times: Sequence[float], winners: Sequence[s
     return _svg(fig)
 
 
+@_plain_text
 def saved_bars(kernels: Sequence[str], saved: Sequence[float], spent: Sequence[float]) -> str:
     """Per kernel: seconds saved (hits x tuning seconds) next to seconds spent tuning."""
     fig = _fig(7.0, 0.8 + 0.35 * len(kernels))
@@ -101,6 +124,7 @@ def saved_bars(kernels: Sequence[str], saved: Sequence[float], spent: Sequence[f
     return _svg(fig)
 
 
+@_plain_text
 def saved_over_time(series: dict[str, tuple[Sequence[Any], Sequence[float]]]) -> str:
     """Cumulative seconds saved per kernel, by the date its problems were tuned."""
     fig = _fig(7.0, 3.0)
@@ -114,6 +138,7 @@ def saved_over_time(series: dict[str, tuple[Sequence[Any], Sequence[float]]]) ->
     return _svg(fig)
 
 
+@_plain_text
 def miss_bars(labels: Sequence[str], capture: Sequence[int], offline: Sequence[int]) -> str:
     """Misses per key, capture and offline stacked: what the next image build should tune."""
     fig = _fig(8.0, 0.8 + 0.28 * len(labels))
@@ -128,6 +153,7 @@ def miss_bars(labels: Sequence[str], capture: Sequence[int], offline: Sequence[i
     return _svg(fig)
 
 
+@_plain_text
 def fleet_strip(
     hosts: Sequence[str],
     ratios: Sequence[Sequence[float]],

@@ -84,7 +84,8 @@ def db_grant(
     """PostgreSQL: create login roles (no password: set one with ALTER ROLE, or use your auth) and grant
     them least privilege on the store's tables: a reader may only SELECT, a tuner may also INSERT,
     UPDATE and DELETE rows. Neither may change the schema: run it as the tables' owner, which also runs
-    `db upgrade`."""
+    `db upgrade` (and which is never made a reader or tuner itself). A reader that can still write
+    (a writers group, pg_write_all_data, PUBLIC, superuser) gets a warning naming each cause."""
     from tunecache.roles import grant
 
     if not readers and not tuners:
@@ -96,7 +97,11 @@ def db_grant(
         json_out({"store": store.masked_url, "roles": done})
         return
     for r in done:
-        click.echo(f"{r['role']}: {r['kind']}{' (created)' if r['created'] else ''}")
+        still = ", but it can still write (see the warning)" if r["kind"] == "reader" and not r["read_only"] else ""
+        click.echo(f"{r['role']}: {r['kind']}{' (created)' if r['created'] else ''}{still}")
+    for r in done:
+        for line in r["warnings"]:
+            click.echo(f"tunecache: warning: {line}", err=True)
 
 
 @click.command()
