@@ -487,3 +487,45 @@ def test_the_edit_cases_cover_every_kind_of_dependency_triton_tracks(tmp_path, m
     kinds -= {"JITCallable", "BoundConstexprFunction"}
     kinds |= {"constexpr"} | ({"aggregate"} if _HAS_AGGREGATE else set())
     assert kinds <= seen, f"kinds of dependency no case covers: {sorted(kinds - seen)}"
+
+
+_AGGREGATE_PLAIN_INIT = """
+import triton, triton.language as tl
+from triton.language.core import _aggregate as aggregate
+
+@aggregate
+class Acc:
+    total: tl.tensor
+
+    def __init__(self, total):
+        self.total = total
+
+    @triton.jit
+    def add(self, x):
+        # note
+        return Acc(self.total + x)
+
+@triton.jit
+def k(x, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(x + offs, Acc(tl.load(x + offs)).add(1).total)
+"""
+
+
+@pytest.mark.skipif(not _HAS_AGGREGATE, reason=_NO_AGGREGATE)
+def test_aggregates_are_in_the_hash_where_tritons_key_misses_them(tmp_path, monkeypatch):
+    """Triton 3.4's cache_key leaves aggregates out, 3.6's their fields, and the interpreter
+    drops their ``@jit`` methods: the source hash has all of them, in both modes alike."""
+    src = _AGGREGATE_PLAIN_INIT
+    base = _load(tmp_path, "agg_base", src).k
+    assert type(base).__name__ == "InterpretedFunction"
+    assert source_hash(_compiled(tmp_path, monkeypatch, "agg_jit", src)) == source_hash(base)
+    edits = {
+        "method": ("self.total + x", "self.total - x"),
+        "init": ("self.total = total", "self.total = total * 2"),
+        "fields": ("total: tl.tensor\n", "total: tl.tensor\n    count: tl.tensor\n"),
+    }
+    for name, (old, new) in edits.items():
+        assert old in src
+        assert source_hash(_load(tmp_path, f"agg_{name}", src.replace(old, new, 1)).k) != source_hash(base), name
+    assert source_hash(_load(tmp_path, "agg_comment", src.replace("# note", "# other note")).k) == source_hash(base)
