@@ -311,3 +311,221 @@ def test_closure_hooks_hash_their_cell_values():
 
     a, b, a2 = (config_identity(triton.Config({"X": 1}, pre_hook=make(v)))[1] for v in (1, 2, 1))
     assert a != b and a == a2
+
+
+# ---- issue 25.3: the tuning key covers every input Triton's own cache_key covers -----------------
+#
+# Each case is a kernel using one kind of dependency that Triton's DependenciesFinder puts in
+# ``JITFunction.cache_key`` and one edit of it. The expectation is read from Triton, not written
+# here: where the edit changes Triton's key, it must change tunecache's source hash, unless the
+# edit is cosmetic (comments, whitespace, position), which must keep the source hash equal.
+
+_CONSTEXPR_FN = """
+import triton, triton.language as tl
+
+FACTOR = tl.constexpr(1)
+
+@triton.constexpr_function
+def inner(n):
+    return n // 2 * FACTOR
+
+@triton.constexpr_function
+def half(n):
+    # note
+    return inner(n)
+
+@triton.jit
+def k(x, BLOCK: tl.constexpr):
+    offs = tl.arange(0, half(BLOCK))
+    tl.store(x + offs, tl.load(x + offs))
+"""
+
+_AGGREGATE = """
+import triton, triton.language as tl
+from triton.language.core import _aggregate as aggregate
+
+@aggregate
+class Acc:
+    total: tl.tensor
+    SCALE: tl.constexpr
+
+    @triton.constexpr_function
+    def __init__(self, total, SCALE):
+        self.total = total
+        self.SCALE = tl.constexpr(SCALE)
+
+    @triton.jit
+    def add(self, x):
+        # note
+        return Acc(self.total + x * self.SCALE, self.SCALE)
+
+@triton.jit
+def k(x, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    a = Acc(tl.load(x + offs), 2)
+    tl.store(x + offs, a.add(tl.load(x + offs)).total)
+"""
+
+_JIT_HELPER = """
+import triton, triton.language as tl
+
+BLOCK_G = tl.constexpr(16)
+
+@triton.jit
+def helper(a):
+    # note
+    return a + 1
+
+@triton.jit
+def k(x):
+    offs = tl.arange(0, BLOCK_G)
+    tl.store(x + offs, helper(tl.load(x + offs)))
+"""
+
+_HAS_CONSTEXPR_FN = hasattr(triton, "constexpr_function")
+_HAS_AGGREGATE = hasattr(tl.core, "_aggregate")
+_NO_CONSTEXPR_FN = f"Triton {triton.__version__} has no triton.constexpr_function"
+_NO_AGGREGATE = f"Triton {triton.__version__} has no triton.language.core._aggregate"
+
+# (id, source, old, new, cosmetic, needs constexpr_function, needs _aggregate)
+_EDITS = [
+    ("jit-helper-body", _JIT_HELPER, "a + 1", "a + 2", False, False, False),
+    (
+        "jit-helper-noinline",
+        _JIT_HELPER,
+        "@triton.jit\ndef helper",
+        "@triton.jit(noinline=True)\ndef helper",
+        False,
+        False,
+        False,
+    ),
+    ("constexpr-global", _JIT_HELPER, "tl.constexpr(16)", "tl.constexpr(32)", False, False, False),
+    ("jit-helper-comment", _JIT_HELPER, "# note", "# another note", True, False, False),
+    ("jit-helper-whitespace", _JIT_HELPER, "a + 1", "a  +  1", True, False, False),
+    ("kernel-position", _JIT_HELPER, "\n@triton.jit\ndef k", "\n\n\n@triton.jit\ndef k", True, False, False),
+    ("constexpr-function-body", _CONSTEXPR_FN, "return inner(n)", "return inner(2 * n)", False, True, False),
+    ("constexpr-function-callee", _CONSTEXPR_FN, "n // 2", "n // 4", False, True, False),
+    ("constexpr-function-global", _CONSTEXPR_FN, "tl.constexpr(1)", "tl.constexpr(2)", False, True, False),
+    ("constexpr-function-comment", _CONSTEXPR_FN, "# note", "# another note", True, True, False),
+    ("aggregate-method-body", _AGGREGATE, "x * self.SCALE", "x + self.SCALE", False, True, True),
+    ("aggregate-init-body", _AGGREGATE, "tl.constexpr(SCALE)", "tl.constexpr(SCALE * 2)", False, True, True),
+    (
+        "aggregate-fields",
+        _AGGREGATE,
+        "SCALE: tl.constexpr\n",
+        "SCALE: tl.constexpr\n    EXTRA: tl.constexpr\n",
+        False,
+        True,
+        True,
+    ),
+    ("aggregate-method-comment", _AGGREGATE, "# note", "# another note", True, True, True),
+    ("aggregate-method-whitespace", _AGGREGATE, "return Acc(self.total", "return  Acc( self.total", True, True, True),
+]
+
+
+def _compiled(tmp_path, monkeypatch, name, src):
+    """The module's kernel as Triton's real JITFunction (its ``cache_key`` needs no GPU). Each
+    version of a module has the same name in its own folder: Triton's key of a recursive
+    dependency holds the module's name."""
+    (tmp_path / name).mkdir()
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    try:
+        k = _load(tmp_path / name, "edited", src).k
+    finally:
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert type(k).__name__ == "JITFunction"
+    return k
+
+
+@pytest.mark.parametrize("case", _EDITS, ids=[c[0] for c in _EDITS])
+def test_an_edit_that_changes_tritons_key_changes_the_source_hash(tmp_path, monkeypatch, case):
+    name, src, old, new, cosmetic, needs_cfn, needs_agg = case
+    if needs_cfn and not _HAS_CONSTEXPR_FN:
+        pytest.skip(_NO_CONSTEXPR_FN)
+    if needs_agg and not _HAS_AGGREGATE:
+        pytest.skip(_NO_AGGREGATE)
+    assert old in src
+    mod = name.replace("-", "_")
+    base = _compiled(tmp_path, monkeypatch, f"{mod}_a", src)
+    same = _compiled(tmp_path, monkeypatch, f"{mod}_b", src)
+    edited = _compiled(tmp_path, monkeypatch, f"{mod}_c", src.replace(old, new, 1))
+    assert base.cache_key == same.cache_key and source_hash(base) == source_hash(same)  # stable
+    if base.cache_key == edited.cache_key:
+        pytest.skip(f"Triton {triton.__version__} does not put this edit in its cache_key")
+    if cosmetic:
+        assert source_hash(edited) == source_hash(base)
+    else:
+        assert source_hash(edited) != source_hash(base)
+
+
+def test_the_edit_cases_cover_every_kind_of_dependency_triton_tracks(tmp_path, monkeypatch):
+    """Every kind of value Triton's DependenciesFinder hashes (each ``JITCallable`` class of
+    ``triton.runtime.jit``, aggregate classes, constexpr globals) appears in the cases above: a
+    kind a later Triton adds fails here until a case (and the source hash) covers it."""
+    import triton.runtime.jit as jit
+
+    if not hasattr(jit, "JITCallable"):
+        pytest.skip(f"Triton {triton.__version__} has no JITCallable: its only kind is JITFunction")
+    seen: set[str] = set()
+    record = jit.DependenciesFinder.record_reference
+
+    def spy(self, val, var_dict=None, name=None):
+        if getattr(val, "__triton_aggregate__", False):
+            seen.add("aggregate")
+        elif isinstance(val, jit.JITCallable):
+            seen.add(type(val).__name__)
+        elif type(val).__name__ == "constexpr" and var_dict is not None:
+            seen.add("constexpr")
+        return record(self, val, var_dict, name)
+
+    monkeypatch.setattr(jit.DependenciesFinder, "record_reference", spy)
+    sources = {c[1] for c in _EDITS if (_HAS_CONSTEXPR_FN or not c[5]) and (_HAS_AGGREGATE or not c[6])}
+    for i, src in enumerate(sorted(sources)):
+        _compiled(tmp_path, monkeypatch, f"kinds_{i}", src).cache_key  # noqa: B018
+    kinds = {c.__name__ for c in vars(jit).values() if isinstance(c, type) and issubclass(c, jit.JITCallable)}
+    # BoundConstexprFunction: Triton's own cache_key raises on it (it lacks used_global_vals).
+    kinds -= {"JITCallable", "BoundConstexprFunction"}
+    kinds |= {"constexpr"} | ({"aggregate"} if _HAS_AGGREGATE else set())
+    assert kinds <= seen, f"kinds of dependency no case covers: {sorted(kinds - seen)}"
+
+
+_AGGREGATE_PLAIN_INIT = """
+import triton, triton.language as tl
+from triton.language.core import _aggregate as aggregate
+
+@aggregate
+class Acc:
+    total: tl.tensor
+
+    def __init__(self, total):
+        self.total = total
+
+    @triton.jit
+    def add(self, x):
+        # note
+        return Acc(self.total + x)
+
+@triton.jit
+def k(x, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(x + offs, Acc(tl.load(x + offs)).add(1).total)
+"""
+
+
+@pytest.mark.skipif(not _HAS_AGGREGATE, reason=_NO_AGGREGATE)
+def test_aggregates_are_in_the_hash_where_tritons_key_misses_them(tmp_path, monkeypatch):
+    """Triton 3.4's cache_key leaves aggregates out, 3.6's their fields, and the interpreter
+    drops their ``@jit`` methods: the source hash has all of them, in both modes alike."""
+    src = _AGGREGATE_PLAIN_INIT
+    base = _load(tmp_path, "agg_base", src).k
+    assert type(base).__name__ == "InterpretedFunction"
+    assert source_hash(_compiled(tmp_path, monkeypatch, "agg_jit", src)) == source_hash(base)
+    edits = {
+        "method": ("self.total + x", "self.total - x"),
+        "init": ("self.total = total", "self.total = total * 2"),
+        "fields": ("total: tl.tensor\n", "total: tl.tensor\n    count: tl.tensor\n"),
+    }
+    for name, (old, new) in edits.items():
+        assert old in src
+        assert source_hash(_load(tmp_path, f"agg_{name}", src.replace(old, new, 1)).k) != source_hash(base), name
+    assert source_hash(_load(tmp_path, "agg_comment", src.replace("# note", "# other note")).k) == source_hash(base)

@@ -3,9 +3,10 @@
 A stored result is reusable exactly when the kernel, the machine it ran on and the problem are
 the same. This module turns each of those into stable, portable strings:
 
-* :func:`kernel_identity` hashes the kernel's source and the sources of the ``@jit`` functions it
-  calls. The hash is over the parsed syntax tree, so comments, blank lines and the position of the
-  kernel in its file do not change it (Triton's own ``cache_key`` includes the line number).
+* :func:`kernel_identity` hashes the kernel's source and the sources of the ``@jit`` functions,
+  constexpr functions and aggregate classes it uses. The hash is over the parsed syntax tree, so
+  comments, blank lines and the position of the kernel in its file do not change it (Triton's own
+  ``cache_key`` includes the line number).
 * :func:`tunecache.target.detect_target` describes the device (arch, name, SM count, shared
   memory, driver...); its fields that enter the digest are ``target.DIGEST_TARGET_FIELDS``.
 * :func:`canonical_key` and :func:`config_identity` serialise tuning keys and configs as
@@ -20,8 +21,12 @@ field                     why
 source hash               different code, different timings (and maybe failures). It covers
                           every input of the generated code that is not a launch
                           argument: the kernel's and its called ``@jit`` functions'
-                          source, the globals they read as compile-time values
-                          (``tl.constexpr``, ``tl.dtype``, scalars, tuples), default
+                          source, the user's ``@triton.constexpr_function``s and
+                          aggregate classes (fields and methods) they use (every
+                          kind Triton's ``cache_key`` hashes; tests/test_identity.py
+                          checks each against it), the globals they read as
+                          compile-time values (``tl.constexpr``, ``tl.dtype``,
+                          scalars, tuples), default
                           values bound from globals, ``@triton.jit`` options
                           (``do_not_specialize``, ``..._on_alignment``, ``debug``,
                           ``noinline``), ``@triton.heuristics`` functions (their values
@@ -261,7 +266,8 @@ def _defaults(pyfn: Any, node: ast.AST) -> str | None:
 
 
 def source_hash(fn: Any) -> str:
-    """Portable hash of a kernel, every ``@jit`` function it calls (transitively) and every other
+    """Portable hash of a kernel, every ``@jit`` function, ``@triton.constexpr_function`` and aggregate
+    class (``triton.language.core._aggregate``) it uses (transitively) and every other
     input of its generated code that is not a launch argument (see :func:`code_inputs`)."""
     base = _source_hash(base_function(fn), frozenset())
     extra = code_inputs(fn)
@@ -286,6 +292,10 @@ def _source_hash(pyfn: Any, visiting: frozenset[int]) -> str:
         elif type(obj).__name__ == "constexpr" and hasattr(obj, "value"):
             # Module-level tl.constexpr globals change the generated code, as Triton knows too.
             parts.append(f"{name}=constexpr({obj.value!r})")
+        elif (cfn := _constexpr_function(obj)) is not None:
+            parts.append(f"{name}=constexpr_function:{_callee_hash(cfn, visiting)}")
+        elif _is_aggregate(obj):
+            parts.append(f"{name}=aggregate:{_aggregate_hash(obj, visiting)}")
     if tree is not None and tree.body:
         node = tree.body[0]
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -300,6 +310,87 @@ def _source_hash(pyfn: Any, visiting: frozenset[int]) -> str:
             extra.append(d)
     # Kernels without these inputs keep the hash they had before they were hashed.
     return sha256_hex("\n".join(parts + (["--", *extra] if extra else [])))
+
+
+def _callee_hash(pyfn: Any, visiting: frozenset[int]) -> str:
+    return "<recursive>" if id(pyfn) in visiting else _source_hash(pyfn, visiting)
+
+
+def _user_code(pyfn: Any) -> bool:
+    """False for code of a fixed module (Triton's own helpers): the Triton version in the digest
+    covers it, and leaving it out keeps the hash of kernels that call it as it was."""
+    return (getattr(pyfn, "__module__", None) or "").split(".", 1)[0] not in _FIXED_MODULES
+
+
+def _constexpr_function(obj: Any) -> Any | None:
+    """The Python function of a user's ``@triton.constexpr_function`` (Triton 3.5+), bound or not:
+    it runs at compile time, so its body is code of the kernel, as in Triton's ``cache_key``."""
+    names = {c.__name__ for c in type(obj).__mro__}
+    if "BoundConstexprFunction" in names:
+        obj = getattr(obj, "__func__", None)
+        names = {c.__name__ for c in type(obj).__mro__}
+    fn = getattr(obj, "fn", None)
+    if "ConstexprFunction" in names and inspect.isfunction(fn) and _user_code(fn):
+        return fn
+    return None
+
+
+def _is_aggregate(obj: Any) -> bool:
+    """A user's ``@triton.language.core._aggregate`` class (Triton's ``__triton_aggregate__``)."""
+    try:
+        return isinstance(obj, type) and getattr(obj, "__triton_aggregate__", False) is True and _user_code(obj)
+    except Exception:  # noqa: BLE001 - an object whose attribute lookup fails is no aggregate
+        return False
+
+
+def _type_name(t: Any) -> str:
+    return f"{t.__module__}.{t.__qualname__}" if isinstance(t, type) else repr(t)
+
+
+def _wrapped_class(cls: type) -> type | None:
+    """The class ``_aggregate`` decorated: its wrapper's methods hold it in their closures (Triton
+    3.4-3.9). Its ``__dict__`` has every method, also those Triton leaves off the wrapper (the
+    interpreter's ``@jit`` methods) and off ``hash_attrs`` (3.4 has none)."""
+    for attr in vars(cls).values():
+        fn = getattr(attr, "__func__", None) or getattr(attr, "fget", None) or attr
+        for cell in getattr(fn, "__closure__", None) or ():
+            try:
+                v = cell.cell_contents
+            except ValueError:
+                continue
+            if isinstance(v, type) and v is not cls and v.__qualname__ == cls.__qualname__:
+                return v
+    return None
+
+
+def _aggregate_hash(cls: type, visiting: frozenset[int]) -> str:
+    """An aggregate's fields (names, types, defaults) and the code of its methods: what Triton's
+    ``cache_key`` hashes of it (``__annotations__`` and ``hash_attrs``), comments left out, and
+    what some Triton versions leave out of it (3.4: all of it; before 3.9: the fields)."""
+    if id(cls) in visiting:
+        return "<recursive>"
+    visiting = visiting | {id(cls)}
+    orig = _wrapped_class(cls)
+    ann = cls.__dict__.get("__annotations__") or getattr(orig, "__annotations__", None) or {}
+    fields = {k: _type_name(v) for k, v in ann.items()}
+    defaults = {
+        k: _token(v) or f"<{type(v).__qualname__}>" for k, v in getattr(cls, "__aggregate_defaults__", {}).items()
+    }
+    parts = [canonical_json({"fields": fields, "defaults": defaults})]
+    members = [*getattr(cls, "hash_attrs", ()), *(vars(orig).values() if orig is not None else ())]
+    methods: dict[int, str] = {}
+    for member in members:
+        opts: dict[str, Any] = {}
+        if _is_jit_wrapper(member):
+            opts = jit_options(member, kernel=False)
+            pyfn = member.fn
+        else:
+            pyfn = _constexpr_function(member) or getattr(member, "__func__", member)  # staticmethod too
+        if not inspect.isfunction(pyfn) or getattr(pyfn, "__triton_builtin__", False) or not _user_code(pyfn):
+            continue  # Triton's generated __init__ (its fields are hashed above), attributes
+        entry = f"{pyfn.__qualname__}={_callee_hash(pyfn, visiting)}"
+        methods[id(pyfn)] = entry + (f";options={canonical_json(opts)}" if opts else "")
+    return sha256_hex("\n".join(parts + sorted(methods.values())))
 
 
 def jit_options(jit: Any, *, kernel: bool = True) -> dict[str, Any]:
