@@ -16,13 +16,13 @@ import time
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
-KERNEL = '''
+KERNEL = """
 @tunecache.autotune(configs=CONFIGS, key=["N"])
 @triton.jit
 def k{i}(x, out, N, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     tl.store(out + offs, tl.load(x + offs, mask=offs < N) + {i}, mask=offs < N)
-'''
+"""
 
 
 def main(n: int, m: int) -> dict:

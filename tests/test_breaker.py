@@ -58,15 +58,6 @@ def hung_server() -> Iterator[HungServer]:
     s.close()
 
 
-def _refused_url() -> str:
-    """A port nobody listens on: every connection is refused at once."""
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return f"postgresql+psycopg://u@127.0.0.1:{port}/db"
-
-
 def _library(url: str, n: int, m: int, timeout: float) -> tuple[dict, float]:
     """Run tests/manykernels.py N M on ``url``; its result and how long its exit took."""
     env = {**os.environ, "TUNECACHE_URL": url, "TUNECACHE_CONNECT_TIMEOUT": str(CONNECT_TIMEOUT)}
@@ -83,13 +74,17 @@ def _library(url: str, n: int, m: int, timeout: float) -> tuple[dict, float]:
     return out, ended - out["done_at"]
 
 
-def test_store_that_never_answers_costs_one_connect_timeout(hung_server):
+def test_store_that_never_answers_costs_one_connect_timeout(hung_server, tmp_path):
     """200 kernels defined and 4 launched against a server that accepts and never answers: one
-    connection attempt in all, the kernels tuned in the process, and an exit in under 3 s."""
-    base, _ = _library(_refused_url(), 200, 4, timeout=120)  # the same work, with a store that says no
+    connection attempt in all, the kernels tuned in the process, and an exit in under 3 s (or, on a
+    machine so loaded that the interpreter's own exit takes that long, within 1 s of the same
+    program's exit on a store that answers)."""
+    # The same work on a store that answers at once (and stores the results): what it costs without a stall.
+    base, base_exit = _library(f"sqlite:///{tmp_path / 's.sqlite3'}", 200, 4, timeout=120)
     hung, exit_s = _library(hung_server.url(), 200, 4, timeout=60)  # without the breaker: minutes
-    assert hung["stats"]["benchmarks"] == 4 * 2 and hung["stats"]["store_errors"] >= 1
+    assert hung["stats"]["benchmarks"] == base["stats"]["benchmarks"] == 4 * 2
+    assert hung["stats"]["store_errors"] >= 1
     assert hung_server.accepted == 1, "the store was tried again before its back-off ended"
     stall = hung["define_s"] + hung["launch_s"] - (base["define_s"] + base["launch_s"])
     assert stall <= 1.5 * CONNECT_TIMEOUT, (stall, hung, base)
-    assert exit_s < 3.0, exit_s
+    assert exit_s < max(3.0, base_exit + 1.0), (exit_s, base_exit)
