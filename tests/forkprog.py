@@ -25,7 +25,7 @@ from dataclasses import replace  # noqa: E402
 import tinykernels  # noqa: E402
 
 import tunecache  # noqa: E402
-from tunecache import background, companions, counters, migrate, opening, writeback  # noqa: E402
+from tunecache import background, breaker, companions, counters, migrate, opening, writeback  # noqa: E402
 from tunecache.opening import open_store  # noqa: E402
 
 CHILD_LIMIT_S = 60
@@ -156,6 +156,7 @@ def locks(url: str) -> dict:
         "counters.warned_lock": lambda: counters.fork_locks()["counters.warned_lock"],
         "writeback.lock": lambda: writeback.fork_locks()["writeback.lock"],
         "companions.lock": lambda: companions.fork_locks()["companions.lock"],
+        "breaker.lock": lambda: breaker.fork_locks()["breaker.lock"],
         "tuner.identity_lock": lambda: k.fork_locks()["tuner.identity_lock"],
         "tuner.lock": lambda: k.fork_locks()["tuner.lock"],
     }

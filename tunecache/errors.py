@@ -16,6 +16,11 @@ class StoreNotFoundError(StoreError):
     raised where a store must not be created, e.g. by read-only CLI commands."""
 
 
+class StoreOfflineError(StoreError):
+    """The store's server did not answer a connection attempt a moment ago: it is not tried again
+    until its back-off ends (tunecache.breaker), so this was raised at once, without waiting."""
+
+
 class StoreReadOnlyError(StoreError):
     """A write was attempted on a store opened read-only."""
 

@@ -14,7 +14,7 @@ import threading
 
 from sqlalchemy.engine import URL
 
-from tunecache import settings
+from tunecache import breaker, settings
 from tunecache.engine import make_engine, mask_url, resolve_url, sqlite_path, sqlite_writable
 from tunecache.errors import StoreError, StoreNotFoundError
 from tunecache.migrate import check_schema
@@ -97,11 +97,15 @@ def open_store(
 
 
 def shared_store(url: str | URL | None = None) -> Store:
-    """One Store per URL per process (the autotuner's), opened lazily."""
-    key = (str(resolve_url(url)), os.getpid())  # never share pooled connections across fork()
+    """One Store per URL per process (the autotuner's), opened lazily. While the server's breaker
+    is open (it did not answer a moment ago), raises StoreOfflineError at once: a library's
+    hundreds of kernels each ask, and none builds an engine for a server known not to answer."""
+    u = resolve_url(url)
+    key = (str(u), os.getpid())  # never share pooled connections across fork()
     with _stores_lock:
         s = _stores.get(key)
         if s is None:
+            breaker.check(u)
             s = _stores[key] = open_store(url)
         return s
 

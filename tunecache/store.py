@@ -31,7 +31,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from tunecache import counters, forkgate, trust
+from tunecache import breaker, counters, forkgate, trust
 from tunecache.bulk import BulkWriter, bulk_writer
 from tunecache.engine import mask_url, scrub, store_error
 from tunecache.errors import StoreError, StoreReadOnlyError, driver_message
@@ -120,19 +120,28 @@ class Store:
             raise store_error(what, e, self.url) from None
 
     @contextlib.contextmanager
+    def _connect(self) -> Iterator[Connection]:
+        """A connection, through this process's breaker of the server (:mod:`tunecache.breaker`):
+        refused at once while a server that did not answer is left alone."""
+        with breaker.attempt(self.url):
+            conn = self.engine.connect()
+        with conn:
+            yield conn
+
+    @contextlib.contextmanager
     def _write(self, what: str) -> Iterator[Connection]:
         if self.readonly:
             raise StoreReadOnlyError(f"{what}: store {self.masked_url} is opened read-only")
         gate = forkgate.writing() if self.dialect == "sqlite" else contextlib.nullcontext()
         self._names = None  # this process may store a problem of a kernel it has not stored before
-        with gate, self._guard(what), self.engine.connect() as conn:
+        with gate, self._guard(what), self._connect() as conn:
             conn.execution_options(tunecache_write=True)
             with conn.begin():
                 yield conn
 
     @contextlib.contextmanager
     def _read(self, what: str) -> Iterator[Connection]:
-        with self._guard(what), self.engine.connect() as conn:
+        with self._guard(what), self._connect() as conn:
             yield conn
 
     @contextlib.contextmanager
@@ -145,7 +154,7 @@ class Store:
         PostgreSQL: REPEATABLE READ, READ ONLY; MySQL/MariaDB: REPEATABLE READ (InnoDB's consistent
         read). Writers are not blocked on any of them.
         """
-        with self._guard(what), self.engine.connect() as conn:
+        with self._guard(what), self._connect() as conn:
             if self.dialect == "sqlite":
                 conn.execution_options(tunecache_snapshot=True)
             elif self.dialect == "postgresql":
