@@ -88,6 +88,7 @@ def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """Every test: its own default store, lock dir and counters; no leaked env."""
     monkeypatch.setenv("TUNECACHE_URL", f"sqlite:///{tmp_path / 'default.sqlite3'}")
     monkeypatch.setenv("TUNECACHE_LOCK_DIR", str(tmp_path / "locks"))
+    monkeypatch.setenv("TUNECACHE_MISS_SPOOL", str(tmp_path / "misses.jsonl"))
     for var in (
         "TUNECACHE_MODE",
         "TUNECACHE_TARGET_OVERRIDE",

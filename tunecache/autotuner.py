@@ -32,7 +32,7 @@ from typing import Any
 import orjson
 from triton.runtime.autotuner import Autotuner
 
-from tunecache import background, companions, counters, measure, settings, singleflight, winner, writeback
+from tunecache import background, companions, counters, measure, missspool, settings, singleflight, winner, writeback
 from tunecache import preload as _preload
 from tunecache.errors import CaptureMissError, StoreError
 from tunecache.firstcall import first_run
@@ -498,17 +498,34 @@ class TunecacheAutotuner(Autotuner):
         cfg = dict(zip(ctx.hashes, ctx.configs))[near] if near is not None else ctx.configs[0]
         self._settle(ctx.key, cfg)
         counters.count(self._tc_name, None, **{f"{reason}_fallbacks": 1})
-        counters.warn_once(
-            self._tc_name,
-            reason,
-            "tunecache: %s: no stored config for %s during %s; using %s without benchmarking. "
-            "Run `tunecache misses` and tune these keys before the next start.",
-            self._tc_name,
-            ctx.key_json,
-            "CUDA graph capture" if reason == "capture" else "offline mode",
-            cfg,
-        )
-        self._tc_ks.record_miss(self._problem(ctx), reason)
+        where = self._tc_ks.record_miss(self._problem(ctx), reason)
+        what = (self._tc_name, ctx.key_json, "CUDA graph capture" if reason == "capture" else "offline mode", cfg)
+        missed = "tunecache: %s: no stored config for %s during %s; using %s without benchmarking. "
+        if where == "unrecorded":  # nothing keeps this key but the log: one line per key
+            counters.warn_once(
+                self._tc_name,
+                f"{reason}:{ctx.digest}",
+                missed + "The store is read-only and the miss spool %s is not writable (set TUNECACHE_MISS_SPOOL): "
+                "this miss is not recorded; tune this key before the next start.",
+                *what,
+                missspool.path(),
+            )
+        elif where == "spool":
+            counters.warn_once(
+                self._tc_name,
+                reason,
+                missed + "The store is read-only: misses are recorded in %s, which `tunecache misses` lists; "
+                "tune these keys before the next start.",
+                *what,
+                missspool.path(),
+            )
+        else:
+            counters.warn_once(
+                self._tc_name,
+                reason,
+                missed + "Run `tunecache misses` and tune these keys before the next start.",
+                *what,
+            )
         return True
 
     def _new_round(self, ctx: _Ctx, p: Problem | None) -> Round:

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from tunecache import background, binaries, companions, counters, preload, settings, trust, writeback
-from tunecache.errors import StoreError
+from tunecache import background, binaries, companions, counters, missspool, preload, settings, trust, writeback
+from tunecache.errors import StoreError, StoreReadOnlyError
 from tunecache.model import ConfigResult, LaunchSpec, Problem, pick_winner
 from tunecache.opening import shared_store
 from tunecache.store import Store
@@ -238,14 +238,24 @@ class KernelStore:
             except StoreError as e:
                 self.trouble("write", e)
 
-    def record_miss(self, problem: Problem, reason: str) -> None:
-        """Record ``problem`` as a miss with ``reason`` (``tunecache misses``), if the store takes writes."""
+    def record_miss(self, problem: Problem, reason: str) -> str:
+        """Record ``problem`` as a miss with ``reason`` (``tunecache misses``): in the store if it takes
+        writes, else, a read-only store, in the local spool (:mod:`tunecache.missspool`). Returns where:
+        "store", "spool", "unrecorded" (read-only store, spool not writable) or "failed" (the store
+        is down or refused the write: warned about by :meth:`trouble`)."""
         store = self.get()
-        if store is not None and not store.readonly:
+        if store is None:
+            return "failed"
+        if not store.readonly:
             try:
                 store.record_miss(problem, reason)
+                return "store"
+            except StoreReadOnlyError:
+                pass  # read-only after all (a file or login that cannot write): the spool, as below
             except StoreError as e:
                 self.trouble("write", e)
+                return "failed"
+        return "spool" if missspool.append(problem, reason, store.masked_url) else "unrecorded"
 
     def record_miss_later(self, problem: Problem, reason: str) -> None:
         """:meth:`record_miss` in the background (a report, never a delay)."""

@@ -171,6 +171,13 @@ SETTINGS: dict[str, Setting] = {
         Setting("TUNECACHE_LEASE_SECONDS", "30", _number, "how long a benchmark lease lives without renewal"),
         Setting("TUNECACHE_WAIT_SECONDS", "300", _number, "how long to wait for another process's benchmark"),
         Setting("TUNECACHE_LOCK_DIR", None, _text, "per-digest lock files of one host; unset: the user cache dir"),
+        Setting(
+            "TUNECACHE_MISS_SPOOL",
+            None,
+            _text,
+            "JSON-lines file for misses a read-only store cannot record (`tunecache misses` reads it);"
+            " unset: misses.jsonl in the user cache dir",
+        ),
         Setting("TUNECACHE_AUTO_MIGRATE", "1", _switch, "apply schema migrations on first use"),
         Setting("TUNECACHE_SQLITE_BUSY_MS", "30000", _count(0), "SQLite busy timeout, milliseconds"),
         Setting("TUNECACHE_CONNECT_TIMEOUT", "5", _count(1), "seconds to wait for a database server"),

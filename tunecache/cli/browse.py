@@ -10,6 +10,7 @@ from typing import Any
 import click
 import orjson
 
+from tunecache import missspool
 from tunecache.cli.options import filter_options, json_option, problem_filters, store_for
 from tunecache.cli.output import json_out, problem_summary, table
 from tunecache.errors import TunecacheError
@@ -216,9 +217,11 @@ def stats(ctx: click.Context, as_json: bool) -> None:
 @click.pass_context
 def misses(ctx: click.Context, as_json: bool) -> None:
     """Keys that missed during a CUDA graph capture or in offline mode (tune them next image build), and
-    the first key of kernels tunecache could not serve (reason ``uncovered``)."""
+    the first key of kernels tunecache could not serve (reason ``uncovered``); with those of this
+    store that processes on this host recorded in the local spool because the store was read-only."""
     store = store_for(ctx)
-    rows = store.list_misses()
+    rows = [{**r, "recorded": "store"} for r in store.list_misses()]
+    rows += [{**r, "recorded": "spool"} for r in missspool.read(store.masked_url)]
     if as_json:
         json_out([{**r, "key": orjson.loads(r.pop("key_json"))} for r in rows])
         return
@@ -229,3 +232,6 @@ def misses(ctx: click.Context, as_json: bool) -> None:
             for r in rows
         ),
     )
+    spooled = sum(r["recorded"] == "spool" for r in rows)
+    if spooled:
+        click.echo(f"{spooled} of them from {missspool.path()} (this host's misses while the store was read-only)")

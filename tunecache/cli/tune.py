@@ -29,8 +29,11 @@ log = logging.getLogger("tunecache")
 def warm(ctx: click.Context, module: str, as_json: bool) -> None:
     """Tune ahead of time: import MODULE and call its warmup() (e.g. during an image build).
 
-    Progress per key goes to stderr (a bar on a terminal); without a GPU, kernels run under the
-    Triton interpreter (TRITON_INTERPRET=1 is set before triton is imported).
+    MODULE is imported as ``python -m`` would (the current directory first on sys.path), with
+    tunecache installed: plain ``@triton.autotune`` kernels and libraries' own Autotuners are
+    served and tuned into the store too. Progress per key goes to stderr (a bar on a terminal);
+    without a GPU, kernels run under the Triton interpreter (TRITON_INTERPRET=1 is set before
+    triton is imported).
     """
     import tunecache
 
@@ -38,17 +41,19 @@ def warm(ctx: click.Context, module: str, as_json: bool) -> None:
         _interpreter_without_gpu()
         if ctx.obj.get("url"):
             settings.put("TUNECACHE_URL", ctx.obj["url"])
-        try:
-            mod = importlib.import_module(module)
-        except ImportError as e:
-            raise TunecacheError(f"cannot import {module!r}: {e}") from None
-        fn = getattr(mod, "warmup", None)
-        if not callable(fn):
-            raise TunecacheError(f"module {module!r} has no warmup() function")
-        t0 = time.perf_counter()
-        with _WarmProgress(module, quiet=as_json) as progress:
-            result = fn(progress=progress) if _takes_progress(fn) else fn()
-        tunecache.flush()
+        with _installed(), _cwd_on_path():
+            mod = _import(module)
+            fn = getattr(mod, "warmup", None)
+            if not callable(fn):
+                raise TunecacheError(f"module {module!r} has no warmup() function")
+            t0 = time.perf_counter()
+            with _WarmProgress(module, quiet=as_json) as progress:
+                try:
+                    result = fn(progress=progress) if _takes_progress(fn) else fn()
+                except Exception as e:  # noqa: BLE001  the user's code: any error, one line naming it
+                    log.debug("tunecache: %s.warmup() failed", module, exc_info=True)
+                    raise TunecacheError(f"{module}.warmup() failed: {type(e).__name__}: {e}") from None
+            tunecache.flush()
     out = {"module": module, "seconds": round(time.perf_counter() - t0, 3), "stats": tunecache.stats()}
     if isinstance(result, dict):
         out["buckets"] = len(result)
@@ -62,6 +67,49 @@ def warm(ctx: click.Context, module: str, as_json: bool) -> None:
             + (f"{fallbacks} fallbacks (not tuned: see `tunecache misses`), " if fallbacks else "")
             + f"{s['benchmarks']} configs benchmarked"
         )
+
+
+@contextlib.contextmanager
+def _installed() -> Iterator[None]:
+    """``tunecache.install()`` while MODULE is imported and warmed, so that the Autotuners it builds
+    without naming tunecache are tuned into the store (not only ``@tunecache.autotune`` ones);
+    undone afterwards if it was not installed before (the command may run inside another program)."""
+    from tunecache.decorator import install, installed, uninstall
+
+    ours = not installed()
+    install()
+    try:
+        yield
+    finally:
+        if ours:
+            uninstall()
+
+
+@contextlib.contextmanager
+def _cwd_on_path() -> Iterator[None]:
+    """The current directory first on sys.path, as ``python -m`` has it: the ``tunecache`` script's
+    sys.path starts with its own bin directory, so a module next to the user was not found."""
+    cwd = os.getcwd()
+    added = cwd not in sys.path and "" not in sys.path
+    if added:
+        sys.path.insert(0, cwd)
+    try:
+        yield
+    finally:
+        if added and cwd in sys.path:
+            sys.path.remove(cwd)
+
+
+def _import(module: str) -> Any:
+    """Import the user's module; whatever its import raises becomes one line naming it."""
+    try:
+        return importlib.import_module(module)
+    except Exception as e:  # noqa: BLE001  the user's code: a SyntaxError, a RuntimeError at import, ...
+        log.debug("tunecache: importing %s failed", module, exc_info=True)
+        hint = ""
+        if isinstance(e, ModuleNotFoundError) and e.name and (module == e.name or module.startswith(e.name + ".")):
+            hint = " (run from the directory that holds it, or put that directory on PYTHONPATH)"
+        raise TunecacheError(f"cannot import {module!r}: {type(e).__name__}: {e}{hint}") from None
 
 
 def _interpreter_without_gpu() -> None:
