@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import site
+import subprocess
 import sys
 import sysconfig
 import textwrap
@@ -121,6 +122,51 @@ def test_the_startup_hook_imports_nothing_until_triton_and_honours_zero():
     assert run_json(["-c", probe], {"TUNECACHE_INSTALL": ""}) == [[], False, False]
     assert run_json(["-c", probe], {"TUNECACHE_INSTALL": "1"}) == [[], True, True]
     assert run_json(["-c", probe], {"TUNECACHE_INSTALL": "0"}) == [[], False, True]  # parsed, not installed
+
+
+def hooked(code: str, env: dict) -> tuple[dict, str]:
+    """Run ``code`` (which prints one JSON line last) in a fresh process with the start-up hook on;
+    returns that JSON and the process's stderr (it must exit 0)."""
+    assert _pth_installed(), "tunecache-install.pth is not in site-packages: reinstall (pip install -e .)"
+    path = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p)
+    r = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env={**os.environ, "PYTHONPATH": path, "TUNECACHE_INSTALL": "1", **env},
+        capture_output=True,
+        text=True,
+        cwd=str(HERE),
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1]), r.stderr
+
+
+COVERED = """
+    import json
+    {first}
+    import libmod
+    print(json.dumps({{n: [c.__name__ for c in type(k).__mro__] for n, k in libmod.KERNELS.items()}}))
+"""
+
+
+@pytest.mark.parametrize(
+    "first",
+    [
+        "import tunecache",
+        "import triton",
+        "from tunecache import autotune",  # tunecache.decorator imports triton: the hook ran inside it
+        "import tunecache.autotuner",
+        "import tunecache.adoption",
+        "from tunecache.decorator import install",
+        "import libmod",  # a library that imports triton.autotune
+    ],
+)
+def test_the_startup_hook_installs_whatever_imports_triton_first(first, sqlite_url):
+    """The hook runs inside whichever import reaches Triton first, possibly a half-imported tunecache
+    module; every order still installs, silently."""
+    mros, err = hooked(COVERED.format(first=first), {"TUNECACHE_URL": sqlite_url})
+    assert all("TunecacheAutotuner" in mro for mro in mros.values()), mros
+    assert mros["lib_kernel"][0] == "LibAutotuner" and "tunecache" not in err, err
 
 
 # ---- in process ---------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ from typing import Any
 import orjson
 from triton.runtime.autotuner import Autotuner
 
-from tunecache import background, companions, counters, measure, settings, singleflight, winner, writeback
+from tunecache import background, basepatch, companions, counters, measure, settings, singleflight, winner, writeback
 from tunecache import preload as _preload
 from tunecache.errors import CaptureMissError, StoreError
 from tunecache.firstcall import first_run
@@ -57,10 +57,11 @@ from tunecache.target import detect_target, hostname, interpreting
 log = logging.getLogger("tunecache")
 
 
-#: Triton's own ``Autotuner.__init__`` and ``run``, as imported: ``install()`` patches the base class's
-#: (see :func:`tunecache.adoption.covering_init`), and tunecache's own calls go to these, never through the patch.
-BASE_INIT = Autotuner.__init__
-BASE_RUN = Autotuner.run
+#: Triton's own ``Autotuner.__init__`` and ``run``: ``install()`` patches the base class's (see
+#: :func:`tunecache.adoption.covering_init`), possibly before this module finished importing (the
+#: start-up hook), and tunecache's own calls go to these, never through the patch.
+BASE_INIT = basepatch.original("__init__")
+BASE_RUN = basepatch.original("run")
 
 
 class _computed:

@@ -5,14 +5,12 @@ every other Autotuner of the process (plain ``@triton.autotune``, libraries' own
 
 from __future__ import annotations
 
-import functools
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from triton.runtime.autotuner import Autotuner
 
-from tunecache import background
+from tunecache import background, basepatch
 from tunecache.autotuner import TunecacheAutotuner
 from tunecache.settings import current_mode
 from tunecache.store import Store
@@ -73,21 +71,6 @@ def load_winners(device: int | None = None) -> int:
     return sum(t.load_winners(device) for t in background.tuners())
 
 
-_originals: dict[str, Any] = {}  # Autotuner's own attributes that install() replaced
-_MISSING = object()
-_install_lock = threading.Lock()
-
-
-def _patch(base: Any, fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` in ``base``'s place, looking like it (name, docstring, signature) to code that inspects it."""
-
-    def patched(self: Any, *args: Any, **kwargs: Any) -> Any:
-        return fn(self, *args, **kwargs)
-
-    functools.update_wrapper(patched, base)
-    return patched
-
-
 def install() -> None:
     """Serve every Triton Autotuner of this process from the store, with no change to the code that
     builds them: ``triton.autotune`` however it was imported, Autotuners constructed directly,
@@ -97,15 +80,7 @@ def install() -> None:
 
     ``TUNECACHE_INSTALL=1`` does this in every Python process at start (see ``_tunecache_startup``).
     """
-    from tunecache import adoption
-
-    with _install_lock:
-        if _originals:
-            return
-        for name, fn in (("__init__", adoption.covering_init), ("run", adoption.covering_run)):
-            base = Autotuner.__dict__.get(name, _MISSING)
-            _originals[name] = base
-            setattr(Autotuner, name, _patch(getattr(Autotuner, name), fn))
+    basepatch.patch()
 
 
 def uninstall() -> None:
@@ -114,22 +89,16 @@ def uninstall() -> None:
     ``tunecache.autotune`` stay tunecache's."""
     from tunecache import adoption, companions, firstcall
 
-    with _install_lock:
-        if not _originals:
+    with basepatch.LOCK:
+        if not basepatch.restore():
             return
-        for name, base in _originals.items():
-            if base is _MISSING:
-                delattr(Autotuner, name)
-            else:
-                setattr(Autotuner, name, base)
-        _originals.clear()
         for t in firstcall.adopted():
             adoption.release(t)
         companions.unwatch()
 
 
 def installed() -> bool:
-    return bool(_originals)
+    return basepatch.patched()
 
 
 __all__ = ["autotune", "install", "uninstall", "installed", "load_winners"]
