@@ -75,7 +75,7 @@ def _install() -> None:
     try:
         from tunecache import basepatch, settings
 
-        if settings.get("TUNECACHE_INSTALL"):
+        if settings.usable() and settings.get("TUNECACHE_INSTALL"):  # a bad value: one warning, stock Triton
             basepatch.patch()
     except Exception as e:  # noqa: BLE001
         import logging

@@ -34,7 +34,7 @@ from triton.runtime.autotuner import Autotuner
 
 from tunecache import background, basepatch, companions, counters, measure, settings, singleflight, winner, writeback
 from tunecache import preload as _preload
-from tunecache.errors import CaptureMissError, StoreError
+from tunecache.errors import CaptureMissError, ConfigurationError, StoreError
 from tunecache.firstcall import first_run
 from tunecache.identity import (
     ConfigIds,
@@ -407,7 +407,11 @@ class TunecacheAutotuner(Autotuner):
         return timings
 
     def check_disk_cache(self, tuning_key: Any, configs: list, bench_fn: Callable[[], None]) -> bool:
-        mode = current_mode()
+        try:
+            mode = current_mode()
+        except ConfigurationError:  # set bad after this kernel was defined: Triton's own, warned once
+            settings.usable()
+            mode = "off"
         if mode == "off":
             if self._tc_user_cache_results:
                 return super().check_disk_cache(tuning_key, configs, bench_fn)

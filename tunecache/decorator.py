@@ -10,7 +10,7 @@ from typing import Any
 
 from triton.runtime.autotuner import Autotuner
 
-from tunecache import background, basepatch
+from tunecache import background, basepatch, settings
 from tunecache.autotuner import TunecacheAutotuner
 from tunecache.settings import current_mode
 from tunecache.store import Store
@@ -51,7 +51,7 @@ def autotune(
             pre_hook=pre_hook,
             post_hook=post_hook,
         )
-        if current_mode() == "off":
+        if not settings.usable() or current_mode() == "off":  # a bad setting: Triton's own, warned once
             return Autotuner(fn, fn.arg_names, configs, key, reset_to_zero, restore_value, **kw)
         return TunecacheAutotuner(
             fn, fn.arg_names, configs, key, reset_to_zero, restore_value, **kw, store=store, bucket=bucket
@@ -79,7 +79,10 @@ def install() -> None:
     ``__init__`` and ``run`` only; :func:`uninstall` puts them back. Idempotent.
 
     ``TUNECACHE_INSTALL=1`` does this in every Python process at start (see ``_tunecache_startup``).
+    Raises :class:`~tunecache.errors.ConfigurationError` where a ``TUNECACHE_*`` variable is bad (the
+    start-up hook instead warns once and leaves Triton as it is).
     """
+    settings.check_all()
     basepatch.patch()
 
 
