@@ -67,14 +67,16 @@ def _remove() -> None:
 
 def _install() -> None:
     """``tunecache.install()`` if ``TUNECACHE_INSTALL`` says so; a failure is logged, never raised:
-    a broken start-up hook must not break every import of Triton."""
+    a broken start-up hook must not break every import of Triton.
+
+    This runs inside whichever import reached Triton first, possibly a half-imported tunecache
+    module (``from tunecache import autotune``): only ``tunecache.basepatch``, which needs no other
+    tunecache module, is imported here, not ``tunecache.decorator``."""
     try:
-        from tunecache import settings
+        from tunecache import basepatch, settings
 
-        if settings.get("TUNECACHE_INSTALL"):
-            from tunecache.decorator import install
-
-            install()
+        if settings.usable() and settings.get("TUNECACHE_INSTALL"):  # a bad value: one warning, stock Triton
+            basepatch.patch()
     except Exception as e:  # noqa: BLE001
         import logging
 

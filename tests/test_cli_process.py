@@ -205,13 +205,18 @@ def test_a_bad_mode_is_refused_by_every_command_and_the_library(sqlite_url, monk
     assert json.loads(r.stdout)["mode"] == "offline"
     r = tc("--url", sqlite_url, "info", env={"TUNECACHE_MODE": "offline"})
     assert re.search(r"^mode:\s+offline$", r.stdout, re.M), r.stdout
-    # the library: at the kernel's definition, even with the background prefetch (which read it) off
+    # the library's explicit calls; a kernel's definition instead gets Triton's own Autotuner, warned
+    # once (tests/test_coverage.py: a typo must not break an import)
     import tinykernels
+    from triton.runtime.autotuner import Autotuner
+
+    import tunecache
 
     monkeypatch.setenv("TUNECACHE_MODE", "bogus")
     monkeypatch.setenv("TUNECACHE_PREFETCH", "0")
     with pytest.raises(ConfigurationError, match="TUNECACHE_MODE='bogus'"):
-        tinykernels.make_add(store=sqlite_url)
+        tunecache.install()
+    assert type(tinykernels.make_add(store=sqlite_url)) is Autotuner
 
 
 # ---- pipes ----------------------------------------------------------------------------------

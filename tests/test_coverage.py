@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import site
+import subprocess
 import sys
 import sysconfig
 import textwrap
@@ -121,6 +122,85 @@ def test_the_startup_hook_imports_nothing_until_triton_and_honours_zero():
     assert run_json(["-c", probe], {"TUNECACHE_INSTALL": ""}) == [[], False, False]
     assert run_json(["-c", probe], {"TUNECACHE_INSTALL": "1"}) == [[], True, True]
     assert run_json(["-c", probe], {"TUNECACHE_INSTALL": "0"}) == [[], False, True]  # parsed, not installed
+
+
+def hooked(code: str, env: dict) -> tuple[dict, str]:
+    """Run ``code`` (which prints one JSON line last) in a fresh process with the start-up hook on;
+    returns that JSON and the process's stderr (it must exit 0)."""
+    assert _pth_installed(), "tunecache-install.pth is not in site-packages: reinstall (pip install -e .)"
+    path = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p)
+    r = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env={**os.environ, "PYTHONPATH": path, "TUNECACHE_INSTALL": "1", **env},
+        capture_output=True,
+        text=True,
+        cwd=str(HERE),
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1]), r.stderr
+
+
+COVERED = """
+    import json
+    {first}
+    import libmod
+    print(json.dumps({{n: [c.__name__ for c in type(k).__mro__] for n, k in libmod.KERNELS.items()}}))
+"""
+
+
+@pytest.mark.parametrize(
+    "first",
+    [
+        "import tunecache",
+        "import triton",
+        "from tunecache import autotune",  # tunecache.decorator imports triton: the hook ran inside it
+        "import tunecache.autotuner",
+        "import tunecache.adoption",
+        "from tunecache.decorator import install",
+        "import libmod",  # a library that imports triton.autotune
+    ],
+)
+def test_the_startup_hook_installs_whatever_imports_triton_first(first, sqlite_url):
+    """The hook runs inside whichever import reaches Triton first, possibly a half-imported tunecache
+    module; every order still installs, silently."""
+    mros, err = hooked(COVERED.format(first=first), {"TUNECACHE_URL": sqlite_url})
+    assert all("TunecacheAutotuner" in mro for mro in mros.values()), mros
+    assert mros["lib_kernel"][0] == "LibAutotuner" and "tunecache" not in err, err
+
+
+STOCK_RUN = """
+    import json, os
+    import libmod  # a library's autotuners, built at its import
+    counts, ok = libmod.count_benchmarks(), True
+    if os.environ.get("LIBRARY"):
+        ok = libmod.run_all(8)
+    import tinykernels  # the program's own @tunecache.autotune kernel (stock Triton's timer needs a GPU)
+    add = tinykernels.make_add(configs=tinykernels.CONFIGS[:2], do_bench=libmod.cpu_bench)
+    tinykernels.launch(add, 8)
+    print(json.dumps({"ok": ok, "benched": counts, "add": [c.__name__ for c in type(add).__mro__]}))
+"""
+
+
+@pytest.mark.parametrize(
+    "variable, value, accepted, hook",
+    [
+        ("TUNECACHE_MODE", "read-only", "readwrite, readonly, offline, strict, off", "1"),
+        ("TUNECACHE_INSTALL", "yes please", "1, true, on, yes, 0, false, off, no", "yes please"),
+        ("TUNECACHE_MODE", "bogus", "readwrite, readonly, offline, strict, off", ""),  # no hook: in-process only
+    ],
+)
+def test_a_bad_setting_leaves_triton_stock_with_one_warning(variable, value, accepted, hook, sqlite_url):
+    """A typo in a tunecache variable must not break a library's import or its kernels, nor the
+    program's own tunecache kernels: tunecache is off (Triton runs stock) and says so once."""
+    env = {"TUNECACHE_URL": sqlite_url, variable: value, "TUNECACHE_INSTALL": hook, "LIBRARY": "1" if hook else ""}
+    out, err = hooked(STOCK_RUN, env)
+    assert "Traceback" not in err, err
+    assert out["ok"] and "TunecacheAutotuner" not in out["add"], out
+    stock = {"LibAutotuner": len(libmod().CONFIGS), "Autotuner": 2 * len(libmod().CONFIGS)} if hook else {}
+    assert out["benched"] == {**stock, "Autotuner": stock.get("Autotuner", 0) + 2}, out  # every kernel: Triton's
+    said = [line for line in err.splitlines() if variable in line]
+    assert len(said) == 1 and f"{variable}={value!r}" in said[0] and accepted in said[0], err
 
 
 # ---- in process ---------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ documented in the README's table, and a bad value is refused in one line."""
 from __future__ import annotations
 
 import ast
+import logging
 import re
 import subprocess
 import sys
@@ -160,3 +161,32 @@ def test_put_checks_the_name_and_the_value_before_writing():
     with pytest.raises(ConfigurationError):
         settings.put("TUNECACHE_MODE", "bogus", env)
     assert set(env) == {"TUNECACHE_URL"}  # nothing written for either
+
+
+def test_an_explicit_call_still_refuses_a_bad_setting(monkeypatch, sqlite_url):
+    """Only what the user did not call degrades to stock Triton; ``install()`` or ``open_store()``
+    called with a typo in the environment fails loudly, naming the variable."""
+    import tunecache
+    from tunecache import decorator
+
+    monkeypatch.setenv("TUNECACHE_MODE", "bogus")
+    with pytest.raises(ConfigurationError, match=r"^TUNECACHE_MODE='bogus' is not one of readwrite, "):
+        tunecache.install()
+    assert not decorator.installed()
+    monkeypatch.setenv("TUNECACHE_SQLITE_BUSY_MS", "soon")
+    with pytest.raises(ConfigurationError, match=r"^TUNECACHE_SQLITE_BUSY_MS='soon' must be an integer"):
+        tunecache.open_store(sqlite_url)
+
+
+def test_a_mode_made_bad_after_definition_launches_stock_with_one_warning(monkeypatch, caplog, sqlite_url):
+    """A process that changes ``TUNECACHE_MODE`` to a typo after defining its kernels: their launches
+    run as stock Triton's (tuned, correct results), with one warning, never a traceback."""
+    import tinykernels
+
+    kernel = tinykernels.make_add(configs=tinykernels.CONFIGS[:2], store=sqlite_url)
+    monkeypatch.setenv("TUNECACHE_MODE", "bogus-at-launch")
+    with caplog.at_level(logging.WARNING, logger="tunecache"):
+        for n in (8, 16):
+            assert tinykernels.launch(kernel, n) in tinykernels.CONFIGS[:2]
+    said = [r.getMessage() for r in caplog.records if "TUNECACHE_MODE" in r.getMessage()]
+    assert len(said) == 1 and "'bogus-at-launch' is not one of readwrite, readonly" in said[0], said

@@ -15,9 +15,10 @@ def _combine(a, b):
     return a + b
 
 
-def make_add(configs=None, store=None, bucket=None, key=("N",), name=None):
+def make_add(configs=None, store=None, bucket=None, key=("N",), name=None, **autotune_kw):
     """A fresh autotuned add kernel (a new Autotuner each call, like a fresh process would have);
-    ``name``: another kernel name (``__qualname__``), as another kernel of a library would have."""
+    ``name``: another kernel name (``__qualname__``), as another kernel of a library would have;
+    ``autotune_kw``: more arguments of ``tunecache.autotune`` (``do_bench``)."""
 
     @triton.jit
     def add_kernel(x, y, out, N, BLOCK: tl.constexpr):
@@ -27,7 +28,9 @@ def make_add(configs=None, store=None, bucket=None, key=("N",), name=None):
 
     if name is not None:
         add_kernel.fn.__qualname__ = add_kernel.fn.__name__ = name
-    return tunecache.autotune(configs=list(configs or CONFIGS), key=list(key), store=store, bucket=bucket)(add_kernel)
+    return tunecache.autotune(
+        configs=list(configs or CONFIGS), key=list(key), store=store, bucket=bucket, **autotune_kw
+    )(add_kernel)
 
 
 def launch(kernel, n: int, **kw):

@@ -18,7 +18,7 @@ from typing import Any
 
 from triton.runtime.autotuner import Autotuner
 
-from tunecache import background, counters
+from tunecache import background, counters, settings
 from tunecache.autotuner import BASE_INIT, BASE_RUN, TunecacheAutotuner, attach, detach
 from tunecache.firstcall import is_adopted, library_class, mark_adopted, report_uncovered, unmark_adopted
 from tunecache.identity import kernel_name
@@ -79,11 +79,12 @@ def adopt(tuner: Any) -> bool:
 
 
 def covering_init(self: Any, *args: Any, **kwargs: Any) -> None:
-    """``Autotuner.__init__`` while installed: Triton's own, then adoption (not in mode "off")."""
+    """``Autotuner.__init__`` while installed: Triton's own, then adoption (not in mode "off", nor
+    while a setting is bad: a library's import never fails for tunecache's sake)."""
     BASE_INIT(self, *args, **kwargs)
     if isinstance(self, TunecacheAutotuner):
         return  # its own __init__ attaches
-    if current_mode() == "off":
+    if not settings.usable() or current_mode() == "off":
         self._tc_declined = True
         return
     adopt(self)
@@ -92,7 +93,10 @@ def covering_init(self: Any, *args: Any, **kwargs: Any) -> None:
 def covering_run(self: Any, *args: Any, **kwargs: Any) -> Any:
     """``Autotuner.run`` while installed. Reached only by instances not adopted at construction: built
     before ``install()`` (adopted now, mid-call, and served from here on) or declined (Triton's run)."""
-    if "_tc_declined" not in vars(self) and adopt(self):
+    declined = "_tc_declined" in vars(self)
+    if not declined and not settings.usable():
+        self._tc_declined = declined = True  # Triton's own from now on, as in mode "off"
+    if not declined and adopt(self):
         self.__dict__.pop("run", None)  # this call reached the base class: covered
         counters.kernel_seen(self._tc_name, library_class(self), covered=True)
         return TunecacheAutotuner.run(self, *args, **kwargs)

@@ -32,9 +32,20 @@ from typing import Any
 import orjson
 from triton.runtime.autotuner import Autotuner
 
-from tunecache import background, companions, counters, measure, missspool, settings, singleflight, winner, writeback
+from tunecache import (
+    background,
+    basepatch,
+    companions,
+    counters,
+    measure,
+    missspool,
+    settings,
+    singleflight,
+    winner,
+    writeback,
+)
 from tunecache import preload as _preload
-from tunecache.errors import CaptureMissError, StoreError
+from tunecache.errors import CaptureMissError, ConfigurationError, StoreError
 from tunecache.firstcall import first_run
 from tunecache.identity import (
     ConfigIds,
@@ -57,10 +68,11 @@ from tunecache.target import detect_target, hostname, interpreting
 log = logging.getLogger("tunecache")
 
 
-#: Triton's own ``Autotuner.__init__`` and ``run``, as imported: ``install()`` patches the base class's
-#: (see :func:`tunecache.adoption.covering_init`), and tunecache's own calls go to these, never through the patch.
-BASE_INIT = Autotuner.__init__
-BASE_RUN = Autotuner.run
+#: Triton's own ``Autotuner.__init__`` and ``run``: ``install()`` patches the base class's (see
+#: :func:`tunecache.adoption.covering_init`), possibly before this module finished importing (the
+#: start-up hook), and tunecache's own calls go to these, never through the patch.
+BASE_INIT = basepatch.original("__init__")
+BASE_RUN = basepatch.original("run")
 
 
 class _computed:
@@ -406,7 +418,11 @@ class TunecacheAutotuner(Autotuner):
         return timings
 
     def check_disk_cache(self, tuning_key: Any, configs: list, bench_fn: Callable[[], None]) -> bool:
-        mode = current_mode()
+        try:
+            mode = current_mode()
+        except ConfigurationError:  # set bad after this kernel was defined: Triton's own, warned once
+            settings.usable()
+            mode = "off"
         if mode == "off":
             if self._tc_user_cache_results:
                 return super().check_disk_cache(tuning_key, configs, bench_fn)

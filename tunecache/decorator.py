@@ -5,14 +5,12 @@ every other Autotuner of the process (plain ``@triton.autotune``, libraries' own
 
 from __future__ import annotations
 
-import functools
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from triton.runtime.autotuner import Autotuner
 
-from tunecache import background
+from tunecache import background, basepatch, settings
 from tunecache.autotuner import TunecacheAutotuner
 from tunecache.settings import current_mode
 from tunecache.store import Store
@@ -53,7 +51,7 @@ def autotune(
             pre_hook=pre_hook,
             post_hook=post_hook,
         )
-        if current_mode() == "off":
+        if not settings.usable() or current_mode() == "off":  # a bad setting: Triton's own, warned once
             return Autotuner(fn, fn.arg_names, configs, key, reset_to_zero, restore_value, **kw)
         return TunecacheAutotuner(
             fn, fn.arg_names, configs, key, reset_to_zero, restore_value, **kw, store=store, bucket=bucket
@@ -73,21 +71,6 @@ def load_winners(device: int | None = None) -> int:
     return sum(t.load_winners(device) for t in background.tuners())
 
 
-_originals: dict[str, Any] = {}  # Autotuner's own attributes that install() replaced
-_MISSING = object()
-_install_lock = threading.Lock()
-
-
-def _patch(base: Any, fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` in ``base``'s place, looking like it (name, docstring, signature) to code that inspects it."""
-
-    def patched(self: Any, *args: Any, **kwargs: Any) -> Any:
-        return fn(self, *args, **kwargs)
-
-    functools.update_wrapper(patched, base)
-    return patched
-
-
 def install() -> None:
     """Serve every Triton Autotuner of this process from the store, with no change to the code that
     builds them: ``triton.autotune`` however it was imported, Autotuners constructed directly,
@@ -96,16 +79,11 @@ def install() -> None:
     ``__init__`` and ``run`` only; :func:`uninstall` puts them back. Idempotent.
 
     ``TUNECACHE_INSTALL=1`` does this in every Python process at start (see ``_tunecache_startup``).
+    Raises :class:`~tunecache.errors.ConfigurationError` where a ``TUNECACHE_*`` variable is bad (the
+    start-up hook instead warns once and leaves Triton as it is).
     """
-    from tunecache import adoption
-
-    with _install_lock:
-        if _originals:
-            return
-        for name, fn in (("__init__", adoption.covering_init), ("run", adoption.covering_run)):
-            base = Autotuner.__dict__.get(name, _MISSING)
-            _originals[name] = base
-            setattr(Autotuner, name, _patch(getattr(Autotuner, name), fn))
+    settings.check_all()
+    basepatch.patch()
 
 
 def uninstall() -> None:
@@ -114,22 +92,16 @@ def uninstall() -> None:
     ``tunecache.autotune`` stay tunecache's."""
     from tunecache import adoption, companions, firstcall
 
-    with _install_lock:
-        if not _originals:
+    with basepatch.LOCK:
+        if not basepatch.restore():
             return
-        for name, base in _originals.items():
-            if base is _MISSING:
-                delattr(Autotuner, name)
-            else:
-                setattr(Autotuner, name, base)
-        _originals.clear()
         for t in firstcall.adopted():
             adoption.release(t)
         companions.unwatch()
 
 
 def installed() -> bool:
-    return bool(_originals)
+    return basepatch.patched()
 
 
 __all__ = ["autotune", "install", "uninstall", "installed", "load_winners"]

@@ -25,6 +25,7 @@ tunecache.errors.ConfigurationError: TUNECACHE_WAIT_SECONDS='-1' must be a numbe
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from collections.abc import Callable, Mapping, MutableMapping
@@ -297,6 +298,9 @@ def put(name: str, value: str, environ: MutableMapping[str, str] | None = None) 
     env[name] = value
 
 
+_warned: dict[str, object] = {}  # the bad values usable() warned about
+
+
 def check_all(environ: Mapping[str, str] | None = None) -> None:
     """Parse every variable that is set: the CLI calls it first, so a bad value is refused by every
     command in one line, not only by the code path that happens to read it."""
@@ -304,9 +308,25 @@ def check_all(environ: Mapping[str, str] | None = None) -> None:
         get(name, environ)
 
 
+def usable() -> bool:
+    """Whether every variable that is set parses: asked where tunecache acts without being called
+    (the start-up hook, the Autotuners it adopts, kernel definitions, launches). False, with one
+    warning per bad value, means tunecache is off there and Triton runs as it does without it: a
+    typo must not break a library's import or its kernels. An explicit call (``open_store()``,
+    ``install()``, the CLI) raises the :class:`ConfigurationError` instead."""
+    try:
+        check_all()
+    except ConfigurationError as e:
+        mark = object()
+        if _warned.setdefault(str(e), mark) is mark:  # atomic: no lock that a fork could inherit held
+            logging.getLogger("tunecache").warning("tunecache: off in this process (Triton runs without it): %s", e)
+        return False
+    return True
+
+
 def current_mode() -> str:
     """``TUNECACHE_MODE``, checked: raises :class:`ConfigurationError` for a value not in :data:`MODES`."""
     return get("TUNECACHE_MODE")
 
 
-__all__ = ["MODES", "SETTINGS", "TRUST_STORE", "Setting", "check_all", "current_mode", "get", "put", "raw"]
+__all__ = ["MODES", "SETTINGS", "TRUST_STORE", "Setting", "check_all", "current_mode", "get", "put", "raw", "usable"]
