@@ -7,13 +7,16 @@ context does, and is checked on the H200 in tests/test_gpu.py.
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import tinykernels
 import torch
+import triton
 from processes import run_json
 
 import tunecache
@@ -41,6 +44,42 @@ def test_recorded_specialisation_preloads_the_same_binary_under_the_same_key():
     assert r["again"] == [0, 0]  # already in Triton's cache: nothing done twice
     # What a first launch imports is imported once something was loaded (after both binaries).
     assert r["launch_imports"] == [[], [2]]
+
+
+def test_a_spec_built_with_options_a_launch_here_would_not_use_is_not_preloaded(tmp_path):
+    """A launch key names only the options the launch passed; Triton fills the rest from the host's
+    defaults, some of which (PTXAS_OPTIONS, TRITON_LIBDEVICE_PATH) are not even in the binary's hash.
+    A spec recorded where they differ, or whose record names other options than its key implies, is
+    skipped, never filed under a key whose launch here would build another binary."""
+    other = tmp_path / "libdevice-other.bc"  # another libdevice: another binary (Triton hashes its content)
+    other.write_bytes((Path(triton.__file__).parent / "backends/nvidia/lib/libdevice.10.bc").read_bytes() + b"\0")
+    envs = {"default": {}, "ptxas": {"PTXAS_OPTIONS": "-O2"}, "libdevice": {"TRITON_LIBDEVICE_PATH": str(other)}}
+    recorded = {n: run_json(["preload_options.py", "record"], env=e, timeout=600) for n, e in envs.items()}
+    (tmp_path / "specs.json").write_text(json.dumps(recorded))
+    r = run_json(["preload_options.py", "load", str(tmp_path / "specs.json"), str(tmp_path)], timeout=600)
+    ids = r["ids"]
+
+    def skipped(name: str) -> dict:  # counted skipped on both tries, named once at debug level, no warning
+        return {"counts": [[0, 1], [0, 1]], "cached": [], "warnings": [], "named": [ids[name]]}
+
+    def shown(res: dict) -> dict:
+        return {k: res[k] for k in ("counts", "cached", "warnings", "named")}
+
+    # Recorded with this host's defaults: the binary a launch here builds, under its key.
+    assert r["recorded"]["default"]["hashes"] == [r["here"]] and r["recorded"]["default"]["counts"][0] == [1, 0]
+    assert shown(r["recorded"]["libdevice"]) == skipped("libdevice")
+    assert "extern_libs" in r["recorded"]["libdevice"]["why"][0]
+    if r["ptx_options"]["ptxas"] is None:  # Triton 3.4 reads no PTXAS_OPTIONS: the same spec as the default
+        assert ids["ptxas"] == ids["default"] and triton.__version__.startswith("3.4")
+    else:
+        assert r["ptx_options"]["ptxas"] == "-O2" and shown(r["recorded"]["ptxas"]) == skipped("ptxas")
+    for option in ("enable_fp_fusion", "default_dot_input_precision"):  # under the plain key: any option counts
+        assert shown(r["changed"][option]) == skipped(option)
+        assert f"option {option}" in r["changed"][option]["why"][0]
+    # Equal options load: a launch that passed enable_fp_fusion=False builds that binary, and the same
+    # libdevice at another path is the same option to Triton.
+    assert shown(r["asked"]) == {"counts": [[1, 0], [0, 0]], "cached": ["no_fusion"], "warnings": [], "named": []}
+    assert r["moved"]["hashes"] == [r["here"]] and r["moved"]["counts"] == [[1, 0], [0, 0]]
 
 
 def test_the_modules_a_first_launch_imports_are_imported_by_the_preload():
