@@ -128,10 +128,10 @@ def main() -> None:
     out = {
         "ids": {n: s.spec_hash[:12] for n, s in {**recorded, **changed}.items()},
         "ptx_options": {n: json.loads(s.spec_json)["options"].get("ptx_options") for n, s in recorded.items()},
+        "recorded": {n: load([s]) for n, s in recorded.items()},
         "changed": {n: load([s]) for n, s in changed.items()},
         "asked": load([asked]),
         "moved": load([moved_spec]),
-        "recorded": {n: load([s]) for n, s in recorded.items()},
         "here": str(build().hash),
     }
     print(json.dumps(out))

@@ -11,7 +11,6 @@ import json
 import multiprocessing
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import tinykernels
@@ -49,11 +48,19 @@ def test_recorded_specialisation_preloads_the_same_binary_under_the_same_key():
 def test_a_spec_built_with_options_a_launch_here_would_not_use_is_not_preloaded(tmp_path):
     """A launch key names only the options the launch passed; Triton fills the rest from the host's
     defaults, some of which (PTXAS_OPTIONS, TRITON_LIBDEVICE_PATH) are not even in the binary's hash.
-    A spec recorded where they differ, or whose record names other options than its key implies, is
-    skipped, never filed under a key whose launch here would build another binary."""
-    other = tmp_path / "libdevice-other.bc"  # another libdevice: another binary (Triton hashes its content)
-    other.write_bytes((Path(triton.__file__).parent / "backends/nvidia/lib/libdevice.10.bc").read_bytes() + b"\0")
-    envs = {"default": {}, "ptxas": {"PTXAS_OPTIONS": "-O2"}, "libdevice": {"TRITON_LIBDEVICE_PATH": str(other)}}
+    A spec recorded where they differ (TRITON_DEFAULT_FP_FUSION=0 too, which the hash check already
+    caught), or whose record names other options than its key implies, is skipped, never filed under a
+    key whose launch here would build another binary."""
+    # Another libdevice (Triton hashes its content; one its cache has not seen): an LLVM module that defines
+    # nothing, which Triton 3.4 links as it links any (add_one calls none of libdevice's functions).
+    other = tmp_path / "libdevice-other.ll"
+    other.write_text(f'; not libdevice, from {tmp_path}\ntarget triple = "nvptx64-nvidia-cuda"\n')
+    envs = {
+        "default": {},
+        "no_fusion": {"TRITON_DEFAULT_FP_FUSION": "0"},
+        "ptxas": {"PTXAS_OPTIONS": "-O2"},
+        "libdevice": {"TRITON_LIBDEVICE_PATH": str(other)},
+    }
     recorded = {n: run_json(["preload_options.py", "record"], env=e, timeout=600) for n, e in envs.items()}
     (tmp_path / "specs.json").write_text(json.dumps(recorded))
     r = run_json(["preload_options.py", "load", str(tmp_path / "specs.json"), str(tmp_path)], timeout=600)
@@ -73,9 +80,16 @@ def test_a_spec_built_with_options_a_launch_here_would_not_use_is_not_preloaded(
         assert ids["ptxas"] == ids["default"] and triton.__version__.startswith("3.4")
     else:
         assert r["ptx_options"]["ptxas"] == "-O2" and shown(r["recorded"]["ptxas"]) == skipped("ptxas")
-    for option in ("enable_fp_fusion", "default_dot_input_precision"):  # under the plain key: any option counts
-        assert shown(r["changed"][option]) == skipped(option)
-        assert f"option {option}" in r["changed"][option]["why"][0]
+    # Any option the key does not name counts, here under the plain key with an honest hash.
+    assert shown(r["changed"]["default_dot_input_precision"]) == skipped("default_dot_input_precision")
+    assert "option default_dot_input_precision" in r["changed"]["default_dot_input_precision"]["why"][0]
+    # Recorded with TRITON_DEFAULT_FP_FUSION=0 (its hash has that environment, so it was skipped before
+    # too): the same spec as the one built here with enable_fp_fusion=False under the plain key, which
+    # has an honest hash. Skipped each time, named once in the process (the recorded one, loaded first).
+    assert ids["no_fusion"] == ids["enable_fp_fusion"]
+    assert shown(r["recorded"]["no_fusion"]) == skipped("no_fusion")
+    assert shown(r["changed"]["enable_fp_fusion"]) == {**skipped("enable_fp_fusion"), "named": []}
+    assert "option enable_fp_fusion" in r["recorded"]["no_fusion"]["why"][0]
     # Equal options load: a launch that passed enable_fp_fusion=False builds that binary, and the same
     # libdevice at another path is the same option to Triton.
     assert shown(r["asked"]) == {"counts": [[1, 0], [0, 0]], "cached": ["no_fusion"], "warnings": [], "named": []}

@@ -266,11 +266,14 @@ def options_mismatch(data: dict[str, Any], backend: Any, arg_names: list[str]) -
     mine, theirs = vars(host), vars(built)
     if mine == theirs:
         return None
-    same = getattr(host, "hash", None)  # Triton's own identity of options: libraries by content, not path
-    if same is not None and same() == built.hash():
-        return None
     k = next(k for k in sorted(mine.keys() | theirs.keys()) if mine.get(k, None) != theirs.get(k, None))
-    return f"option {k}: a launch here builds with {mine.get(k)!r}, the spec with {theirs.get(k)!r}"
+    why = f"option {k}: a launch here builds with {mine.get(k)!r}, the spec with {theirs.get(k)!r}"
+    if hasattr(host, "hash"):  # Triton's own identity of options: its libraries by content, not path
+        try:
+            return None if host.hash() == built.hash() else why
+        except OSError as e:  # the spec's library is not on this host
+            return f"{why} ({e})"
+    return why
 
 
 def on_cuda_init(callback: Callable[[], None]) -> bool:
