@@ -7,9 +7,9 @@ host's defaults and knobs, and only some of those knobs are in the binary's hash
 another default files its binary under the very key a launch here computes.
 
 ``python preload_options.py record`` prints the spec this host records for ``add_one`` (BLOCK=128,
-2 warps) after a plain launch; ``python preload_options.py load FILE DIR`` preloads the specs in FILE (a
-JSON object of those, by name) and specs whose options were changed in the record here (files in DIR),
-and prints what it loaded.
+2 warps) after a plain launch through Triton's own launch path; ``python preload_options.py load FILE
+DIR`` preloads the specs in FILE (a JSON object of those, by name) and specs whose options were changed
+in the record here (files in DIR), and prints what it loaded.
 """
 
 from __future__ import annotations
@@ -71,6 +71,22 @@ def record(key: str, kernel: CompiledKernel) -> LaunchSpec:
     return spec
 
 
+class _Launching(rt._Device):  # what Triton's run() asks the driver besides
+    def get_current_stream(self, device: int | None = None) -> int:
+        return 0
+
+
+def record_launch() -> LaunchSpec:
+    """The spec capture() makes after Triton's own launch path compiled add_one, under the key it
+    computed (a warm-up: compiled, not run)."""
+    jit_module.driver.active = _Launching()
+    add_one.device_caches.clear()  # Triton's create_binder makes its own, for the stand-in's target
+    x, y = torch.zeros(256), torch.zeros(256)
+    add_one.warmup(x, y, 100, BLOCK=128, num_warps=2, num_stages=1, grid=(1,))
+    (spec,) = preload.capture(add_one, WIN, "h128")
+    return spec
+
+
 class Records(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)
@@ -103,7 +119,7 @@ def load(specs: list[LaunchSpec]) -> dict:
 
 def main() -> None:
     if sys.argv[1] == "record":
-        print(json.dumps(dataclasses.asdict(record(launch_key(), build()))))
+        print(json.dumps(dataclasses.asdict(record_launch())))
         return
     with open(sys.argv[2]) as f:
         recorded = {name: LaunchSpec(**s) for name, s in json.load(f).items()}
@@ -132,7 +148,7 @@ def main() -> None:
         "changed": {n: load([s]) for n, s in changed.items()},
         "asked": load([asked]),
         "moved": load([moved_spec]),
-        "here": str(build().hash),
+        "here": record_launch().kernel_hash,  # last: Triton's own caches from here on
     }
     print(json.dumps(out))
 
