@@ -7,6 +7,7 @@ context does, and is checked on the H200 in tests/test_gpu.py.
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import sys
 import time
@@ -14,6 +15,7 @@ import time
 import pytest
 import tinykernels
 import torch
+import triton
 from processes import run_json
 
 import tunecache
@@ -41,6 +43,55 @@ def test_recorded_specialisation_preloads_the_same_binary_under_the_same_key():
     assert r["again"] == [0, 0]  # already in Triton's cache: nothing done twice
     # What a first launch imports is imported once something was loaded (after both binaries).
     assert r["launch_imports"] == [[], [2]]
+
+
+def test_a_spec_built_with_options_a_launch_here_would_not_use_is_not_preloaded(tmp_path):
+    """A launch key names only the options the launch passed; Triton fills the rest from the host's
+    defaults, some of which (PTXAS_OPTIONS, TRITON_LIBDEVICE_PATH) are not even in the binary's hash.
+    A spec recorded where they differ (TRITON_DEFAULT_FP_FUSION=0 too, which the hash check already
+    caught), or whose record names other options than its key implies, is skipped, never filed under a
+    key whose launch here would build another binary."""
+    # Another libdevice (Triton hashes its content; one its cache has not seen): an LLVM module that defines
+    # nothing, which Triton 3.4 links as it links any (add_one calls none of libdevice's functions).
+    other = tmp_path / "libdevice-other.ll"
+    other.write_text(f'; not libdevice, from {tmp_path}\ntarget triple = "nvptx64-nvidia-cuda"\n')
+    envs = {
+        "default": {},
+        "no_fusion": {"TRITON_DEFAULT_FP_FUSION": "0"},
+        "ptxas": {"PTXAS_OPTIONS": "-O2"},
+        "libdevice": {"TRITON_LIBDEVICE_PATH": str(other)},
+    }
+    recorded = {n: run_json(["preload_options.py", "record"], env=e, timeout=600) for n, e in envs.items()}
+    (tmp_path / "specs.json").write_text(json.dumps(recorded))
+    r = run_json(["preload_options.py", "load", str(tmp_path / "specs.json"), str(tmp_path)], timeout=600)
+    ids = r["ids"]
+
+    def skipped(name: str) -> dict:  # counted skipped on both tries, named once at debug level, no warning
+        return {"counts": [[0, 1], [0, 1]], "cached": [], "warnings": [], "named": [ids[name]]}
+
+    def shown(res: dict) -> dict:
+        return {k: res[k] for k in ("counts", "cached", "warnings", "named")}
+
+    # Recorded with this host's defaults: the binary a launch here builds, under its key.
+    assert r["recorded"]["default"]["hashes"] == [r["here"]] and r["recorded"]["default"]["counts"][0] == [1, 0]
+    assert shown(r["recorded"]["libdevice"]) == skipped("libdevice")
+    assert "extern_libs" in r["recorded"]["libdevice"]["why"][0]
+    if r["ptx_options"]["ptxas"] is None:  # Triton 3.4 reads no PTXAS_OPTIONS: the same spec as the default
+        assert ids["ptxas"] == ids["default"] and triton.__version__.startswith("3.4")
+    else:
+        assert r["ptx_options"]["ptxas"] == "-O2" and shown(r["recorded"]["ptxas"]) == skipped("ptxas")
+    # Any option the key does not name counts, here under the plain key with an honest hash.
+    assert shown(r["changed"]["default_dot_input_precision"]) == skipped("default_dot_input_precision")
+    assert "option default_dot_input_precision" in r["changed"]["default_dot_input_precision"]["why"][0]
+    # Recorded with TRITON_DEFAULT_FP_FUSION=0 (its hash has that environment: skipped before too), and
+    # built here with enable_fp_fusion=False under the plain key, with an honest hash.
+    unfused = {"no_fusion": r["recorded"]["no_fusion"], "enable_fp_fusion": r["changed"]["enable_fp_fusion"]}
+    for name, res in unfused.items():
+        assert shown(res) == skipped(name) and "option enable_fp_fusion" in res["why"][0]
+    # Equal options load: a launch that passed enable_fp_fusion=False builds that binary, and the same
+    # libdevice at another path is the same option to Triton.
+    assert shown(r["asked"]) == {"counts": [[1, 0], [0, 0]], "cached": ["no_fusion"], "warnings": [], "named": []}
+    assert r["moved"]["hashes"] == [r["here"]] and r["moved"]["counts"] == [[1, 0], [0, 0]]
 
 
 def test_the_modules_a_first_launch_imports_are_imported_by_the_preload():

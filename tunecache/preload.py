@@ -130,7 +130,8 @@ def load(fn: Any, specs: Iterable[LaunchSpec], device: int) -> tuple[int, int]:
     loaded = skipped = 0
     on_device = torch.cuda.device(device) if torch.cuda.is_available() else contextlib.nullcontext()
     with on_device:  # Triton compiles and loads for the current device
-        cache = jf.device_caches[device][0]
+        entry = jf.device_caches[device]
+        cache, backend = entry[0], entry[-2]
         for s in specs:
             try:
                 if s.triton_version != version:
@@ -144,6 +145,13 @@ def load(fn: Any, specs: Iterable[LaunchSpec], device: int) -> tuple[int, int]:
                 if why is not None:
                     skipped += 1
                     log.warning("tunecache: launch spec %s not preloaded: %s", s.spec_hash[:12], why)
+                    continue
+                why = options_mismatch(data, backend, jf.arg_names)
+                if why is not None:
+                    skipped += 1
+                    if s.spec_hash not in _options_named:  # a restart tries it on every device: say it once
+                        _options_named.add(s.spec_hash)
+                        log.debug("tunecache: launch spec %s not preloaded: %s", s.spec_hash[:12], why)
                     continue
                 kernel = jf.preload(s.spec_json)
                 if kernel is None or str(getattr(kernel, "hash", "")) != s.kernel_hash:
@@ -228,6 +236,44 @@ def key_mismatch(data: dict[str, Any], n_params: int) -> str | None:
         if k in options and _as_tuple(options[k]) != _as_tuple(v):
             return f"option {k}: the key says {v!r}, the binary {options[k]!r}"
     return None
+
+
+#: Specs already named in the log as built with other options (a restart meets them on every device).
+_options_named: set[str] = set()
+
+
+def options_mismatch(data: dict[str, Any], backend: Any, arg_names: list[str]) -> str | None:
+    """Why the compile options a spec's binary was built with are not the ones this host's launch
+    under the spec's key would build with; None if they are equal.
+
+    A launch key names only the options the launch passed; Triton's launch compiles with
+    ``backend.parse_options(kwargs)``, which fills the rest from this host's defaults and knobs
+    (``TRITON_DEFAULT_FP_FUSION``, ``TRITON_PTXAS_OPTIONS``, the libdevice path, ...), while
+    ``JITFunction.preload`` compiles with the spec's full recorded options. So a spec recorded where
+    those defaults differ would file, under this host's launch key, a binary its launch never builds.
+    """
+    parts = _split_key(str(data.get("key", "")))
+    if parts is None:
+        return "its launch key cannot be parsed"
+    # The launch's kwargs: its options, which are the key's, and the kernel's own arguments passed
+    # by keyword, which the key does not tell apart from positional ones.
+    host = backend.parse_options(dict(parts[1]))
+    clash = [n for n in arg_names if n in vars(host)]
+    if clash:
+        return f"argument {clash[0]} is also a compile option: the key does not say how the launch passed it"
+    recorded = {k: tuple(v) if isinstance(v, list) else v for k, v in data.get("options", {}).items()}
+    built = backend.parse_options(recorded)  # as JITFunction.preload parses them
+    mine, theirs = vars(host), vars(built)
+    if mine == theirs:
+        return None
+    k = next(k for k in sorted(mine.keys() | theirs.keys()) if mine.get(k, None) != theirs.get(k, None))
+    why = f"option {k}: a launch here builds with {mine.get(k)!r}, the spec with {theirs.get(k)!r}"
+    if hasattr(host, "hash"):  # Triton's own identity of options: its libraries by content, not path
+        try:
+            return None if host.hash() == built.hash() else why
+        except OSError as e:  # the spec's library is not on this host
+            return f"{why} ({e})"
+    return why
 
 
 def on_cuda_init(callback: Callable[[], None]) -> bool:
