@@ -37,7 +37,7 @@ from tunecache.opening import open_store  # noqa: E402
 TARGET = GPUTarget("cuda", 90, 32)
 
 #: The kernel module, as tuned; the test writes it, or it with a comment edited, into KERNEL_DIR.
-SOURCE = '''
+SOURCE = """
 import triton
 import triton.language as tl
 
@@ -52,7 +52,7 @@ def add_two(X, Y, N, BLOCK: tl.constexpr):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = i < N  # COMMENT
     tl.store(Y + i, tl.load(X + i, mask=m) + 2, mask=m)
-'''
+"""
 
 
 class _Device:
