@@ -3,7 +3,7 @@
 (the tests run under the interpreter, where nothing is compiled) printing one JSON line for
 tests/test_binaries.py:
 
-    tune      launch the tunecache kernel of the module in KERNEL_DIR once: a miss, a benchmark of
+    tune      launch the tunecache kernel of healkernel.py in KERNEL_DIR once: a miss, a benchmark of
               both configs, the winner's launch spec and binary stored (TUNECACHE_URL, TRITON_CACHE_DIR)
     restart   preload the stored winners (what runs once CUDA is up) and launch the same key again;
               report the benchmarks, the preload, every compile Triton made, and what the store holds
@@ -35,24 +35,6 @@ from tunecache.measure import cpu_do_bench  # noqa: E402
 from tunecache.opening import open_store  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
-
-#: The kernel module, as tuned; the test writes it, or it with a comment edited, into KERNEL_DIR.
-SOURCE = """
-import triton
-import triton.language as tl
-
-CONFIGS = [
-    triton.Config({"BLOCK": 64}, num_warps=4, num_stages=1),
-    triton.Config({"BLOCK": 128}, num_warps=2, num_stages=1),
-]
-
-
-@triton.jit
-def add_two(X, Y, N, BLOCK: tl.constexpr):
-    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    m = i < N  # COMMENT
-    tl.store(Y + i, tl.load(X + i, mask=m) + 2, mask=m)
-"""
 
 
 class _Device:

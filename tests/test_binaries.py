@@ -541,16 +541,33 @@ def test_only_the_modules_triton_builds_are_host_modules():
 # ---- a comment edit: the first compile of a stored winner records its binary (issue 25, item 5) ------
 
 
+#: tests/heal_roundtrip.py's kernel module (healkernel.py), as tuned; COMMENT is what the edit changes.
+_HEAL_KERNEL = """
+import triton
+import triton.language as tl
+
+CONFIGS = [
+    triton.Config({"BLOCK": 64}, num_warps=4, num_stages=1),
+    triton.Config({"BLOCK": 128}, num_warps=2, num_stages=1),
+]
+
+
+@triton.jit
+def add_two(X, Y, N, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = i < N  # COMMENT
+    tl.store(Y + i, tl.load(X + i, mask=m) + 2, mask=m)
+"""
+
+
 def _heal_run(phase: str, kernel_dir: Path, cache: Path, url: str, **env: str) -> dict[str, Any]:
     env = {"KERNEL_DIR": str(kernel_dir), "TRITON_CACHE_DIR": str(cache), "TUNECACHE_URL": url, **env}
     return run_json(["heal_roundtrip.py", phase], env=env)
 
 
 def _kernel_module(where: Path, comment: str) -> Path:
-    from heal_roundtrip import SOURCE
-
     where.mkdir()
-    (where / "healkernel.py").write_text(SOURCE.replace("COMMENT", comment))
+    (where / "healkernel.py").write_text(_HEAL_KERNEL.replace("COMMENT", comment))
     return where
 
 
