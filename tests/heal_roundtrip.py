@@ -60,9 +60,14 @@ def _no_gpu() -> list[str]:
     inits: list[str] = []
 
     def init_handles(self: CompiledKernel) -> None:
-        if getattr(self, "_run", None) is None:
-            inits.append(str(self.hash))
+        if self.module is not None:
+            return
+        inits.append(str(self.hash))
+        self.module, self.function = "no module", 0
+        if isinstance(vars(CompiledKernel).get("run"), property):  # Triton 3.5+
             self._run = lambda *args, **kwargs: None
+        else:  # Triton 3.4: an attribute set here
+            self.run = lambda *args, **kwargs: None
 
     CompiledKernel._init_handles = init_handles
     return inits
