@@ -113,16 +113,46 @@ def test_the_hook_chains_to_the_one_set_before_and_uninstall_puts_it_back(fresh_
     assert triton.knobs.runtime.jit_post_compile_hook is users_hook  # Triton as it was
 
 
-def test_a_hook_set_after_ours_is_left_alone_and_companions_0_watches_nothing(fresh_watch, monkeypatch, sqlite_url):
+def test_a_hook_set_after_ours_is_left_alone_and_companions_0_files_nothing(fresh_watch, monkeypatch, sqlite_url):
     companions.watch()
     later = lambda **kw: None  # noqa: E731
     triton.knobs.runtime.jit_post_compile_hook = later
     companions.unwatch()
     assert triton.knobs.runtime.jit_post_compile_hook is later
     triton.knobs.runtime.jit_post_compile_hook = None
+    filed: list = []
+    monkeypatch.setattr(binaries, "record_companions", lambda t, *fns, store=None: filed.append((t, fns)) or 0)
     monkeypatch.setenv("TUNECACHE_COMPANIONS", "0")
+    tuned = tunecache.autotune(configs=CONFIGS, key=["N"], store=sqlite_url)(JITFunction(_tuned))
+    assert companions.watching()  # a readwrite process still records its winners' compiles (tunecache.heal)
+    companions.resolved(tuned)
+    _compiled(JITFunction(_plain))
+    _drain()
+    assert filed == []
+    companions.unwatch()
+    monkeypatch.setenv("TUNECACHE_MODE", "readonly")  # and one that writes nothing watches nothing
     tunecache.autotune(configs=CONFIGS, key=["N"], store=sqlite_url)(JITFunction(_tuned))
     assert triton.knobs.runtime.jit_post_compile_hook is None and not companions.watching()
+
+
+def test_a_tuned_kernels_launch_compile_is_handed_to_heal_in_a_readwrite_process_only(
+    fresh_watch, monkeypatch, sqlite_url
+):
+    healed: list = []
+    tuned_jit = JITFunction(_tuned)
+    tuned = tunecache.autotune(configs=CONFIGS, key=["N"], store=sqlite_url)(tuned_jit)
+    monkeypatch.setattr(tuned, "record_hit_specs", lambda: healed.append(tuned) or 0, raising=False)
+    _compiled(tuned_jit, warmup=True)  # a preload or a manual warm-up: not a launch
+    _compiled(JITFunction(_plain))  # not a tuned kernel
+    _drain()
+    assert healed == []
+    _compiled(tuned_jit)
+    _drain()
+    assert healed == [tuned]
+    monkeypatch.setenv("TUNECACHE_MODE", "readonly")
+    _compiled(tuned_jit)
+    _drain()
+    assert healed == [tuned]
 
 
 def test_a_companion_is_found_by_its_triton_name_only_in_a_module_imported_already():

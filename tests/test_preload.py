@@ -143,6 +143,24 @@ def test_store_keeps_specs_per_kernel_and_target_and_drops_them_with_the_last_pr
     s.close()
 
 
+def test_a_spec_compiled_under_a_new_triton_key_replaces_the_old_one_only_when_asked(store_url):
+    """The same specialisation of the same source (hash) compiled to another binary: after a comment
+    edit (tunecache.heal). Kept by a plain put; replaced when asked, and only for the same Triton version."""
+    s = open_store(store_url)
+    old, other_version = spec(1), spec(2, version="3.6.0")
+    s.put_specs("k", "src", "t", [old, other_version, spec(3)])
+    edited = LaunchSpec(old.spec_hash, old.config_hash, "e" * 64, old.spec_json, old.triton_version)
+    assert s.put_specs("k", "src", "t", [edited]) == 0  # idempotent: the first recorded is kept
+    assert s.get_specs("src")["t"] == [old, other_version, spec(3)]
+    assert s.put_specs("k", "src", "t", [edited], replace=True) == 1
+    assert s.put_specs("k", "src", "t", [edited], replace=True) == 0
+    assert s.get_specs("src")["t"] == [edited, other_version, spec(3)]
+    newer = LaunchSpec(other_version.spec_hash, "c1", "f" * 64, other_version.spec_json, "3.9.0")
+    assert s.put_specs("k", "src", "t", [newer], replace=True) == 0  # another Triton's row: not this one's to drop
+    assert s.get_specs("src")["t"] == [edited, other_version, spec(3)]
+    s.close()
+
+
 def test_restart_loads_only_this_targets_winners(sqlite_url, monkeypatch):
     k = tinykernels.make_add(store=sqlite_url)
     tinykernels.launch(k, 64)  # tunes: a winner stored for this target

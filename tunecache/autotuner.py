@@ -293,6 +293,36 @@ class TunecacheAutotuner(Autotuner):
         specs = _preload.capture(self.fn, config, best)
         self._tc_ks.record_specs(store, self.fn, self.identity.source_hash, ctx.target.digest, specs)
 
+    def record_hit_specs(self) -> int:
+        """Background, after Triton compiled this kernel (see :mod:`tunecache.heal`): record the
+        specialisations of the stored winners this process launched that the store holds under no
+        launch spec of this Triton key, with their binaries. Returns how many specs were recorded."""
+        hits: dict[str, dict[str, Any]] = {}  # target digest -> {config hash: config}
+        for key, (digest, h) in list(self._tc_from_store.items()):
+            config, p = self.cache.get(key), self._tc_ks.mem.get(digest)
+            if config is not None and p is not None:
+                hits.setdefault(p.target.digest, {})[h] = config
+        store = self._tc_ks.store
+        ident = self._tc_identity
+        if not hits or store is None or store.readonly or ident is None:
+            return 0
+        captured = {t: [s for h, c in w.items() for s in _preload.capture(self.fn, c, h)] for t, w in hits.items()}
+        if not any(captured.values()):
+            return 0  # interpreted, or compiled for no stored winner
+        try:
+            stored = store.get_specs(ident.source_hash)
+        except StoreError as e:
+            self._tc_ks.trouble("read", e)
+            return 0
+        n = 0
+        for target, specs in captured.items():
+            have = {(s.spec_hash, s.kernel_hash) for s in stored.get(target, [])}
+            new = [s for s in specs if (s.spec_hash, s.kernel_hash) not in have]
+            if new:
+                self._tc_ks.record_specs(store, self.fn, ident.source_hash, target, new, replace=True)
+                n += len(new)
+        return n
+
     def reset(self, store: str | Store | None = None) -> None:
         """Forget every in-memory resolution and bind to ``store`` (default: the environment's) anew.
 

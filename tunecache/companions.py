@@ -8,7 +8,8 @@ tunecache watches Triton's ``jit_post_compile_hook``: Triton calls it once per s
 compiles or loads, never on the launch path. Each plain kernel compiled in a process is filed as a
 companion of the tuned kernel that process resolved last (:func:`tunecache.binaries.record_companions`,
 in the background): stored, exported, placed and dropped with that kernel's results. The restart's
-preload (:func:`load`) then loads them with the tuned kernel's winners.
+preload (:func:`load`) then loads them with the tuned kernel's winners. A tuned kernel's own compiles
+go to :mod:`tunecache.heal` (a readwrite process watches them even with ``TUNECACHE_COMPANIONS=0``).
 
 Observation only: the hook changes nothing Triton compiles or runs, chains to a hook that was set
 before, and :func:`unwatch` (``uninstall()``) puts that one back. A preloaded companion goes through
@@ -28,7 +29,7 @@ import weakref
 from collections.abc import Iterable
 from typing import Any
 
-from tunecache import background, binaries, counters, preload, settings
+from tunecache import background, binaries, counters, heal, preload, settings
 from tunecache.identity import module_imported
 from tunecache.model import COMPANION_CONFIG, LaunchSpec
 
@@ -41,6 +42,7 @@ _tuned: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()  #
 _pending: dict[int, Any] = {}  # plain JITFunctions compiled since the last recording (ordered)
 _last: weakref.ref[Any] | None = None  # the tuner whose key this process resolved last
 _installed: list[Any] = []  # [the hook set before ours] while ours is set
+_filing: list[bool] = [False]  # [whether plain kernels are filed (TUNECACHE_COMPANIONS)] while ours is set
 
 
 def _knobs() -> Any | None:
@@ -52,12 +54,14 @@ def _knobs() -> Any | None:
 
 
 def watch() -> None:
-    """Start watching Triton's compiles for plain kernels (idempotent; when a tuner attaches)."""
+    """Start watching Triton's compiles (idempotent; when a tuner attaches): for plain kernels, and
+    for the tuned kernels' compiles that :mod:`tunecache.heal` records."""
     runtime = _knobs()
     if runtime is None or not hasattr(runtime, "jit_post_compile_hook"):
         return
     with _lock:
-        if _installed or not settings.get("TUNECACHE_COMPANIONS"):
+        _filing[0] = bool(settings.get("TUNECACHE_COMPANIONS"))
+        if _installed or not (_filing[0] or heal.enabled()):
             return
         _installed.append(runtime.jit_post_compile_hook)
         runtime.jit_post_compile_hook = _on_compile
@@ -88,14 +92,19 @@ def register_tuned(fn: Any) -> None:
 
 
 def _on_compile(**kwargs: Any) -> Any:
-    """Triton's ``jit_post_compile_hook``: note a plain kernel's compile (a manual warm-up or a
-    preload is not a launch). Cheap and never raises; the hook set before ours runs first."""
+    """Triton's ``jit_post_compile_hook``: note a plain kernel's compile, or hand a tuned one's to
+    :mod:`tunecache.heal` (a manual warm-up or a preload is not a launch). Cheap and never raises;
+    the hook set before ours runs first."""
     previous = _installed[0] if _installed else None
     out = previous(**kwargs) if previous is not None else None
     try:
         info = kwargs.get("fn")
         jf = getattr(info, "jit_function", None)
-        if jf is not None and not kwargs.get("is_manual_warmup") and _tuned.get(id(jf)) is not jf:
+        if jf is None or kwargs.get("is_manual_warmup"):
+            return out
+        if _tuned.get(id(jf)) is jf:
+            heal.compiled(jf)  # a stored winner's binary under a Triton key the store may lack
+        elif _filing[0]:
             with _lock:
                 _pending[id(jf)] = jf
                 tuner = _last() if _last is not None else None

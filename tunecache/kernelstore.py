@@ -270,11 +270,19 @@ class KernelStore:
             self.unsaved.append(item)
 
     def record_specs(
-        self, store: Store, fn: Any, source_hash: str, target_digest: str, specs: list[LaunchSpec]
+        self,
+        store: Store,
+        fn: Any,
+        source_hash: str,
+        target_digest: str,
+        specs: list[LaunchSpec],
+        *,
+        replace: bool = False,
     ) -> None:
-        """Store what Triton compiled a winner with, and its binaries, for later preloads."""
+        """Store what Triton compiled a winner with, and its binaries, for later preloads (``replace``:
+        see :meth:`tunecache.store.Store.put_specs`)."""
         try:
-            store.put_specs(self.kernel, source_hash, target_digest, specs)
+            store.put_specs(self.kernel, source_hash, target_digest, specs, replace=replace)
             binaries.upload(store, fn, self.kernel, source_hash, specs, target_digest)
         except StoreError as e:
             self.trouble("write", e)
