@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from functools import partial
 
 import click
 import orjson
 
 from tunecache.cli.options import filter_options, json_option, parse_since, problem_filters, store_for
 from tunecache.cli.output import json_out
+from tunecache.errors import StoreNotFoundError
+from tunecache.store import Store
 
 
 @click.command("export")
@@ -134,7 +137,10 @@ def import_cmd(
     """
     from tunecache.exchange import import_
 
-    store = store_for(ctx, create=True)
+    try:  # an existing store: read-only or too new is said before the file is read
+        store: Store | Callable[[], Store] | None = store_for(ctx)
+    except StoreNotFoundError:  # created only once the file validated; a dry run never creates it
+        store = None if dry_run else partial(store_for, ctx, create=True)
     with _ExchangeProgress() as progress:
         s = import_(
             store,

@@ -1,0 +1,89 @@
+"""What the CLI leaves on disk and in the database when it fails or only looks (issue 26): a failed
+import or a dry run creates no store, a read-only command never creates or migrates one, the
+migration lock exists only while a migration is needed, and an export never overwrites a file
+unasked nor leaves its temporary file behind. Every check runs ``tunecache`` in a real process."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from builders import fill
+from realcli import cli_process, one_line_error
+
+from tunecache.engine import resolve_url
+
+
+def tree(root: Path) -> dict[str, bytes | None]:
+    """Every path under ``root`` with its bytes (None for a directory)."""
+    return {str(p.relative_to(root)): None if p.is_dir() else p.read_bytes() for p in sorted(root.rglob("*"))}
+
+
+def pg_tables(url: str) -> list[str]:
+    engine = sa.create_engine(resolve_url(url))
+    try:
+        with engine.connect() as c:
+            return sa.inspect(c).get_table_names()
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture
+def export_file(tmp_path: Path) -> Path:
+    """A valid, unsigned export of 3 problems."""
+    src = f"sqlite:///{tmp_path / 'src' / 'src.sqlite3'}"
+    (tmp_path / "src").mkdir()
+    fill(src, 3)
+    out = tmp_path / "files" / "three.jsonl"
+    out.parent.mkdir()
+    r = cli_process("--url", src, "export", str(out))
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+def bad_files(d: Path, good: Path) -> dict[str, tuple[Path, tuple[str, ...]]]:
+    """Files import must refuse, with the options that make it refuse them."""
+    (d / "empty.jsonl").write_bytes(b"")
+    (d / "text.jsonl").write_text("hello, not an export\n")
+    (d / "bad.jsonl.gz").write_bytes(b"\x1f\x8b" + os.urandom(200))
+    return {
+        "missing": (d / "nothere.jsonl", ()),
+        "empty": (d / "empty.jsonl", ()),
+        "not an export": (d / "text.jsonl", ()),
+        "bad gzip": (d / "bad.jsonl.gz", ()),
+        "unsigned with --binaries": (good, ("--binaries",)),
+    }
+
+
+# ---- 1. a failed import or a dry run creates nothing ---------------------------------------------
+
+
+def test_failed_import_and_dry_run_create_no_sqlite_store(tmp_path, export_file):
+    target = tmp_path / "new" / "dir" / "store.sqlite3"
+    url = f"sqlite:///{target}"
+    for why, (path, opts) in bad_files(export_file.parent, export_file).items():
+        one_line_error(cli_process("--url", url, "import", *opts, str(path)))
+        assert not (tmp_path / "new").exists(), f"{why}: {tree(tmp_path / 'new')}"
+    r = cli_process("--url", url, "import", "--dry-run", str(export_file))
+    assert r.returncode == 0, r.stderr
+    assert "dry run, nothing written: 3 problems" in r.stdout and "3 new" in r.stdout, r.stdout
+    assert not (tmp_path / "new").exists(), tree(tmp_path / "new")
+    # the real import still creates the store, and its directory
+    r = cli_process("--url", url, "import", str(export_file))
+    assert r.returncode == 0 and "3 new" in r.stdout, r.stderr
+    assert target.is_file()
+
+
+def test_failed_import_and_dry_run_create_no_postgres_tables(pg_url, export_file):
+    for why, (path, opts) in bad_files(export_file.parent, export_file).items():
+        one_line_error(cli_process("--url", pg_url, "import", *opts, str(path)))
+        assert pg_tables(pg_url) == [], why
+    r = cli_process("--url", pg_url, "import", "--dry-run", str(export_file))
+    assert r.returncode == 0 and "3 new" in r.stdout, r.stderr
+    assert pg_tables(pg_url) == []
+    r = cli_process("--url", pg_url, "import", str(export_file))
+    assert r.returncode == 0 and "3 new" in r.stdout, r.stderr
+    r = cli_process("--url", pg_url, "import", "--dry-run", str(export_file))
+    assert r.returncode == 0 and "0 new" in r.stdout and "3 skipped" in r.stdout, r.stdout
