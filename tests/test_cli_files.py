@@ -87,3 +87,55 @@ def test_failed_import_and_dry_run_create_no_postgres_tables(pg_url, export_file
     assert r.returncode == 0 and "3 new" in r.stdout, r.stderr
     r = cli_process("--url", pg_url, "import", "--dry-run", str(export_file))
     assert r.returncode == 0 and "0 new" in r.stdout and "3 skipped" in r.stdout, r.stdout
+
+
+# ---- 2. a read-only command never creates or migrates a store ------------------------------------
+
+READ_ONLY = {
+    "ls": ("ls",),
+    "show": ("show", "abc"),
+    "stats": ("stats",),
+    "info": ("info",),
+    "misses": ("misses",),
+    "hosts": ("hosts",),
+    "report": ("report", "-o", "{out}/r.html"),
+    "export": ("export", "{out}/e.jsonl"),
+}
+
+
+def _read_only_args(name: str, out: Path) -> list[str]:
+    return [a.format(out=out) for a in READ_ONLY[name]]
+
+
+@pytest.mark.parametrize("name", sorted(READ_ONLY))
+def test_read_only_commands_leave_an_empty_or_foreign_file_alone(tmp_path, name):
+    d = tmp_path / "stores"
+    d.mkdir()
+    out = tmp_path / "out"
+    out.mkdir()
+    (d / "empty.sqlite3").write_bytes(b"")
+    (d / "notes.sqlite3").write_text("my notes, not a database\n")
+    before = tree(d)
+    err = one_line_error(cli_process("--url", f"sqlite:///{d / 'empty.sqlite3'}", *_read_only_args(name, out)))
+    assert "empty.sqlite3" in err and "empty file" in err and "tunecache db upgrade" in err, err
+    err = one_line_error(cli_process("--url", f"sqlite:///{d / 'notes.sqlite3'}", *_read_only_args(name, out)))
+    assert "notes.sqlite3" in err and "not a SQLite database" in err, err
+    err = one_line_error(cli_process("--url", f"sqlite:///{d / 'missing.sqlite3'}", *_read_only_args(name, out)))
+    assert "no store at" in err, err
+    assert tree(d) == before
+    assert list(out.iterdir()) == []
+
+
+def test_read_only_commands_never_migrate(tmp_path):
+    db = tmp_path / "old.sqlite3"
+    url = f"sqlite:///{db}"
+    r = cli_process("--url", url, "db", "upgrade", "--revision", "0005")
+    assert r.returncode == 0, r.stderr
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in sorted(READ_ONLY):
+        err = one_line_error(cli_process("--url", url, *_read_only_args(name, out)))
+        assert "0005" in err and "tunecache db upgrade" in err, (name, err)
+        r = cli_process("--url", url, "db", "current")
+        assert r.stdout.split()[0] == "0005", (name, r.stdout)
+    assert list(out.iterdir()) == []

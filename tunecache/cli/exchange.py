@@ -10,7 +10,7 @@ from functools import partial
 import click
 import orjson
 
-from tunecache.cli.options import filter_options, json_option, parse_since, problem_filters, store_for
+from tunecache.cli.options import filter_options, json_option, parse_since, problem_filters, read_store, store_for
 from tunecache.cli.output import json_out
 from tunecache.errors import StoreNotFoundError
 from tunecache.store import Store
@@ -60,7 +60,7 @@ def export_cmd(
     if no_launch_specs and (binaries or sign_key):
         raise click.UsageError("--binaries and --sign need the launch specs: drop --no-launch-specs")
     signer = Signer(sign_key) if sign_key else None  # a bad key fails before the export starts
-    store = store_for(ctx)
+    store = read_store(ctx)
     with _ExchangeProgress() as progress:
         s = export(
             store,
