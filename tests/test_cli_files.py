@@ -139,3 +139,38 @@ def test_read_only_commands_never_migrate(tmp_path):
         r = cli_process("--url", url, "db", "current")
         assert r.stdout.split()[0] == "0005", (name, r.stdout)
     assert list(out.iterdir()) == []
+
+
+# ---- 3. the migration lock: only while a migration is needed -------------------------------------
+
+
+def test_no_migration_lock_for_an_up_to_date_store(tmp_path, make_readonly):
+    db = tmp_path / "s.sqlite3"
+    url = f"sqlite:///{db}"
+    lock = Path(str(db) + ".migrate.lock")
+    assert cli_process("--url", url, "db", "upgrade").returncode == 0
+    fill(url, 2)
+    lock.unlink(missing_ok=True)  # what a fresh store needed: a migration
+    for args in (["db", "upgrade"], ["ls"], ["stats"], ["db", "current"]):
+        r = cli_process("--url", url, *args)
+        assert r.returncode == 0, (args, r.stderr)
+        assert not lock.exists(), args
+    # a read-only image directory: nothing beside the store, and everything works
+    ro = make_readonly([db])
+    ro_url = f"sqlite:///{ro / db.name}"
+    for args in (["db", "upgrade"], ["ls"], ["stats"]):
+        r = cli_process("--url", ro_url, *args)
+        assert r.returncode == 0, (args, r.stderr)
+    assert sorted(p.name for p in ro.iterdir()) == [db.name]
+
+
+def test_migration_lock_skipped_where_the_directory_is_not_writable(tmp_path, make_readonly):
+    """A store that needs a migration in a directory nobody can write: the error says read-only,
+    not that a lock file could not be created."""
+    db = tmp_path / "old.sqlite3"
+    url = f"sqlite:///{db}"
+    assert cli_process("--url", url, "db", "upgrade", "--revision", "0005").returncode == 0
+    ro = make_readonly([db])
+    err = one_line_error(cli_process("--url", f"sqlite:///{ro / db.name}", "db", "upgrade"))
+    assert "read-only" in err, err
+    assert sorted(p.name for p in ro.iterdir()) == [db.name]
