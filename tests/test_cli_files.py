@@ -6,6 +6,11 @@ unasked nor leaves its temporary file behind. Every check runs ``tunecache`` in 
 from __future__ import annotations
 
 import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -174,3 +179,86 @@ def test_migration_lock_skipped_where_the_directory_is_not_writable(tmp_path, ma
     err = one_line_error(cli_process("--url", f"sqlite:///{ro / db.name}", "db", "upgrade"))
     assert "read-only" in err, err
     assert sorted(p.name for p in ro.iterdir()) == [db.name]
+
+
+# ---- 4. export: never overwrite unasked, never leave a .tmp --------------------------------------
+
+
+def test_export_refuses_to_overwrite_without_force(tmp_path, store_url):
+    fill(store_url, 2)
+    out = tmp_path / "signed.jsonl"
+    out.write_bytes(b"precious\n")
+    err = one_line_error(cli_process("--url", store_url, "export", str(out)))
+    assert str(out) in err and "--force" in err, err
+    assert out.read_bytes() == b"precious\n"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+    r = cli_process("--url", store_url, "export", "--force", str(out))
+    assert r.returncode == 0, r.stderr
+    assert out.read_bytes().startswith(b"{") and b"precious" not in out.read_bytes()
+    r = cli_process("--url", store_url, "export", "-")
+    assert r.returncode == 0 and r.stdout.startswith("{"), r.stderr
+    r = cli_process("--url", store_url, "export", str(out))  # refused again: the file is there
+    assert r.returncode == 1
+
+
+def _big_sqlite_store(path: Path, n: int) -> None:
+    """A store of ``n`` problems, two configs each, copied in SQL from two real ones: an export of
+    it takes seconds (the export does not check digests; import would)."""
+    url = f"sqlite:///{path}"
+    fill(url, 1)
+    c = sqlite3.connect(path)
+    try:
+        pcols = [r[1] for r in c.execute("PRAGMA table_info(problems)")]
+        ccols = [r[1] for r in c.execute("PRAGMA table_info(configs)")]
+        (digest,) = c.execute("SELECT digest FROM problems").fetchone()
+        c.execute("CREATE TEMP TABLE n(i INTEGER PRIMARY KEY)")
+        c.execute(
+            f"WITH RECURSIVE s(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM s WHERE i < {n}) "
+            "INSERT INTO n SELECT i FROM s"
+        )
+        new = "printf('%064x', n.i)"
+        c.execute(
+            f"INSERT INTO problems ({', '.join(pcols)}) SELECT "
+            + ", ".join(new if col == "digest" else f"p.{col}" for col in pcols)
+            + " FROM problems p, n WHERE p.digest = ?",
+            (digest,),
+        )
+        c.execute(
+            f"INSERT INTO configs ({', '.join(ccols)}) SELECT "
+            + ", ".join(new if col == "digest" else f"x.{col}" for col in ccols)
+            + " FROM configs x, n WHERE x.digest = ?",
+            (digest,),
+        )
+        c.commit()
+    finally:
+        c.close()
+
+
+def test_sigterm_mid_export_leaves_no_tmp_file(tmp_path):
+    db = tmp_path / "big.sqlite3"
+    _big_sqlite_store(db, 50_000)
+    outdir = tmp_path / "out"
+    outdir.mkdir()
+    target = outdir / "all.jsonl.gz"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tunecache.cli", "--url", f"sqlite:///{db}", "export", str(target)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not any(p.suffix == ".tmp" for p in outdir.iterdir()):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "no .tmp file appeared"
+            time.sleep(0.01)
+        time.sleep(0.3)  # well into the export
+        assert proc.poll() is None, "the export finished before the signal: make the store bigger"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode in (-signal.SIGTERM, 128 + signal.SIGTERM), (proc.returncode, err[-2000:])
+    assert b"Traceback" not in err, err[-2000:]
+    assert list(outdir.iterdir()) == []  # no .tmp, and no half-written export
