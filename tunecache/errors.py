@@ -60,6 +60,11 @@ class SigningError(TunecacheError):
     """A signing key cannot be made, read or used (or the ``sign`` extra is not installed)."""
 
 
+class OutputExistsError(TunecacheError):
+    """A command would overwrite an existing file (a signed export, say) without ``--force``; nothing
+    was written."""
+
+
 class ImportFormatError(TunecacheError):
     """An export file is malformed; nothing from it was written."""
 

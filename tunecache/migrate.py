@@ -119,11 +119,16 @@ def in_process_lock() -> Iterator[None]:
 
 @contextlib.contextmanager
 def cross_process_lock(store: Migratable) -> Iterator[None]:
-    """One migration at a time per store across processes: a file lock beside a SQLite file,
+    """One migration at a time per store across processes: a file lock beside a SQLite file (none
+    where its directory is not writable, so none could migrate),
     ``GET_LOCK`` on MySQL/MariaDB; PostgreSQL's advisory lock is taken by :func:`apply`, inside
     the migration transaction."""
     if store.dialect == "sqlite":
         path = sqlite_path(store.url)
+        if path is not None and not os.access(path.parent, os.W_OK):
+            # No lock file can be made here, and no migration either: SQLite's own error says why.
+            yield
+            return
         if path is not None:
             from filelock import FileLock
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+from pathlib import Path
 
 from sqlalchemy.engine import URL
 
@@ -19,6 +20,8 @@ from tunecache.engine import make_engine, mask_url, resolve_url, sqlite_path, sq
 from tunecache.errors import StoreError, StoreNotFoundError
 from tunecache.migrate import check_schema
 from tunecache.store import Store
+
+_SQLITE_MAGIC = b"SQLite format 3\x00"  # the first bytes of every SQLite database file
 
 _stores: dict[tuple[str, int], Store] = {}
 _stores_lock = threading.Lock()
@@ -35,11 +38,8 @@ def connect(url: str | URL | None = None, *, readonly: bool | None = None, creat
     try:
         if not create and u.get_backend_name() == "sqlite":
             path = sqlite_path(u)
-            if path is not None and not path.exists():
-                raise StoreNotFoundError(
-                    f"no store at {path}: nothing was stored there yet (a tuned kernel or `tunecache db upgrade` "
-                    "creates it)"
-                )
+            if path is not None:
+                _check_sqlite_file(path)
         if readonly is None:
             readonly = False
             if u.get_backend_name() == "sqlite":
@@ -50,6 +50,28 @@ def connect(url: str | URL | None = None, *, readonly: bool | None = None, creat
         return Store(u, make_engine(u, readonly), readonly)
     except OSError as e:  # e.g. a directory on the way that this user cannot enter
         raise StoreError(f"cannot open store {mask_url(u)}: {e.strerror or e}") from None
+
+
+def _check_sqlite_file(path: Path) -> None:
+    """Refuse, before SQLite touches it, what is not a store: opening writes a database header into
+    an empty file and switches a database to WAL, so a look at the wrong path would change it."""
+    if not path.exists():
+        raise StoreNotFoundError(
+            f"no store at {path}: nothing was stored there yet (a tuned kernel or `tunecache db upgrade` creates it)"
+        )
+    if path.is_dir():
+        raise StoreError(f"{path} is a directory, not a tunecache store: point --url or TUNECACHE_URL at a file")
+    with open(path, "rb") as f:
+        header = f.read(len(_SQLITE_MAGIC))
+    if not header:
+        raise StoreNotFoundError(
+            f"no store at {path}: it is an empty file, not a tunecache store; remove it, or run "
+            "`tunecache db upgrade` to make it one"
+        )
+    if header != _SQLITE_MAGIC:
+        raise StoreError(
+            f"{path} is not a SQLite database, so not a tunecache store; left unchanged: check --url or TUNECACHE_URL"
+        )
 
 
 def open_store(

@@ -38,7 +38,14 @@ from tunecache.errors import StoreError, StoreReadOnlyError, driver_message
 from tunecache.filters import filter_clauses
 from tunecache.identity import search_space_hash
 from tunecache.leaseholder import lease_host, pid_alive
-from tunecache.migrate import apply, check_target, cross_process_lock, current_revision, in_process_lock
+from tunecache.migrate import (
+    apply,
+    check_target,
+    cross_process_lock,
+    current_revision,
+    head_revision,
+    in_process_lock,
+)
 from tunecache.model import (
     COMPANION_CONFIG,
     CONFIG_ROW_COLUMNS,
@@ -180,8 +187,11 @@ class Store:
 
     def upgrade(self, revision: str = "head") -> None:
         """Apply migrations (see :mod:`tunecache.migrate`); concurrent callers serialise on a lock and
-        only the first migrates."""
+        only the first migrates. A store already there takes no lock (one beside a SQLite file would be
+        created for nothing, or fail in a read-only directory)."""
         check_target(revision)
+        if self.revision() == (head_revision() if revision == "head" else revision):
+            return
         with (
             in_process_lock(),
             self._guard("migrating the schema"),

@@ -11,7 +11,7 @@ import click
 import orjson
 
 from tunecache import missspool
-from tunecache.cli.options import filter_options, json_option, problem_filters, store_for
+from tunecache.cli.options import filter_options, json_option, problem_filters, read_store
 from tunecache.cli.output import json_out, problem_summary, table
 from tunecache.errors import TunecacheError
 from tunecache.model import config_to_json
@@ -35,7 +35,7 @@ def info(ctx: click.Context, as_json: bool) -> None:
     from tunecache.migrate import head_revision
     from tunecache.target import detect_target, hostname
 
-    store = store_for(ctx)
+    store = read_store(ctx)
     target = detect_target()
     out = {
         "store": store.masked_url,
@@ -73,7 +73,7 @@ def ls_cmd(
     ctx: click.Context, kernel: str, arch: str, device: str, driver: str, limit: int | None, as_json: bool
 ) -> None:
     """List stored problems, newest first."""
-    store = store_for(ctx)
+    store = read_store(ctx)
     found = store.find_problems(with_configs=True, **problem_filters(kernel, arch, device, driver))
     if limit:
         found = found[:limit]
@@ -106,7 +106,7 @@ def ls_cmd(
 @click.pass_context
 def show(ctx: click.Context, digest_prefix: str, as_json: bool) -> None:
     """Every config of one problem: status, timings and why it failed."""
-    store = store_for(ctx)
+    store = read_store(ctx)
     found = store.find(digest_prefix)
     if not found:
         raise TunecacheError(f"no problem with a digest starting {digest_prefix!r}")
@@ -168,7 +168,7 @@ def stats(ctx: click.Context, as_json: bool) -> None:
     """Per-kernel hits, misses, benchmarks and seconds saved (persisted by every process), the count
     and bytes of its stored binaries, and which kernels tunecache saw but could not serve
     (``covered`` false; see ``tunecache misses``)."""
-    store = store_for(ctx)
+    store = read_store(ctx)
     rows = [{**r, "covered": True} for r in store.kernel_counters()]
     zero = {"hits": 0, "misses": 0, "benchmarks": 0, "bench_seconds": 0.0, "saved_seconds": 0.0, "updated_at": None}
     usage = store.binary_usage()
@@ -219,7 +219,7 @@ def misses(ctx: click.Context, as_json: bool) -> None:
     """Keys that missed during a CUDA graph capture or in offline mode (tune them next image build), and
     the first key of kernels tunecache could not serve (reason ``uncovered``); with those of this
     store that processes on this host recorded in the local spool because the store was read-only."""
-    store = store_for(ctx)
+    store = read_store(ctx)
     rows = [{**r, "recorded": "store"} for r in store.list_misses()]
     rows += [{**r, "recorded": "spool"} for r in missspool.read(store.masked_url)]
     if as_json:

@@ -3,14 +3,21 @@ signs exports), with a progress counter on a terminal."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from functools import partial
 
 import click
 import orjson
 
-from tunecache.cli.options import filter_options, json_option, parse_since, problem_filters, store_for
+from tunecache.cli.options import filter_options, json_option, parse_since, problem_filters, read_store, store_for
 from tunecache.cli.output import json_out
+from tunecache.errors import OutputExistsError, StoreNotFoundError
+from tunecache.store import Store
 
 
 @click.command("export")
@@ -35,6 +42,7 @@ from tunecache.cli.output import json_out
     metavar="KEY",
     help="Sign the file with this private key (from `tunecache keygen`); needs tunecache[sign].",
 )
+@click.option("--force", is_flag=True, help="Overwrite PATH if it exists (without it, an existing file is refused).")
 @json_option
 @click.pass_context
 def export_cmd(
@@ -48,6 +56,7 @@ def export_cmd(
     no_launch_specs: bool,
     binaries: bool,
     sign_key: str | None,
+    force: bool,
     as_json: bool,
 ) -> None:
     """Write stored problems with every config row to PATH (JSON Lines; .gz compresses; - is stdout)."""
@@ -56,9 +65,11 @@ def export_cmd(
 
     if no_launch_specs and (binaries or sign_key):
         raise click.UsageError("--binaries and --sign need the launch specs: drop --no-launch-specs")
+    if path != "-" and os.path.lexists(path) and not force:
+        raise OutputExistsError(f"{path} exists; nothing was written: pass --force to overwrite it")
     signer = Signer(sign_key) if sign_key else None  # a bad key fails before the export starts
-    store = store_for(ctx)
-    with _ExchangeProgress() as progress:
+    store = read_store(ctx)
+    with _ExchangeProgress() as progress, _sigterm_unwinds():
         s = export(
             store,
             path,
@@ -134,7 +145,10 @@ def import_cmd(
     """
     from tunecache.exchange import import_
 
-    store = store_for(ctx, create=True)
+    try:  # an existing store: read-only or too new is said before the file is read
+        store: Store | Callable[[], Store] | None = store_for(ctx)
+    except StoreNotFoundError:  # created only once the file validated; a dry run never creates it
+        store = None if dry_run else partial(store_for, ctx, create=True)
     with _ExchangeProgress() as progress:
         s = import_(
             store,
@@ -192,3 +206,31 @@ class _ExchangeProgress:
     def __exit__(self, *exc: object) -> None:
         if self.used:
             click.echo("", err=True)
+
+
+class _Terminated(BaseException):
+    """SIGTERM arrived: unwinds the export as Ctrl-C does, so that it removes its temporary file."""
+
+
+@contextlib.contextmanager
+def _sigterm_unwinds() -> Iterator[None]:
+    """For the export's duration, SIGTERM raises :class:`_Terminated` instead of killing the process
+    on the spot (which left the ``.tmp`` file behind); once the export cleaned up, the process dies
+    of the signal as it would have. The previous handler is restored either way. Not where SIGTERM
+    is ignored, nor off the main thread (where no handler can be installed)."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) == signal.SIG_IGN:
+        yield
+        return
+
+    def terminated(signum: int, frame: object) -> None:
+        raise _Terminated()
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    except _Terminated:
+        signal.signal(signal.SIGTERM, previous)
+        os.kill(os.getpid(), signal.SIGTERM)  # the default action ends the process here
+        raise SystemExit(128 + signal.SIGTERM) from None  # a previous handler that returned
+    finally:
+        signal.signal(signal.SIGTERM, previous)

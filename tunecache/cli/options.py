@@ -86,6 +86,12 @@ def store_for(ctx: click.Context, *, create: bool = False, **kw: Any) -> Store:
     return store
 
 
+def read_store(ctx: click.Context) -> Store:
+    """The store for a command that only reads it: never created, never migrated (an outdated store
+    is named with the command that upgrades it), so that looking changes nothing."""
+    return store_for(ctx, migrate=False)
+
+
 def parse_age(text: str) -> dt.timedelta:
     """'30d', '12h', '90m', '45s' or a bare number of days."""
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([dhms]?)\s*", text or "")

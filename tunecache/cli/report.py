@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from tunecache.cli.options import json_option, parse_since, store_for
+from tunecache.cli.options import json_option, parse_since, read_store
 from tunecache.cli.output import json_out
 
 
@@ -57,7 +57,7 @@ def report(ctx: click.Context, output: str, threshold: float, min_keys: int, as_
     misses, and hosts slower than their peers (needs the report extra: pip install 'tunecache[report]')."""
     from tunecache.report import write_report
 
-    out = write_report(store_for(ctx), output, _report_filters(**filters), threshold, min_keys)
+    out = write_report(read_store(ctx), output, _report_filters(**filters), threshold, min_keys)
     if as_json:
         json_out(out)
     else:
@@ -73,7 +73,7 @@ def hosts(ctx: click.Context, threshold: float, min_keys: int, as_json: bool, **
     from tunecache.fleet import explain
     from tunecache.report import hosts as fleet_hosts
 
-    analysis = fleet_hosts(store_for(ctx), _report_filters(**filters), threshold, min_keys)
+    analysis = fleet_hosts(read_store(ctx), _report_filters(**filters), threshold, min_keys)
     if as_json:
         json_out(analysis.as_dict())
     else:

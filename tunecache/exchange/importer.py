@@ -72,7 +72,7 @@ class ImportSummary:
 
 
 def import_(
-    store: Store,
+    store: Store | Callable[[], Store] | None,
     src: Source,
     *,
     dry_run: bool = False,
@@ -97,10 +97,16 @@ def import_(
     :class:`UntrustedFileError` before anything is written, unless ``trust_unsigned``; so does any
     import where ``TUNECACHE_TRUSTED_KEYS`` is set. Rows keep their makers' signatures
     (:mod:`tunecache.trust` decides at each start what is placed).
+
+    ``store`` may also be a callable that opens (creates) it, called only once the file validated
+    and passed the trust check, so that a bad file leaves no new store behind; or, for a dry run,
+    None: there is no store yet, and every problem of the file would be new.
     """
     if on_conflict not in CONFLICT_POLICIES:
         raise ValueError(f"on_conflict must be one of {', '.join(CONFLICT_POLICIES)}, not {on_conflict!r}")
-    if store.readonly and not dry_run:  # say so before minutes of validation, not after
+    if store is None and not dry_run:
+        raise ValueError("import: no store to import into (None is for a dry run)")
+    if isinstance(store, Store) and store.readonly and not dry_run:  # say so before minutes of validation
         raise StoreReadOnlyError(f"import: store {store.masked_url} is opened read-only")
     with_launch_specs = with_launch_specs or with_binaries  # a binary is placed for its launch specs
     trusted = None if trust_unsigned else signing.trusted_keys()  # a bad entry: now
@@ -117,10 +123,16 @@ def import_(
             signed_by=scan.signed_by,
             dry_run=dry_run,
         )
-        if dry_run:
+        if store is not None and not isinstance(store, Store):
+            store = store()  # the file is good: now the store may be created
+        if store is None:
+            summary.new = len(scan.problems)
+        elif dry_run:
             with store.snapshot("import (dry run)") as conn:
                 _decide(conn, scan, on_conflict, summary)
         else:
+            if store.readonly:
+                raise StoreReadOnlyError(f"import: store {store.masked_url} is opened read-only")
             with store.bulk_load("import") as writer:  # it takes its locks before _decide reads
                 conn = writer.conn
                 write, delete = _decide(conn, scan, on_conflict, summary)
