@@ -496,12 +496,15 @@ def run_all(out_dir: Path, quick: bool) -> dict:
     def fresh_host() -> None:
         export = work / "tuned.jsonl.gz"
         tc = [sys.executable, "-m", "tunecache.cli"]
-        ex = subprocess.run([*tc, "--url", url1, "export", str(export)], env=base_env, capture_output=True, text=True)
+        ex = subprocess.run(
+            [*tc, "--url", url1, "export", str(export)], env=base_env, capture_output=True, text=True, cwd=work
+        )
         im = subprocess.run(
             [*tc, "--url", url2, "import", str(export), "--launch-specs", "--trust-unsigned"],
             env=base_env,
             capture_output=True,
             text=True,
+            cwd=work,
         )
         r["exchange"] = {
             "export_rc": ex.returncode,
@@ -529,7 +532,8 @@ def run_all(out_dir: Path, quick: bool) -> dict:
 
         def run(name: str, argv: list, env: dict = base_env) -> None:
             t0 = time.perf_counter()
-            p = subprocess.run([*tc, *argv], env=env, capture_output=True, text=True)
+            # Not from the checkout: `-m tunecache.cli` would import its source tree, not the install.
+            p = subprocess.run([*tc, *argv], env=env, capture_output=True, text=True, cwd=work)
             steps[name] = {"rc": p.returncode, "wall_s": time.perf_counter() - t0, "out": (p.stdout + p.stderr)[-600:]}
 
         run("export-plain", ["--url", url1, "export", str(plain)])
@@ -537,6 +541,9 @@ def run_all(out_dir: Path, quick: bool) -> dict:
         trusted = {**base_env, "TUNECACHE_TRUSTED_KEYS": f"{key}.pub"}
         run("import-dry-run (verify)", ["--url", url3, "import", str(signed), "--binaries", "--dry-run"], trusted)
         run("import-binaries", ["--url", url3, "import", str(signed), "--binaries", "--json"], trusted)
+        if steps["import-binaries"]["rc"] != 0:  # the start below would tune from scratch: say so, do not time it
+            r["binaries-exchange"] = {"steps": steps}
+            raise RuntimeError(f"import --binaries failed: {steps['import-binaries']['out'][-300:]}")
         r["binaries-exchange"] = {
             "steps": steps,
             "bytes_plain": plain.stat().st_size if plain.exists() else None,
