@@ -16,7 +16,8 @@ Triton 3.4 to 3.9:
   the bytes needed and the limit), and uses a CPU timer under ``TRITON_INTERPRET=1``.
 * ``prune_configs(kwargs)``: only remembers ``kwargs`` to name the tuning-key values.
 
-``run`` is wrapped, not copied, to recover from a stored winner that no longer compiles.
+``run`` is wrapped, not copied, to recover from a stored winner that no longer compiles: blamed only
+when its failure reproduces under the stored key's arguments (the rule is in :mod:`tunecache.blame`).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import Any
 import orjson
 from triton.runtime.autotuner import Autotuner
 
-from tunecache import background, companions, counters, measure, settings, singleflight, winner, writeback
+from tunecache import background, blame, companions, counters, measure, settings, singleflight, winner, writeback
 from tunecache import preload as _preload
 from tunecache.errors import CaptureMissError, StoreError
 from tunecache.firstcall import first_run
@@ -61,6 +62,12 @@ log = logging.getLogger("tunecache")
 #: (see :func:`tunecache.adoption.covering_init`), and tunecache's own calls go to these, never through the patch.
 BASE_INIT = Autotuner.__init__
 BASE_RUN = Autotuner.run
+_BASE_BENCH = Autotuner._bench
+
+#: Marks in ``_tc_resolved_by`` besides a call's ``nargs``: the stored winner ran for the key here
+#: (a reproduction ran it), or a failure of it could not be judged (judge the next one again).
+_PROVEN = object()
+_UNPROVEN = object()
 
 
 class _computed:
@@ -176,6 +183,7 @@ class TunecacheAutotuner(Autotuner):
         self._tc_round: Round | None = None  # the benchmark round in progress (see _run_bench)
         self.config_ids = ConfigIds()  # config identities, memoised by value
         self._tc_from_store: dict[Any, tuple[str, str]] = {}  # tuning key -> (digest, config hash)
+        self._tc_resolved_by: dict[Any, Any] = {}  # tuning key -> nargs of the call that resolved it (see blame)
         self._tc_lock = threading.RLock()
         background.register(self)
         companions.register_tuned(fn)  # its compiles are benchmarks and winners, not companions
@@ -288,6 +296,7 @@ class TunecacheAutotuner(Autotuner):
         """
         self.cache.clear()
         self._tc_from_store.clear()
+        self._tc_resolved_by.clear()
         self._tc_ks.reset(store)
 
     # ---- identity ---------------------------------------------------------------------------
@@ -439,6 +448,7 @@ class TunecacheAutotuner(Autotuner):
             self.__dict__["_tc_timings"] = timings
         if stored is not None:
             self._tc_from_store[key] = stored
+            self._tc_resolved_by[key] = self.nargs  # this call's own dict (Autotuner.run makes one per call)
 
     def _covers(self, p: Problem | None, ctx: _Ctx) -> bool:
         if p is None:
@@ -659,8 +669,70 @@ class TunecacheAutotuner(Autotuner):
             key = self._tuning_key(args, kwargs)
             if key not in self._tc_from_store or self.cache.get(key) is not launched:
                 raise
-            self._poisoned([key], e)
+            failure = self._blame(key, launched, args, kwargs)
+            if failure is None:
+                raise  # the call's failure, as stock Triton's cached config would fail it
+            self._poisoned([key], e, failure)
         return BASE_RUN(self, *args, **kwargs)
+
+    def _blame(
+        self, key: Any, config: Any, args: Sequence[Any], kwargs: Mapping[str, Any]
+    ) -> tuple[str, dict[str, Any]] | None:
+        """The stored winner's own failure (status, detail) if the failed launch of ``config`` for
+        ``key`` reproduces under the key's arguments; None if it is the call's (:mod:`tunecache.blame`)."""
+        mark = self._tc_resolved_by.get(key)
+        ran_here = mark is _PROVEN or (mark is not None and mark is not _UNPROVEN and mark is not self.nargs)
+        digest, h = self._tc_from_store[key]
+        passed = blame.call_constexprs(blame.constexpr_names(self.fn), self.arg_names, self.keys, config, args, kwargs)
+        specs = []
+        if not ran_here and passed:
+            p = self._tc_ks.mem.get(digest)
+            target_digest = p.target.digest if p is not None else detect_target().digest
+            specs = self._tc_ks.specs_on(self.identity.source_hash, target_digest)
+        v = blame.verdict(ran_here=ran_here, passed=passed, specs=specs, config_hash=h, arg_names=self.arg_names)
+        if v == blame.REPRODUCE and measure.capturing():
+            v = blame.UNKNOWN  # a benchmark would break the capture: judge the next failure outside it
+        if v == blame.UNKNOWN:
+            self._tc_resolved_by[key] = _UNPROVEN
+            counters.warn_once(
+                self._tc_name,
+                "unblamed",
+                "tunecache: %s: stored winner %s failed for a call passing %s; not marked failed, since the "
+                "values it was stored with are unknown here (no launch spec recorded). If it fails for "
+                "every call, delete its rows with `tunecache invalidate --kernel %s` and tune again.",
+                self._tc_name,
+                h[:12],
+                sorted(passed),
+                self._tc_name,
+            )
+            return None
+        if v == blame.CALL:
+            log.debug("tunecache: %s: stored winner %s ran for this key; the call failed it", self._tc_name, h[:12])
+            return None
+        failure = self._reproduce(config, args, kwargs)
+        if failure is None:
+            self._tc_resolved_by[key] = _PROVEN
+            log.debug("tunecache: %s: stored winner %s runs when benchmarked alone", self._tc_name, h[:12])
+        return failure
+
+    def _reproduce(
+        self, config: Any, args: Sequence[Any], kwargs: Mapping[str, Any]
+    ) -> tuple[str, dict[str, Any]] | None:
+        """Benchmark ``config`` alone with the call's arguments (Triton's ``_bench``, with its reset
+        and restore hooks): its failure (status, detail), or None if it runs."""
+        with self._tc_lock:
+            rnd = self._tc_round = Round()
+            self.nargs = dict(zip(self.arg_names, args))
+            try:
+                timings = _BASE_BENCH(self, *args, config=config, **kwargs)
+            except Exception as e:  # noqa: BLE001 - the failure reproduced
+                return rnd.failure or classify(e)
+            finally:
+                self._tc_round = None
+                self.nargs = None
+        if float(timings[0]) == float("inf"):  # Triton's _bench maps compile failures to inf
+            return rnd.failure or ("compile_error", {"error": "unknown", "message": "timing inf"})
+        return None
 
     def _tuning_key(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple:
         """The tuning key ``Autotuner.run`` built for this call (the same steps in 3.4-3.9); used
@@ -689,8 +761,9 @@ class TunecacheAutotuner(Autotuner):
             return
         self._tc_ks.record_miss_later(problem, "uncovered")
 
-    def _poisoned(self, keys: list[Any], exc: Exception) -> None:
-        status, failure = classify(exc)
+    def _poisoned(self, keys: list[Any], exc: Exception, reproduced: tuple[str, dict[str, Any]] | None = None) -> None:
+        """Mark each key's stored winner failed (``reproduced``: the failure of benchmarking it alone)."""
+        status, failure = reproduced or classify(exc)
         for k in keys:
             digest, h = self._tc_from_store.pop(k)
             self.cache.pop(k, None)
