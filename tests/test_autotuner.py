@@ -496,7 +496,7 @@ def _rows(store) -> dict:
     }
 
 
-def test_a_call_that_breaks_the_stored_winner_fails_and_leaves_the_store_alone(sqlite_url):
+def test_a_call_that_breaks_the_stored_winner_fails_and_leaves_the_store_alone(sqlite_url, caplog):
     """Issue 25.4: a non-key constexpr (BAD) that fails only the stored winner's BLOCK is the call's
     failure, not the config's: the call raises as stock Triton's would, and every process still runs
     the fleet's winner."""
@@ -508,20 +508,32 @@ def test_a_call_that_breaks_the_stored_winner_fails_and_leaves_the_store_alone(s
     bad = win.kwargs["BLOCK"]
     tunecache.reset_stats()
     # 1. A later call of the same key in the tuning process: the winner ran under this key here.
-    with pytest.raises(Exception, match="BLOCK must not be BAD") as e1:
+    with (
+        caplog.at_level(logging.WARNING, logger="tunecache"),
+        pytest.raises(Exception, match="BLOCK must not be BAD") as e1,
+    ):
         tinykernels.launch(k, 100, BAD=bad)
     assert type(e1.value).__module__.startswith("triton")
     assert _rows(store) == before
+    assert not caplog.records  # known to be the call's failure: nothing to warn about
     assert tinykernels.launch(k, 100, BAD=0) is win  # the in-memory winner stays
-    # 2. A restart in this process: the bad call is the first launch of the stored winner.
+    # 2. A restart in this process whose first call of the key is good: the stored winner ran here.
+    k3 = tinykernels.make_guarded(store=sqlite_url)
+    assert str(tinykernels.launch(k3, 100, BAD=0)) == str(win)
+    with caplog.at_level(logging.WARNING, logger="tunecache"), pytest.raises(Exception, match="BLOCK must not be BAD"):
+        tinykernels.launch(k3, 100, BAD=bad)
+    assert not caplog.records and _rows(store) == before
+    # 3. A restart whose first call is the bad one: no launch spec under the interpreter says what the
+    #    winner was stored with, so the failure cannot be reproduced under the key's arguments.
     k2 = tinykernels.make_guarded(store=sqlite_url)
-    with pytest.raises(Exception, match="BLOCK must not be BAD"):
+    with caplog.at_level(logging.WARNING, logger="tunecache"), pytest.raises(Exception, match="BLOCK must not be BAD"):
         tinykernels.launch(k2, 100, BAD=bad)
     assert _rows(store) == before
+    assert [r.getMessage() for r in caplog.records if "not marked failed" in r.getMessage()]
     assert str(tinykernels.launch(k2, 100, BAD=0)) == str(win)
     stats = tunecache.stats()
     assert stats["poisoned"] == 0 and stats["benchmarks"] == 0
-    # 3. Fresh processes: the bad call's process raises and marks nothing; the next runs the winner.
+    # 4. Fresh processes: the bad call's process raises and marks nothing; the next runs the winner.
     env = {"TUNECACHE_URL": sqlite_url}
     b = fresh_process(GUARDED.format(bad=bad), env)
     assert b["raised"] and b["raised"].startswith("triton") and b["stats"]["poisoned"] == 0

@@ -27,6 +27,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -64,10 +65,16 @@ BASE_INIT = Autotuner.__init__
 BASE_RUN = Autotuner.run
 _BASE_BENCH = Autotuner._bench
 
-#: Marks in ``_tc_resolved_by`` besides a call's ``nargs``: the stored winner ran for the key here
-#: (a reproduction ran it), or a failure of it could not be judged (judge the next one again).
+#: Marks in ``_tc_resolved_by`` besides a weak reference to the resolving call's ``nargs``: the stored
+#: winner ran for the key here (a reproduction ran it), or a failure of it was not judged (judge the next).
 _PROVEN = object()
 _UNPROVEN = object()
+
+
+class _Nargs(dict):
+    """Triton's ``nargs`` of the call that resolved a key from the store, same contents: a dict that a
+    weak reference can follow. Triton drops it when that call's launch succeeds (``nargs = None``), so
+    the reference dies with it and holds none of the call's tensors."""
 
 
 class _computed:
@@ -183,7 +190,7 @@ class TunecacheAutotuner(Autotuner):
         self._tc_round: Round | None = None  # the benchmark round in progress (see _run_bench)
         self.config_ids = ConfigIds()  # config identities, memoised by value
         self._tc_from_store: dict[Any, tuple[str, str]] = {}  # tuning key -> (digest, config hash)
-        self._tc_resolved_by: dict[Any, Any] = {}  # tuning key -> nargs of the call that resolved it (see blame)
+        self._tc_resolved_by: dict[Any, Any] = {}  # tuning key -> a mark of the call that resolved it (see _blame)
         self._tc_lock = threading.RLock()
         background.register(self)
         companions.register_tuned(fn)  # its compiles are benchmarks and winners, not companions
@@ -448,7 +455,9 @@ class TunecacheAutotuner(Autotuner):
             self.__dict__["_tc_timings"] = timings
         if stored is not None:
             self._tc_from_store[key] = stored
-            self._tc_resolved_by[key] = self.nargs  # this call's own dict (Autotuner.run makes one per call)
+            if isinstance(self.nargs, dict):  # this call's own (Autotuner.run makes one per call)
+                self.nargs = nargs = _Nargs(self.nargs)
+                self._tc_resolved_by[key] = weakref.ref(nargs)
 
     def _covers(self, p: Problem | None, ctx: _Ctx) -> bool:
         if p is None:
@@ -664,24 +673,33 @@ class TunecacheAutotuner(Autotuner):
             if launched is None:
                 self.best_config = previous
                 raise
-            if not self._tc_from_store or not type(e).__module__.startswith("triton"):
+            if not self._tc_from_store:
                 raise
             key = self._tuning_key(args, kwargs)
             if key not in self._tc_from_store or self.cache.get(key) is not launched:
                 raise
-            failure = self._blame(key, launched, args, kwargs)
+            failure = self._blame(key, launched, args, kwargs, e)
             if failure is None:
                 raise  # the call's failure, as stock Triton's cached config would fail it
             self._poisoned([key], e, failure)
         return BASE_RUN(self, *args, **kwargs)
 
     def _blame(
-        self, key: Any, config: Any, args: Sequence[Any], kwargs: Mapping[str, Any]
+        self, key: Any, config: Any, args: Sequence[Any], kwargs: Mapping[str, Any], exc: Exception
     ) -> tuple[str, dict[str, Any]] | None:
         """The stored winner's own failure (status, detail) if the failed launch of ``config`` for
-        ``key`` reproduces under the key's arguments; None if it is the call's (:mod:`tunecache.blame`)."""
+        ``key`` reproduces under the key's arguments; None if it is the call's (:mod:`tunecache.blame`).
+
+        Whether it already ran for ``key`` here is learnt without work on the launch path: the call
+        that resolved ``key`` marked its ``nargs`` (see ``_settle``), which Triton leaves in place only
+        when the launch raises. A dead mark: that call's launch succeeded; this call's: this is it.
+        """
         mark = self._tc_resolved_by.get(key)
-        ran_here = mark is _PROVEN or (mark is not None and mark is not _UNPROVEN and mark is not self.nargs)
+        ran_here = mark is _PROVEN or (isinstance(mark, weakref.ref) and mark() is not self.nargs)
+        if not type(exc).__module__.startswith("triton"):  # not Triton's failure (an illegal address...)
+            if not ran_here:
+                self._tc_resolved_by[key] = _UNPROVEN
+            return None
         digest, h = self._tc_from_store[key]
         passed = blame.call_constexprs(blame.constexpr_names(self.fn), self.arg_names, self.keys, config, args, kwargs)
         specs = []
@@ -707,7 +725,13 @@ class TunecacheAutotuner(Autotuner):
             )
             return None
         if v == blame.CALL:
-            log.debug("tunecache: %s: stored winner %s ran for this key; the call failed it", self._tc_name, h[:12])
+            if not ran_here:
+                self._tc_resolved_by[key] = _UNPROVEN  # its specs vouch for it, but it has not run here
+            log.debug(
+                "tunecache: %s: stored winner %s ran or compiled under its key; the call failed it",
+                self._tc_name,
+                h[:12],
+            )
             return None
         failure = self._reproduce(config, args, kwargs)
         if failure is None:
@@ -766,6 +790,7 @@ class TunecacheAutotuner(Autotuner):
         status, failure = reproduced or classify(exc)
         for k in keys:
             digest, h = self._tc_from_store.pop(k)
+            self._tc_resolved_by.pop(k, None)
             self.cache.pop(k, None)
             counters.count(None, None, poisoned=1)
             log.warning(

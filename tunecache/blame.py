@@ -15,10 +15,11 @@ this rule. A failure that is not Triton's own exception, e.g. an illegal address
 
 **The rule**, applied in this order by :func:`verdict`:
 
-1. W already launched for K in this process (the call that resolved K from the store succeeded, or
-   a reproduction showed W runs): the failure is the call's. Learnt without work on the launch path:
-   the resolving call is recognised in the failure path by Triton's ``nargs`` dict, which is new for
-   every call and left in place when the launch raises.
+1. W already ran for K in this process (the call that resolved K from the store, or tuned it here,
+   launched it; or a reproduction ran it): the failure is the call's. Learnt without work on the
+   launch path: the resolving call's ``nargs`` (Triton makes one per call, drops it after a launch
+   that succeeded, leaves it when the launch raises) is weakly marked at resolution, so a later
+   failure finds the mark dead, and the resolving call's own failure finds it alive and its own.
 2. The call passes no non-key constexpr: the call's arguments are K's arguments. Reproduce.
 3. It passes some, and a recorded launch spec of W on this target (what Triton compiled W with when
    a key was tuned, :mod:`tunecache.preload`) has the same values: reproduce.
