@@ -476,6 +476,108 @@ def test_poisoned_stored_winner_is_marked_and_retuned(sqlite_url, caplog):
     assert fixed.winner_config_hash != bad_hash
 
 
+GUARDED = """
+    import json, tinykernels, tunecache
+    k = tinykernels.make_guarded()
+    try:
+        tinykernels.launch(k, 100, BAD={bad})
+        raised = None
+    except Exception as e:
+        raised = type(e).__module__ + "." + type(e).__name__
+    used = None if raised else tinykernels.launch(k, 100, BAD=0).kwargs["BLOCK"]
+    print(json.dumps({{"raised": raised, "used": used, "stats": tunecache.stats()}}))
+"""
+
+
+def _rows(store) -> dict:
+    """Every stored problem's winner and config rows (hash -> status, median): what must not change."""
+    return {
+        p.digest: (p.winner_config_hash, {r.config_hash: (r.status, r.median_ms) for r in p.configs})
+        for p in store.find_problems(with_configs=True)
+    }
+
+
+def test_a_call_that_breaks_the_stored_winner_fails_and_leaves_the_store_alone(sqlite_url, caplog):
+    """Issue 25.4: a non-key constexpr (BAD) that fails only the stored winner's BLOCK is the call's
+    failure, not the config's: the call raises as stock Triton's would, and every process still runs
+    the fleet's winner."""
+    k = tinykernels.make_guarded(store=sqlite_url)
+    win = tinykernels.launch(k, 100, BAD=0)  # tuned and stored under good arguments
+    store = open_store(sqlite_url)
+    before = _rows(store)
+    assert len(before) == 1
+    bad = win.kwargs["BLOCK"]
+    tunecache.reset_stats()
+    # 1. A later call of the same key in the tuning process: the winner ran under this key here.
+    with (
+        caplog.at_level(logging.WARNING, logger="tunecache"),
+        pytest.raises(Exception, match="BLOCK must not be BAD") as e1,
+    ):
+        tinykernels.launch(k, 100, BAD=bad)
+    assert type(e1.value).__module__.startswith("triton")
+    assert _rows(store) == before
+    assert not caplog.records  # known to be the call's failure: nothing to warn about
+    assert tinykernels.launch(k, 100, BAD=0) is win  # the in-memory winner stays
+    # 2. A restart in this process whose first call of the key is good: the stored winner ran here.
+    k3 = tinykernels.make_guarded(store=sqlite_url)
+    assert str(tinykernels.launch(k3, 100, BAD=0)) == str(win)
+    with caplog.at_level(logging.WARNING, logger="tunecache"), pytest.raises(Exception, match="BLOCK must not be BAD"):
+        tinykernels.launch(k3, 100, BAD=bad)
+    assert not caplog.records and _rows(store) == before
+    # 3. A restart whose first call is the bad one: no launch spec under the interpreter says what the
+    #    winner was stored with, so the failure cannot be reproduced under the key's arguments.
+    k2 = tinykernels.make_guarded(store=sqlite_url)
+    with caplog.at_level(logging.WARNING, logger="tunecache"), pytest.raises(Exception, match="BLOCK must not be BAD"):
+        tinykernels.launch(k2, 100, BAD=bad)
+    assert _rows(store) == before
+    assert [r.getMessage() for r in caplog.records if "not marked failed" in r.getMessage()]
+    assert str(tinykernels.launch(k2, 100, BAD=0)) == str(win)
+    stats = tunecache.stats()
+    assert stats["poisoned"] == 0 and stats["benchmarks"] == 0
+    # 4. Fresh processes: the bad call's process raises and marks nothing; the next runs the winner.
+    env = {"TUNECACHE_URL": sqlite_url}
+    b = fresh_process(GUARDED.format(bad=bad), env)
+    assert b["raised"] and b["raised"].startswith("triton") and b["stats"]["poisoned"] == 0
+    assert _rows(store) == before
+    c = fresh_process(GUARDED.format(bad=0), env)
+    assert c["raised"] is None and c["used"] == bad
+    assert c["stats"]["benchmarks"] == 0 and c["stats"]["poisoned"] == 0 and c["stats"]["hits"] == 1
+
+
+def test_a_recorded_launch_spec_tells_the_stored_keys_constexprs_from_the_calls():
+    """Issue 25.4, rules 3-5 of tunecache.blame: where the call passes a non-key constexpr, the winner's
+    launch specs (Triton's serialised constants, by argument index) say what it was stored with."""
+    from tunecache import blame
+    from tunecache.model import LaunchSpec
+
+    k = tinykernels.make_guarded()
+    names = k.arg_names  # x, y, out, N, BAD, BLOCK
+    assert blame.constexpr_names(k) == {"BAD", "BLOCK"}
+    win = triton.Config({"BLOCK": 32}, num_warps=1)
+    assert blame.call_constexprs(blame.constexpr_names(k), names, k.keys, win, ("x", "y", "o", 100), {"BAD": 0}) == {
+        "BAD": 0
+    }
+    assert blame.call_constexprs(blame.constexpr_names(k), names, k.keys, win, ("x", "y", "o", 100, 4), {}) == {
+        "BAD": 4
+    }
+    assert blame.call_constexprs(blame.constexpr_names(k), names, ["BAD"], win, ("x", "y", "o", 100, 4), {}) == {}
+
+    def spec(config_hash: str, bad: object) -> LaunchSpec:
+        data = {"constant_keys": [[4], [5]], "constant_vals": [bad, {"constexpr": 32}], "key": "k"}
+        return LaunchSpec("s", config_hash, "kh", json.dumps(data), triton.__version__)
+
+    def judge(passed: dict, specs: list, ran_here: bool = False) -> str:
+        return blame.verdict(ran_here=ran_here, passed=passed, specs=specs, config_hash="w", arg_names=names)
+
+    assert judge({"BAD": 32}, [spec("w", 32)]) == blame.REPRODUCE  # compiled with the call's values
+    assert judge({"BAD": 32}, [spec("w", {"constexpr": 0}), spec("w", {"constexpr": 32})]) == blame.REPRODUCE
+    assert judge({"BAD": 32}, [spec("w", {"constexpr": 0})]) == blame.CALL  # stored with other values
+    assert judge({"BAD": 32}, [spec("other", 32)]) == blame.UNKNOWN  # no spec of the winner
+    assert judge({"BAD": 32}, []) == blame.UNKNOWN
+    assert judge({}, []) == blame.REPRODUCE  # no non-key constexpr: the call's arguments are the key's
+    assert judge({}, [], ran_here=True) == blame.CALL
+
+
 def test_driver_change_topk_benchmarks_only_previous_best(sqlite_url, monkeypatch):
     k = tinykernels.make_add(store=sqlite_url)
     tinykernels.launch(k, 100)

@@ -33,6 +33,20 @@ def make_add(configs=None, store=None, bucket=None, key=("N",), name=None, **aut
     )(add_kernel)
 
 
+def make_guarded(configs=None, store=None):
+    """An add kernel with a non-key constexpr ``BAD``: a call with ``BAD`` equal to a config's BLOCK
+    fails to compile that config (``tl.static_assert``), as a caller's argument can break one config."""
+
+    @triton.jit
+    def guarded_add(x, y, out, N, BAD: tl.constexpr, BLOCK: tl.constexpr):
+        tl.static_assert(BLOCK != BAD, "BLOCK must not be BAD")
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        m = offs < N
+        tl.store(out + offs, tl.load(x + offs, mask=m) + tl.load(y + offs, mask=m), mask=m)
+
+    return tunecache.autotune(configs=list(configs or CONFIGS), key=["N"], store=store)(guarded_add)
+
+
 def launch(kernel, n: int, **kw):
     import torch
 

@@ -16,7 +16,8 @@ Triton 3.4 to 3.9:
   the bytes needed and the limit), and uses a CPU timer under ``TRITON_INTERPRET=1``.
 * ``prune_configs(kwargs)``: only remembers ``kwargs`` to name the tuning-key values.
 
-``run`` is wrapped, not copied, to recover from a stored winner that no longer compiles.
+``run`` is wrapped, not copied, to recover from a stored winner that no longer compiles: blamed only
+when its failure reproduces under the stored key's arguments (the rule is in :mod:`tunecache.blame`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -35,6 +37,7 @@ from triton.runtime.autotuner import Autotuner
 from tunecache import (
     background,
     basepatch,
+    blame,
     companions,
     counters,
     measure,
@@ -73,6 +76,18 @@ log = logging.getLogger("tunecache")
 #: start-up hook), and tunecache's own calls go to these, never through the patch.
 BASE_INIT = basepatch.original("__init__")
 BASE_RUN = basepatch.original("run")
+_BASE_BENCH = Autotuner._bench
+
+#: Marks in ``_tc_resolved_by`` besides a weak reference to the resolving call's ``nargs``: the stored
+#: winner ran for the key here (a reproduction ran it), or a failure of it was not judged (judge the next).
+_PROVEN = object()
+_UNPROVEN = object()
+
+
+class _Nargs(dict):
+    """Triton's ``nargs`` of the call that resolved a key from the store, same contents: a dict that a
+    weak reference can follow. Triton drops it when that call's launch succeeds (``nargs = None``), so
+    the reference dies with it and holds none of the call's tensors."""
 
 
 class _computed:
@@ -188,6 +203,7 @@ class TunecacheAutotuner(Autotuner):
         self._tc_round: Round | None = None  # the benchmark round in progress (see _run_bench)
         self.config_ids = ConfigIds()  # config identities, memoised by value
         self._tc_from_store: dict[Any, tuple[str, str]] = {}  # tuning key -> (digest, config hash)
+        self._tc_resolved_by: dict[Any, Any] = {}  # tuning key -> a mark of the call that resolved it (see _blame)
         self._tc_lock = threading.RLock()
         background.register(self)
         companions.register_tuned(fn)  # its compiles are benchmarks and winners, not companions
@@ -330,6 +346,7 @@ class TunecacheAutotuner(Autotuner):
         """
         self.cache.clear()
         self._tc_from_store.clear()
+        self._tc_resolved_by.clear()
         self._tc_ks.reset(store)
 
     # ---- identity ---------------------------------------------------------------------------
@@ -485,6 +502,9 @@ class TunecacheAutotuner(Autotuner):
             self.__dict__["_tc_timings"] = timings
         if stored is not None:
             self._tc_from_store[key] = stored
+            if isinstance(self.nargs, dict):  # this call's own (Autotuner.run makes one per call)
+                self.nargs = nargs = _Nargs(self.nargs)
+                self._tc_resolved_by[key] = weakref.ref(nargs)
 
     def _covers(self, p: Problem | None, ctx: _Ctx) -> bool:
         if p is None:
@@ -717,13 +737,90 @@ class TunecacheAutotuner(Autotuner):
             if launched is None:
                 self.best_config = previous
                 raise
-            if not self._tc_from_store or not type(e).__module__.startswith("triton"):
+            if not self._tc_from_store:
                 raise
             key = self._tuning_key(args, kwargs)
             if key not in self._tc_from_store or self.cache.get(key) is not launched:
                 raise
-            self._poisoned([key], e)
+            failure = self._blame(key, launched, args, kwargs, e)
+            if failure is None:
+                raise  # the call's failure, as stock Triton's cached config would fail it
+            self._poisoned([key], e, failure)
         return BASE_RUN(self, *args, **kwargs)
+
+    def _blame(
+        self, key: Any, config: Any, args: Sequence[Any], kwargs: Mapping[str, Any], exc: Exception
+    ) -> tuple[str, dict[str, Any]] | None:
+        """The stored winner's own failure (status, detail) if the failed launch of ``config`` for
+        ``key`` reproduces under the key's arguments; None if it is the call's (:mod:`tunecache.blame`).
+
+        Whether it already ran for ``key`` here is learnt without work on the launch path: the call
+        that resolved ``key`` marked its ``nargs`` (see ``_settle``), which Triton leaves in place only
+        when the launch raises. A dead mark: that call's launch succeeded; this call's: this is it.
+        """
+        mark = self._tc_resolved_by.get(key)
+        ran_here = mark is _PROVEN or (isinstance(mark, weakref.ref) and mark() is not self.nargs)
+        if not type(exc).__module__.startswith("triton"):  # not Triton's failure (an illegal address...)
+            if not ran_here:
+                self._tc_resolved_by[key] = _UNPROVEN
+            return None
+        digest, h = self._tc_from_store[key]
+        passed = blame.call_constexprs(blame.constexpr_names(self.fn), self.arg_names, self.keys, config, args, kwargs)
+        specs = []
+        if not ran_here and passed:
+            p = self._tc_ks.mem.get(digest)
+            target_digest = p.target.digest if p is not None else detect_target().digest
+            specs = self._tc_ks.specs_on(self.identity.source_hash, target_digest)
+        v = blame.verdict(ran_here=ran_here, passed=passed, specs=specs, config_hash=h, arg_names=self.arg_names)
+        if v == blame.REPRODUCE and measure.capturing():
+            v = blame.UNKNOWN  # a benchmark would break the capture: judge the next failure outside it
+        if v == blame.UNKNOWN:
+            self._tc_resolved_by[key] = _UNPROVEN
+            counters.warn_once(
+                self._tc_name,
+                "unblamed",
+                "tunecache: %s: stored winner %s failed for a call passing %s; not marked failed, since the "
+                "values it was stored with are unknown here (no launch spec recorded). If it fails for "
+                "every call, delete its rows with `tunecache invalidate --kernel %s` and tune again.",
+                self._tc_name,
+                h[:12],
+                sorted(passed),
+                self._tc_name,
+            )
+            return None
+        if v == blame.CALL:
+            if not ran_here:
+                self._tc_resolved_by[key] = _UNPROVEN  # its specs vouch for it, but it has not run here
+            log.debug(
+                "tunecache: %s: stored winner %s ran or compiled under its key; the call failed it",
+                self._tc_name,
+                h[:12],
+            )
+            return None
+        failure = self._reproduce(config, args, kwargs)
+        if failure is None:
+            self._tc_resolved_by[key] = _PROVEN
+            log.debug("tunecache: %s: stored winner %s runs when benchmarked alone", self._tc_name, h[:12])
+        return failure
+
+    def _reproduce(
+        self, config: Any, args: Sequence[Any], kwargs: Mapping[str, Any]
+    ) -> tuple[str, dict[str, Any]] | None:
+        """Benchmark ``config`` alone with the call's arguments (Triton's ``_bench``, with its reset
+        and restore hooks): its failure (status, detail), or None if it runs."""
+        with self._tc_lock:
+            rnd = self._tc_round = Round()
+            self.nargs = dict(zip(self.arg_names, args))
+            try:
+                timings = _BASE_BENCH(self, *args, config=config, **kwargs)
+            except Exception as e:  # noqa: BLE001 - the failure reproduced
+                return rnd.failure or classify(e)
+            finally:
+                self._tc_round = None
+                self.nargs = None
+        if float(timings[0]) == float("inf"):  # Triton's _bench maps compile failures to inf
+            return rnd.failure or ("compile_error", {"error": "unknown", "message": "timing inf"})
+        return None
 
     def _tuning_key(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple:
         """The tuning key ``Autotuner.run`` built for this call (the same steps in 3.4-3.9); used
@@ -752,10 +849,12 @@ class TunecacheAutotuner(Autotuner):
             return
         self._tc_ks.record_miss_later(problem, "uncovered")
 
-    def _poisoned(self, keys: list[Any], exc: Exception) -> None:
-        status, failure = classify(exc)
+    def _poisoned(self, keys: list[Any], exc: Exception, reproduced: tuple[str, dict[str, Any]] | None = None) -> None:
+        """Mark each key's stored winner failed (``reproduced``: the failure of benchmarking it alone)."""
+        status, failure = reproduced or classify(exc)
         for k in keys:
             digest, h = self._tc_from_store.pop(k)
+            self._tc_resolved_by.pop(k, None)
             self.cache.pop(k, None)
             counters.count(None, None, poisoned=1)
             log.warning(

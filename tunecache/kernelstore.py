@@ -220,6 +220,21 @@ class KernelStore:
             loaded, skipped = loaded + more, skipped + less
         return loaded, skipped
 
+    def specs_on(self, source_hash: str, target_digest: str) -> list[LaunchSpec]:
+        """This kernel's recorded launch specs on ``target_digest``: the prefetched ones, else read now
+        (for a failed launch, never a launch path); none while the store cannot answer."""
+        specs = self.specs
+        if specs is None:
+            store = self.get()
+            if store is None:
+                return []
+            try:
+                specs = store.get_specs(source_hash)
+            except StoreError as e:
+                self.trouble("read", e)
+                return []
+        return list(specs.get(target_digest, []))
+
     def mark_failed(self, digest: str, config_hash: str, status: str, failure: dict[str, Any]) -> None:
         """A stored config failed on this target: mark it ``status`` in memory (the problem's winner
         picked again among the rest) and in the store, so that no process launches it again."""
