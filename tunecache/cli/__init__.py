@@ -14,10 +14,14 @@ import click
 
 from tunecache import settings
 from tunecache.cli import browse, exchange, maintain, report, tune
-from tunecache.cli.options import CommandGroup, url_option
+from tunecache.cli.options import CommandGroup, group_json_option, url_option
 
 
-@click.group(cls=CommandGroup, context_settings={"help_option_names": ["-h", "--help"]}, params=[url_option()])
+@click.group(
+    cls=CommandGroup,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    params=[url_option(), group_json_option()],
+)
 @click.version_option(package_name="tunecache")
 @click.pass_context
 def main(ctx: click.Context) -> None:

@@ -22,8 +22,28 @@ from tunecache.model import utcnow
 from tunecache.opening import open_store
 from tunecache.store import Store
 
-#: ``--json``, declared once for every command (as sqlite-utils shares its output options).
-json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output (JSON).")
+_JSON_DECLS = ["--json", "as_json"]  # declared once for every command (as sqlite-utils shares its output options)
+_JSON_HELP = "Machine-readable output (JSON), before or after the command."
+
+
+def _json_value(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
+    """A command's ``--json``, or one given to a group before it (``tunecache --json stats``)."""
+    return bool(value or (ctx.obj or {}).get("json"))
+
+
+def _remember_json(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    """A group's ``--json`` lands in the one ``ctx.obj`` that its subcommands read."""
+    if value:
+        ctx.ensure_object(dict)["json"] = True
+
+
+#: ``--json`` on a command: ``@json_option``.
+json_option = click.option(*_JSON_DECLS, is_flag=True, callback=_json_value, help=_JSON_HELP)
+
+
+def group_json_option() -> click.Option:
+    """``--json`` on a group, handed to the subcommand: every shared option works before the command too."""
+    return click.Option(_JSON_DECLS, is_flag=True, expose_value=False, callback=_remember_json, help=_JSON_HELP)
 
 
 def _remember_url(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
@@ -48,13 +68,16 @@ def url_option() -> click.Option:
 
 
 class CommandGroup(click.Group):
-    """Every subcommand gets ``--url``; expected errors become one line and exit 1, never a traceback."""
+    """Every subcommand gets ``--url`` (every subgroup ``--json`` too, for its subcommands); expected
+    errors become one line and exit 1, never a traceback."""
 
     group_class = type  # subgroups (db) are CommandGroup too
 
     def add_command(self, cmd: click.Command, name: str | None = None) -> None:
         if not any(p.name == "url" for p in cmd.params):
             cmd.params.insert(0, url_option())
+        if isinstance(cmd, click.Group) and not any(p.name == "as_json" for p in cmd.params):
+            cmd.params.insert(1, group_json_option())
         super().add_command(cmd, name)
 
     def invoke(self, ctx: click.Context) -> Any:
