@@ -5,12 +5,20 @@ the command, exit codes and signals, one age spelling, one clear line per error.
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
 
 import pytest
 from builders import fill
 from realcli import leaf_commands, tc
 
 STORES = ["sqlite_url", "pg_url"]
+HERE = Path(__file__).parent
 
 
 @pytest.fixture(params=STORES)
@@ -55,3 +63,56 @@ def test_every_command_and_group_takes_the_shared_options():
     for group in (main, main.commands["db"]):
         opts = {o for p in group.params for o in p.opts}
         assert {"--url", "--json"} <= opts, group.name
+
+
+# ---- 2. broken pipes and Ctrl-C --------------------------------------------------------------
+
+
+def _closed_stdout(*args: str) -> tuple[int, str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+    p = subprocess.Popen(
+        [sys.executable, "-m", "tunecache.cli", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+    )
+    p.stdout.close()  # the reader is gone before the command writes
+    err = p.stderr.read().decode()
+    p.wait(timeout=120)
+    return p.returncode, err
+
+
+def test_every_command_exits_141_quietly_on_a_closed_pipe(sqlite_url):
+    fill(sqlite_url, 3)
+    for args in (["--help"], ["--version"], ["ls", "--help"], ["db", "--help"], ["ls", "--json"], ["stats"]):
+        assert _closed_stdout("--url", sqlite_url, *args) == (141, ""), args
+
+
+def _interrupt(args: list[str], stdin: Any = subprocess.PIPE) -> subprocess.CompletedProcess:
+    """Start ``tunecache ARGS`` with stdin held open, send SIGINT once it waits, return what it did."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+    p = subprocess.Popen(
+        [sys.executable, "-m", "tunecache.cli", *args],
+        stdin=stdin,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    time.sleep(4)  # imported and waiting on stdin
+    t0 = time.monotonic()
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    return subprocess.CompletedProcess(args, p.returncode, out.decode(), err.decode()), time.monotonic() - t0
+
+
+@pytest.mark.parametrize("store", STORES)
+def test_ctrl_c_exits_130_with_one_line_and_imports_nothing(store, request, tmp_path):
+    url = request.getfixturevalue(store)
+    fill(url, 3)
+    assert tc("--url", url, "export", str(tmp_path / "e.jsonl")).returncode == 0
+    # an import from a pipe that is still being written: pass 1 reads it
+    r, took = _interrupt(["--url", url, "import", "-", "--on-conflict", "replace"])
+    assert took < 10, took
+    assert "Traceback" not in r.stderr and r.returncode == 130, (r.returncode, r.stderr)
+    assert r.stderr.strip().splitlines() == ["tunecache: interrupted, nothing imported"], r.stderr
+    # any other command: one line, 130
+    r, _ = _interrupt(["--url", url, "import", "--dry-run", "-"])
+    assert r.returncode == 130 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert r.stderr.startswith("tunecache: interrupted"), r.stderr

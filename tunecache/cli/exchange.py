@@ -135,17 +135,20 @@ def import_cmd(
     from tunecache.exchange import import_
 
     store = store_for(ctx, create=True)
-    with _ExchangeProgress() as progress:
-        s = import_(
-            store,
-            path,
-            dry_run=dry_run,
-            on_conflict=on_conflict,
-            progress=progress,
-            with_launch_specs=launch_specs,
-            with_binaries=binaries,
-            trust_unsigned=trust_unsigned,
-        )
+    try:
+        with _ExchangeProgress() as progress:
+            s = import_(
+                store,
+                path,
+                dry_run=dry_run,
+                on_conflict=on_conflict,
+                progress=progress,
+                with_launch_specs=launch_specs,
+                with_binaries=binaries,
+                trust_unsigned=trust_unsigned,
+            )
+    except KeyboardInterrupt:  # the import's one transaction rolled back on the way out
+        raise KeyboardInterrupt("nothing imported") from None
     if as_json:
         json_out(s.as_dict())
         return

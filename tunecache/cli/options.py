@@ -37,6 +37,9 @@ def _remember_json(ctx: click.Context, param: click.Parameter, value: bool) -> N
         ctx.ensure_object(dict)["json"] = True
 
 
+EXIT_PIPE = 141  #: the reader of stdout went away: 128 + SIGPIPE, quietly, as `seq 1e6 | head` ends
+EXIT_INTERRUPTED = 130  #: Ctrl-C: 128 + SIGINT, as shells report it
+
 #: ``--json`` on a command: ``@json_option``.
 json_option = click.option(*_JSON_DECLS, is_flag=True, callback=_json_value, help=_JSON_HELP)
 
@@ -80,16 +83,38 @@ class CommandGroup(click.Group):
             cmd.params.insert(1, group_json_option())
         super().add_command(cmd, name)
 
+    def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None, **extra: Any):
+        """Parsing prints too (``--help``, ``--version``): a closed pipe or Ctrl-C there ends as everywhere."""
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except BrokenPipeError:
+            _stdout_gone()
+            raise click.exceptions.Exit(EXIT_PIPE) from None
+        except KeyboardInterrupt as e:
+            _interrupted(e)
+            raise click.exceptions.Exit(EXIT_INTERRUPTED) from None
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except BrokenPipeError:
             _stdout_gone()
-            ctx.exit(141)
+            ctx.exit(EXIT_PIPE)
+        except KeyboardInterrupt as e:
+            _interrupted(e)
+            ctx.exit(EXIT_INTERRUPTED)
         except (TunecacheError, ValueError, TypeError, OSError) as e:
             msg = mask_raw(str(e)) or type(e).__name__
             click.echo(f"tunecache: error: {msg.splitlines()[0] if msg else msg}", err=True)
             ctx.exit(1)
+
+
+def _interrupted(e: KeyboardInterrupt) -> None:
+    """Ctrl-C: one line (what the command undid, if it says: ``KeyboardInterrupt("nothing imported")``)."""
+    try:
+        click.echo(f"tunecache: interrupted{f', {e}' if str(e) else ''}", err=True)
+    except OSError:  # stderr gone too
+        pass
 
 
 def _stdout_gone() -> None:
