@@ -116,3 +116,27 @@ def test_ctrl_c_exits_130_with_one_line_and_imports_nothing(store, request, tmp_
     r, _ = _interrupt(["--url", url, "import", "--dry-run", "-"])
     assert r.returncode == 130 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert r.stderr.startswith("tunecache: interrupted"), r.stderr
+
+
+# ---- 3. hosts: an outlier is not an outage ----------------------------------------------------
+
+
+@pytest.mark.parametrize("store", STORES)
+def test_hosts_tells_an_unreachable_store_from_an_outlier(store, request, tmp_path):
+    url = request.getfixturevalue(store)
+    if store == "sqlite_url":
+        gone = f"sqlite:///{tmp_path}/nowhere/store.sqlite3"  # no store there: an error, not "no outliers"
+    else:
+        gone = "postgresql+psycopg://tc:secret@127.0.0.1:1/nothing"  # nothing listens on port 1
+    r = tc("--url", gone, "hosts")
+    assert "Traceback" not in r.stderr and r.returncode == 2, (r.returncode, r.stderr)
+    assert len(r.stderr.strip().splitlines()) == 1 and r.stderr.startswith("tunecache: error: "), r.stderr
+    assert r.stdout == ""
+    r = tc("--url", gone, "hosts", "--json")
+    assert r.returncode == 2, r.stderr
+    err = json.loads(r.stdout)["error"]
+    assert err and err in r.stderr and "secret" not in err, (err, r.stderr)
+    # the store itself is fine: exit 0, or 1 for an outlier (tests/test_report.py)
+    assert tc("--url", url, "db", "upgrade").returncode == 0
+    r = tc("--url", url, "--json", "hosts")
+    assert r.returncode == 0 and json.loads(r.stdout)["outliers"] == [], r.stderr

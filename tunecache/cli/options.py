@@ -103,10 +103,19 @@ class CommandGroup(click.Group):
         except KeyboardInterrupt as e:
             _interrupted(e)
             ctx.exit(EXIT_INTERRUPTED)
-        except (TunecacheError, ValueError, TypeError, OSError) as e:
-            msg = mask_raw(str(e)) or type(e).__name__
-            click.echo(f"tunecache: error: {msg.splitlines()[0] if msg else msg}", err=True)
+        except EXPECTED_ERRORS as e:
+            click.echo(f"tunecache: error: {error_text(e)}", err=True)
             ctx.exit(1)
+
+
+#: What a command may raise for a user to act on: one line, no traceback.
+EXPECTED_ERRORS = (TunecacheError, ValueError, TypeError, OSError)
+
+
+def error_text(e: BaseException) -> str:
+    """An error as one line: its message's first line, the password masked."""
+    msg = mask_raw(str(e))
+    return msg.splitlines()[0] if msg else type(e).__name__
 
 
 def _interrupted(e: KeyboardInterrupt) -> None:

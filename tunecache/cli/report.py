@@ -8,8 +8,10 @@ from typing import Any
 
 import click
 
-from tunecache.cli.options import json_option, parse_since, store_for
+from tunecache.cli.options import EXPECTED_ERRORS, error_text, json_option, parse_since, store_for
 from tunecache.cli.output import json_out
+
+EXIT_HOSTS_ERROR = 2  #: `hosts` as grep: 0 none, 1 found (an outlier), 2 it could not tell
 
 
 def _report_filters(kernel: str | None, target: str | None, since: str | None) -> Any:
@@ -69,11 +71,21 @@ def report(ctx: click.Context, output: str, threshold: float, min_keys: int, as_
 @json_option
 @click.pass_context
 def hosts(ctx: click.Context, threshold: float, min_keys: int, as_json: bool, **filters: Any) -> None:
-    """Hosts that time identical problems slower than their peers (a degraded GPU); exit 1 if any."""
+    """Hosts that time identical problems slower than their peers (a degraded GPU).
+
+    Exit 0: no outlier; 1: an outlier; 2: an error (the store unreachable: with --json, {"error": ...}),
+    so that cron tells a slow GPU from a database outage.
+    """
     from tunecache.fleet import explain
     from tunecache.report import hosts as fleet_hosts
 
-    analysis = fleet_hosts(store_for(ctx), _report_filters(**filters), threshold, min_keys)
+    try:
+        analysis = fleet_hosts(store_for(ctx), _report_filters(**filters), threshold, min_keys)
+    except EXPECTED_ERRORS as e:
+        if as_json:
+            json_out({"error": error_text(e)})
+        click.echo(f"tunecache: error: {error_text(e)}", err=True)
+        ctx.exit(EXIT_HOSTS_ERROR)
     if as_json:
         json_out(analysis.as_dict())
     else:
