@@ -140,3 +140,43 @@ def test_hosts_tells_an_unreachable_store_from_an_outlier(store, request, tmp_pa
     assert tc("--url", url, "db", "upgrade").returncode == 0
     r = tc("--url", url, "--json", "hosts")
     assert r.returncode == 0 and json.loads(r.stdout)["outliers"] == [], r.stderr
+
+
+# ---- 4. one spelling of an age ---------------------------------------------------------------
+
+AGE_COMMANDS = {  # command -> (its age option, the other arguments)
+    "export": ("--since", ["-"]),
+    "report": ("--since", ["-o", "{tmp}/r.html"]),
+    "hosts": ("--since", []),
+    "invalidate": ("--older-than", ["--dry-run"]),
+    "gc": ("--older-than", ["--dry-run"]),
+}
+
+
+def test_every_age_filter_takes_durations_and_iso_dates(sqlite_url, tmp_path):
+    fill(sqlite_url, 3)
+    for cmd, (opt, rest) in AGE_COMMANDS.items():
+        rest = [a.format(tmp=tmp_path) for a in rest]
+        for value in ("12h", "2", "2026-01-01T08:30:00+02:00"):
+            r = tc("--url", sqlite_url, cmd, opt, value, *rest)
+            assert r.returncode in (0, 1) and "Traceback" not in r.stderr, (cmd, value, r.stderr)
+            assert "error" not in r.stderr.lower(), (cmd, value, r.stderr)
+        r = tc("--url", sqlite_url, cmd, opt, "soon", *rest)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, (cmd, r.stderr)
+        assert opt in r.stderr and "30d, 12h, 90m" in r.stderr and "ISO date" in r.stderr, (cmd, r.stderr)
+
+
+@pytest.mark.parametrize("store", STORES)
+def test_age_filters_select_the_same_way(store, request):
+    url = request.getfixturevalue(store)
+    fill(url, 3)  # just stored
+    dry = ["--url", url, "--json"]
+    # stored just now: newer than 1h ago, older than a date to come
+    assert json.loads(tc(*dry, "invalidate", "--older-than", "1h", "--dry-run").stdout)["count"] == 0
+    assert json.loads(tc(*dry, "invalidate", "--older-than", "2999-01-01", "--dry-run").stdout)["count"] == 3
+    assert json.loads(tc(*dry, "gc", "--older-than", "12h", "--dry-run").stdout)["count"] == 0
+    assert json.loads(tc(*dry, "gc", "--older-than", "0m", "--dry-run").stdout)["count"] == 3
+    assert json.loads(tc(*dry, "gc", "--days", "0", "--dry-run").stdout)["count"] == 3  # the old spelling
+    assert tc(*dry, "export", "-", "--since", "90M").stdout.count("\n") > 3
+    r = tc(*dry, "export", os.devnull, "--since", "2999-01-01")
+    assert json.loads(r.stdout)["problems"] == 0, r.stderr

@@ -3,20 +3,21 @@ signs exports), with a progress counter on a terminal."""
 
 from __future__ import annotations
 
+import datetime as dt
 import sys
 from collections.abc import Callable
 
 import click
 import orjson
 
-from tunecache.cli.options import filter_options, json_option, parse_since, problem_filters, store_for
+from tunecache.cli.options import AGE, AGE_HELP, filter_options, json_option, problem_filters, store_for
 from tunecache.cli.output import json_out
 
 
 @click.command("export")
 @click.argument("path")
 @filter_options
-@click.option("--since", help="Only problems updated since an ISO date/time (UTC) or for a duration (30d, 12h).")
+@click.option("--since", type=AGE, help=f"Only problems updated since then: {AGE_HELP}.")
 @click.option(
     "--no-launch-specs",
     is_flag=True,
@@ -44,7 +45,7 @@ def export_cmd(
     arch: str | None,
     device: str | None,
     driver: str | None,
-    since: str | None,
+    since: dt.datetime | None,
     no_launch_specs: bool,
     binaries: bool,
     sign_key: str | None,
@@ -63,7 +64,7 @@ def export_cmd(
             store,
             path,
             **problem_filters(kernel, arch, device, driver),
-            since=parse_since(since) if since else None,
+            since=since,
             progress=progress,
             with_launch_specs=not no_launch_specs,
             with_binaries=binaries,

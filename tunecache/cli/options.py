@@ -143,22 +143,43 @@ def store_for(ctx: click.Context, *, create: bool = False, **kw: Any) -> Store:
     return store
 
 
+AGE_HELP = "a duration back from now (30d, 12h, 90m, 45s; a bare number is days) or an ISO date/time (UTC)"
+
+
 def parse_age(text: str) -> dt.timedelta:
     """'30d', '12h', '90m', '45s' or a bare number of days."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([dhms]?)\s*", text or "")
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([dhms]?)\s*", text or "", re.I)
     if not m:
-        raise click.BadParameter(f"{text!r} is not a duration like 30d, 12h, 90m")
-    n, unit = float(m.group(1)), m.group(2) or "d"
+        raise click.BadParameter(f"{text!r} is not {AGE_HELP}")
+    n, unit = float(m.group(1)), (m.group(2) or "d").lower()
     return dt.timedelta(**{{"d": "days", "h": "hours", "m": "minutes", "s": "seconds"}[unit]: n})
 
 
 def parse_since(text: str) -> dt.datetime:
-    """An ISO date/time (UTC) or a duration back from now."""
+    """An ISO date/time (UTC) or a duration back from now: the one reading of every age filter."""
     try:
-        t = dt.datetime.fromisoformat(text)
+        t = dt.datetime.fromisoformat(text.strip())
         return t.astimezone(dt.timezone.utc).replace(tzinfo=None) if t.tzinfo else t
     except ValueError:
         return utcnow() - parse_age(text)
+
+
+class Age(click.ParamType):
+    """Every age filter (``export/report/hosts --since``, ``invalidate/gc --older-than``): one
+    spelling, one parser, a usage error naming the option; the command gets the UTC cut-off."""
+
+    name = "AGE"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> dt.datetime:
+        if isinstance(value, dt.datetime):
+            return value
+        try:
+            return parse_since(str(value))
+        except click.BadParameter as e:
+            self.fail(e.message, param, ctx)
+
+
+AGE = Age()
 
 
 def filter_options(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -3,21 +3,22 @@ hosts slower than their peers), with the filters and outlier rule they share."""
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Callable
 from typing import Any
 
 import click
 
-from tunecache.cli.options import EXPECTED_ERRORS, error_text, json_option, parse_since, store_for
+from tunecache.cli.options import AGE, AGE_HELP, EXPECTED_ERRORS, error_text, json_option, store_for
 from tunecache.cli.output import json_out
 
 EXIT_HOSTS_ERROR = 2  #: `hosts` as grep: 0 none, 1 found (an outlier), 2 it could not tell
 
 
-def _report_filters(kernel: str | None, target: str | None, since: str | None) -> Any:
+def _report_filters(kernel: str | None, target: str | None, since: dt.datetime | None) -> Any:
     from tunecache.report import Filters
 
-    return Filters(kernel=kernel, target=target, since=parse_since(since) if since else None)
+    return Filters(kernel=kernel, target=target, since=since)
 
 
 def fleet_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -28,7 +29,7 @@ def fleet_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         [
             click.option("--kernel", help="Kernel name (full module.qualname, or its last part)."),
             click.option("--target", help="Target: arch (sm90), device name ('NVIDIA H200') or target digest."),
-            click.option("--since", help="Only problems updated in the last DAYS days (or 12h, or since an ISO date)."),
+            click.option("--since", type=AGE, help=f"Only problems updated since then: {AGE_HELP}."),
             click.option(
                 "--threshold",
                 type=click.FloatRange(min=0),
