@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from builders import fill
-from realcli import leaf_commands, tc
+from realcli import leaf_commands, one_line_error, tc
 
 STORES = ["sqlite_url", "pg_url"]
 HERE = Path(__file__).parent
@@ -180,3 +180,54 @@ def test_age_filters_select_the_same_way(store, request):
     assert tc(*dry, "export", "-", "--since", "90M").stdout.count("\n") > 3
     r = tc(*dry, "export", os.devnull, "--since", "2999-01-01")
     assert json.loads(r.stdout)["problems"] == 0, r.stderr
+
+
+# ---- 5. one clear line, not a traceback nor a misleading one ---------------------------------
+
+
+@pytest.mark.parametrize("buckets", ["0", "abc", "4,-1"])
+def test_demo_refuses_bad_buckets_in_one_line(buckets):
+    err = one_line_error(tc("demo", "--buckets", buckets), code=2)
+    assert "--buckets" in err and "positive" in err, err
+
+
+def test_a_postgresql_connection_failure_says_it_could_not_connect():
+    r = tc("--url", "postgresql+psycopg://tc:s3cret@127.0.0.1:1/nothing", "ls")
+    err = one_line_error(r)
+    assert err.startswith("tunecache: error: cannot connect to the store at 127.0.0.1:1"), err
+    assert "privileges" not in err and "s3cret" not in err and "***" in err, err
+
+
+def test_show_caps_what_it_echoes(sqlite_url):
+    fill(sqlite_url, 1)
+    err = one_line_error(tc("--url", sqlite_url, "show", "a" * 100_000))
+    assert "too long" in err and len(err) < 300, err[:300]
+    err = one_line_error(tc("--url", sqlite_url, "show", "xyz" * 21))
+    assert "not hexadecimal" in err and len(err) < 300, err[:300]
+
+
+def test_a_bad_target_override_names_the_setting_and_the_field(sqlite_url):
+    fill(sqlite_url, 1)
+    err = one_line_error(tc("--url", sqlite_url, "info", env={"TUNECACHE_TARGET_OVERRIDE": '{"sm_count":"many"}'}))
+    assert "TUNECACHE_TARGET_OVERRIDE" in err and "sm_count" in err and "'many'" in err, err
+
+
+@pytest.mark.parametrize("store", STORES)
+def test_an_over_long_filter_is_refused_clearly(store, request):
+    url = request.getfixturevalue(store)
+    fill(url, 1)
+    for opt in ("--kernel", "--device"):
+        r = tc("--url", url, "ls", opt, "k%" * 50_000)
+        err = one_line_error(r, code=2)
+        assert opt in err and "too long" in err and "LIKE" not in err and len(err) < 300, err[:300]
+    assert json.loads(tc("--url", url, "ls", "--json", "--kernel", "add").stdout), "a normal filter still works"
+
+
+def test_export_says_what_is_wrong_with_the_path(sqlite_url, tmp_path):
+    fill(sqlite_url, 1)
+    (tmp_path / "file").write_text("x")
+    err = one_line_error(tc("--url", sqlite_url, "export", str(tmp_path / "file" / "sub.jsonl")))
+    assert "is not a directory" in err and "does not exist" not in err, err
+    err = one_line_error(tc("--url", sqlite_url, "export", str(tmp_path)))
+    assert f"{tmp_path} is a directory" in err and ".tmp" not in err, err
+    assert not [p for p in tmp_path.parent.iterdir() if p.name.endswith(".tmp")]

@@ -182,13 +182,27 @@ class Age(click.ParamType):
 AGE = Age()
 
 
+MAX_FILTER = 255  #: the longest value the store's name columns hold
+
+
+def _short(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A filter longer than any stored value matches nothing: say so, not the database's 'pattern too complex'."""
+    if value is not None and len(value) > MAX_FILTER:
+        raise click.BadParameter(f"too long ({len(value)} characters; at most {MAX_FILTER})")
+    return value
+
+
 def filter_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     for opt in reversed(
         [
-            click.option("--kernel", help="Kernel name (full module.qualname, or its last part)."),
-            click.option("--arch", help="GPU arch, e.g. sm90."),
-            click.option("--device", help="Device name, e.g. 'NVIDIA H200'."),
-            click.option("--driver", help="Driver version (numeric like 13000, or release like 580.159.04)."),
+            click.option("--kernel", callback=_short, help="Kernel name (full module.qualname, or its last part)."),
+            click.option("--arch", callback=_short, help="GPU arch, e.g. sm90."),
+            click.option("--device", callback=_short, help="Device name, e.g. 'NVIDIA H200'."),
+            click.option(
+                "--driver",
+                callback=_short,
+                help="Driver version (numeric like 13000, or release like 580.159.04).",
+            ),
         ]
     ):
         fn = opt(fn)
