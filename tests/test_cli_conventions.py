@@ -231,3 +231,23 @@ def test_export_says_what_is_wrong_with_the_path(sqlite_url, tmp_path):
     err = one_line_error(tc("--url", sqlite_url, "export", str(tmp_path)))
     assert f"{tmp_path} is a directory" in err and ".tmp" not in err, err
     assert not [p for p in tmp_path.parent.iterdir() if p.name.endswith(".tmp")]
+
+
+# ---- 6. invalidate --driver-not-current reads the target as info does -------------------------
+
+
+@pytest.mark.parametrize("store", STORES)
+def test_driver_not_current_uses_the_target_override(store, request):
+    url = request.getfixturevalue(store)
+    fill(url, 3)  # stored with driver 13000
+    args = ["--url", url, "--json", "invalidate", "--driver-not-current", "--dry-run"]
+    for driver, count in (("13010", 3), ("13000", 0)):
+        env = {"TUNECACHE_TARGET_OVERRIDE": json.dumps({"driver_version": driver})}
+        assert json.loads(tc("--url", url, "--json", "info", env=env).stdout)["target"]["driver_version"] == driver
+        r = tc(*args, env=env)
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["count"] == count, (driver, r.stdout)
+    err = one_line_error(tc(*args, env={"TUNECACHE_TARGET_OVERRIDE": None}))  # a CPU: no driver to compare
+    assert "--driver X" in err, err
+    err = one_line_error(tc("--url", url, "invalidate"), code=2)
+    assert "--device" in err and "--driver-not-current" in err, err

@@ -128,15 +128,15 @@ def invalidate(
     if driver_not_current:
         from tunecache.target import detect_target
 
-        t = detect_target()
-        if t.backend == "cpu":
+        t = detect_target()  # as `info` shows it: TUNECACHE_TARGET_OVERRIDE included
+        if not t.driver_version:
             raise TunecacheError("--driver-not-current needs a GPU to read the current driver; use --driver X")
         filters["not_driver"] = t.driver_version
     if older_than:
         filters["older_than"] = older_than
     if not any(v is not None and v is not False for v in filters.values()):
         raise click.UsageError(
-            "give at least one filter (--driver, --driver-not-current, --arch, --kernel, --older-than)"
+            "give at least one filter (--driver, --driver-not-current, --arch, --device, --kernel, --older-than)"
         )
     store = store_for(ctx)
     gone = store.delete(dry_run=dry_run, **filters)
