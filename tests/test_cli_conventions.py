@@ -251,3 +251,32 @@ def test_driver_not_current_uses_the_target_override(store, request):
     assert "--driver X" in err, err
     err = one_line_error(tc("--url", url, "invalidate"), code=2)
     assert "--device" in err and "--driver-not-current" in err, err
+
+
+# ---- 7. help that says what the command does -------------------------------------------------
+
+
+def test_help_texts_agree_with_the_commands_and_the_readme():
+    keygen = tc("keygen", "--help").stdout
+    assert "--url" not in keygen, keygen  # it opens no store
+    demo = tc("demo", "--help").stdout
+    assert "default $TUNECACHE_URL" not in " ".join(demo.split()), demo
+    for name in leaf_commands():
+        text = tc(*name.split(), "--help").stdout
+        assert "``" not in text, (name, text)  # raw reST markup
+    show = tc("show", "--help").stdout
+    assert "show [OPTIONS] DIGEST\n" in show, show
+    readme = (HERE.parent / "README.md").read_text()
+    assert "show DIGEST " in readme
+
+
+def test_an_error_message_starting_with_a_newline_shows_its_first_words(tmp_path, sqlite_url):
+    (tmp_path / "raiser.py").write_text("def warmup():\n    raise ValueError('\\n\\nthe real reason\\nmore detail')\n")
+    r = tc(
+        "--url",
+        sqlite_url,
+        "warm",
+        "raiser",
+        env={"PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])},
+    )
+    assert one_line_error(r) == "tunecache: error: the real reason", r.stderr

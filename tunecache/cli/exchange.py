@@ -10,7 +10,7 @@ from collections.abc import Callable
 import click
 import orjson
 
-from tunecache.cli.options import AGE, AGE_HELP, filter_options, json_option, problem_filters, store_for
+from tunecache.cli.options import AGE, AGE_HELP, filter_options, json_option, problem_filters, store_for, url_option
 from tunecache.cli.output import json_out
 
 
@@ -162,7 +162,7 @@ def import_cmd(
     )
 
 
-@click.command()
+@click.command(params=[url_option(hidden=True)])  # it opens no store
 @click.argument("path")
 @json_option
 def keygen(path: str, as_json: bool) -> None:

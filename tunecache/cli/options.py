@@ -59,15 +59,14 @@ def _remember_url(ctx: click.Context, param: click.Parameter, value: str | None)
         obj.setdefault("url", None)
 
 
-def url_option() -> click.Option:
+URL_HELP = "Store URL (SQLAlchemy), before or after the command; default $TUNECACHE_URL or per-user SQLite."
+
+
+def url_option(help: str = URL_HELP, hidden: bool = False) -> click.Option:
     """``--url``, accepted before and after every subcommand (``tunecache ls --url URL``); without it
-    the store comes from ``TUNECACHE_URL`` through :mod:`tunecache.settings`, like the library's."""
-    return click.Option(
-        ["--url"],
-        expose_value=False,
-        callback=_remember_url,
-        help="Store URL (SQLAlchemy), before or after the command; default $TUNECACHE_URL or per-user SQLite.",
-    )
+    the store comes from ``TUNECACHE_URL`` through :mod:`tunecache.settings`, like the library's.
+    A command that opens no store (``keygen``) takes it hidden; ``demo`` says what it means there."""
+    return click.Option(["--url"], expose_value=False, callback=_remember_url, help=help, hidden=hidden)
 
 
 class CommandGroup(click.Group):
@@ -113,9 +112,9 @@ EXPECTED_ERRORS = (TunecacheError, ValueError, TypeError, OSError)
 
 
 def error_text(e: BaseException) -> str:
-    """An error as one line: its message's first line, the password masked."""
-    msg = mask_raw(str(e))
-    return msg.splitlines()[0] if msg else type(e).__name__
+    """An error as one line: its message's first non-empty line, the password masked."""
+    lines = [ln.strip() for ln in mask_raw(str(e)).splitlines() if ln.strip()]
+    return lines[0] if lines else type(e).__name__
 
 
 def _interrupted(e: KeyboardInterrupt) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 import click
 
 from tunecache import settings
-from tunecache.cli.options import json_option
+from tunecache.cli.options import json_option, url_option
 from tunecache.cli.output import json_out
 from tunecache.errors import TunecacheError
 
@@ -180,7 +180,14 @@ def _positive_ints(ctx: click.Context, param: click.Parameter, value: str | None
     return out
 
 
-@click.command()
+@click.command(
+    params=[
+        url_option(
+            help="Store URL for the demo; default a fresh SQLite file in a temporary directory, removed "
+            "afterwards (never $TUNECACHE_URL: the demo stays off your real store)."
+        )
+    ]
+)
 @click.option(
     "--buckets",
     "buckets",
@@ -191,11 +198,8 @@ def _positive_ints(ctx: click.Context, param: click.Parameter, value: str | None
 @json_option
 @click.pass_context
 def demo(ctx: click.Context, buckets: list[int] | None, as_json: bool) -> None:
-    """Run the bundled sparse MLA decode kernel twice, each in a fresh process, on one store.
-
-    The store is a fresh SQLite file in a temporary directory, removed afterwards, unless --url is
-    given (not $TUNECACHE_URL: the demo stays off your real store).
-    """
+    """Run the bundled sparse MLA decode kernel twice, each in a fresh process, on one store
+    (see --url)."""
     from tunecache.demo import run_demo
 
     run_demo(url=ctx.obj.get("url") if ctx.obj.get("url_given") else None, buckets=buckets, as_json=as_json)
