@@ -246,7 +246,9 @@ def store_error(what: str, e: Exception, u: URL) -> StoreError:
     if "readonly database" in reason or "read-only" in reason:
         return StoreReadOnlyError(f"{what} failed: store {mask_url(u)} is read-only ({reason})")
     if isinstance(e, DBAPIError) and e.connection_invalidated or "connect" in reason.lower():
-        return StoreError(f"{what} failed: cannot reach the store at {u.host or 'localhost'} ({mask_url(u)}): {reason}")
+        # the same failure whatever was first asked of the store: name where it tried, not what for
+        where = f"{u.host or 'localhost'}{f':{u.port}' if u.port else ''}"
+        return StoreError(f"cannot connect to the store at {where} ({mask_url(u)}): {reason}")
     return StoreError(f"{what} failed on {mask_url(u)}: {reason}")
 
 

@@ -245,8 +245,11 @@ class Store:
     def find(self, digest_prefix: str) -> list[Problem]:
         """Problems whose digest starts with a prefix (as typed by a user), with config rows."""
         prefix = digest_prefix.strip().lower()
+        if len(prefix) > 64:
+            raise ValueError(f"digest prefix of {len(prefix)} characters is too long: a digest has 64")
         if not re.fullmatch(r"[0-9a-f]{1,64}", prefix):
-            raise ValueError(f"digest prefix {digest_prefix!r} is not hexadecimal")
+            shown = repr(digest_prefix) if len(digest_prefix) <= 70 else repr(digest_prefix[:64]) + "..."
+            raise ValueError(f"digest prefix {shown} is not hexadecimal")
         with self._read("find") as conn:
             q = self._select_full().where(problems.c.digest.like(prefix + "%")).order_by(problems.c.digest)
             return problems_from_rows(conn.execute(q))

@@ -125,7 +125,16 @@ def _apply_override(t: Target) -> Target:
         raise ConfigurationError(
             f"TUNECACHE_TARGET_OVERRIDE has unknown fields {sorted(unknown)}; known: {TARGET_FIELDS}"
         )
-    return replace(t, **{k: type(getattr(t, k))(v) for k, v in data.items()})
+    fields = {}
+    for k, v in data.items():
+        kind = type(getattr(t, k))
+        try:
+            fields[k] = kind(v)
+        except (TypeError, ValueError):
+            raise ConfigurationError(
+                f"TUNECACHE_TARGET_OVERRIDE field {k!r} must be {kind.__name__}, not {str(v)[:40]!r}"
+            ) from None
+    return replace(t, **fields)
 
 
 def detect_target(device: int | None = None) -> Target:

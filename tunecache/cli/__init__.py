@@ -1,7 +1,8 @@
 """The ``tunecache`` command: a thin layer over the library API.
 
-Exit codes: 0 ok; 1 a user error (one line on stderr, no traceback); 2 usage (click's own); 141
-when the reader of stdout went away (``tunecache export - | head``), quietly, as Unix tools do.
+Exit codes: 0 ok; 1 a user error (one line on stderr, no traceback); 2 usage (click's own; ``hosts``:
+an error, as grep); 130 Ctrl-C (one line); 141 when the reader of stdout went away (``tunecache
+export - | head``), quietly, as Unix tools do, for every command.
 
 The root group and the entry point; the commands live in modules by what they do: ``browse``
 (read the store), ``maintain`` (schema, roles, deletion), ``exchange`` (export, import, keygen),
@@ -14,10 +15,14 @@ import click
 
 from tunecache import settings
 from tunecache.cli import browse, exchange, maintain, report, tune
-from tunecache.cli.options import CommandGroup, url_option
+from tunecache.cli.options import CommandGroup, group_json_option, url_option
 
 
-@click.group(cls=CommandGroup, context_settings={"help_option_names": ["-h", "--help"]}, params=[url_option()])
+@click.group(
+    cls=CommandGroup,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    params=[url_option(), group_json_option()],
+)
 @click.version_option(package_name="tunecache")
 @click.pass_context
 def main(ctx: click.Context) -> None:

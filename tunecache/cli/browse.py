@@ -101,11 +101,12 @@ def ls_cmd(
 
 
 @click.command()
-@click.argument("digest_prefix")
+@click.argument("digest_prefix", metavar="DIGEST")
 @json_option
 @click.pass_context
 def show(ctx: click.Context, digest_prefix: str, as_json: bool) -> None:
-    """Every config of one problem: status, timings and why it failed."""
+    """Every config of one problem: status, timings and why it failed. DIGEST: its digest, or a
+    prefix of it that only it has (ls shows 12 characters)."""
     store = read_store(ctx)
     found = store.find(digest_prefix)
     if not found:
@@ -167,7 +168,7 @@ def _failure_text(f: dict[str, Any] | None) -> str:
 def stats(ctx: click.Context, as_json: bool) -> None:
     """Per-kernel hits, misses, benchmarks and seconds saved (persisted by every process), the count
     and bytes of its stored binaries, and which kernels tunecache saw but could not serve
-    (``covered`` false; see ``tunecache misses``)."""
+    (COVERED no; see `tunecache misses`)."""
     store = read_store(ctx)
     rows = [{**r, "covered": True} for r in store.kernel_counters()]
     zero = {"hits": 0, "misses": 0, "benchmarks": 0, "bench_seconds": 0.0, "saved_seconds": 0.0, "updated_at": None}
@@ -217,7 +218,7 @@ def stats(ctx: click.Context, as_json: bool) -> None:
 @click.pass_context
 def misses(ctx: click.Context, as_json: bool) -> None:
     """Keys that missed during a CUDA graph capture or in offline mode (tune them next image build), and
-    the first key of kernels tunecache could not serve (reason ``uncovered``); with those of this
+    the first key of kernels tunecache could not serve (reason "uncovered"); with those of this
     store that processes on this host recorded in the local spool because the store was read-only."""
     store = read_store(ctx)
     rows = [{**r, "recorded": "store"} for r in store.list_misses()]

@@ -4,6 +4,7 @@ signs exports), with a progress counter on a terminal."""
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import os
 import signal
 import sys
@@ -14,7 +15,16 @@ from functools import partial
 import click
 import orjson
 
-from tunecache.cli.options import filter_options, json_option, parse_since, problem_filters, read_store, store_for
+from tunecache.cli.options import (
+    AGE,
+    AGE_HELP,
+    filter_options,
+    json_option,
+    problem_filters,
+    read_store,
+    store_for,
+    url_option,
+)
 from tunecache.cli.output import json_out
 from tunecache.errors import OutputExistsError, StoreNotFoundError
 from tunecache.store import Store
@@ -23,7 +33,7 @@ from tunecache.store import Store
 @click.command("export")
 @click.argument("path")
 @filter_options
-@click.option("--since", help="Only problems updated since an ISO date/time (UTC) or for a duration (30d, 12h).")
+@click.option("--since", type=AGE, help=f"Only problems updated since then: {AGE_HELP}.")
 @click.option(
     "--no-launch-specs",
     is_flag=True,
@@ -52,7 +62,7 @@ def export_cmd(
     arch: str | None,
     device: str | None,
     driver: str | None,
-    since: str | None,
+    since: dt.datetime | None,
     no_launch_specs: bool,
     binaries: bool,
     sign_key: str | None,
@@ -74,7 +84,7 @@ def export_cmd(
             store,
             path,
             **problem_filters(kernel, arch, device, driver),
-            since=parse_since(since) if since else None,
+            since=since,
             progress=progress,
             with_launch_specs=not no_launch_specs,
             with_binaries=binaries,
@@ -149,17 +159,20 @@ def import_cmd(
         store: Store | Callable[[], Store] | None = store_for(ctx)
     except StoreNotFoundError:  # created only once the file validated; a dry run never creates it
         store = None if dry_run else partial(store_for, ctx, create=True)
-    with _ExchangeProgress() as progress:
-        s = import_(
-            store,
-            path,
-            dry_run=dry_run,
-            on_conflict=on_conflict,
-            progress=progress,
-            with_launch_specs=launch_specs,
-            with_binaries=binaries,
-            trust_unsigned=trust_unsigned,
-        )
+    try:
+        with _ExchangeProgress() as progress:
+            s = import_(
+                store,
+                path,
+                dry_run=dry_run,
+                on_conflict=on_conflict,
+                progress=progress,
+                with_launch_specs=launch_specs,
+                with_binaries=binaries,
+                trust_unsigned=trust_unsigned,
+            )
+    except KeyboardInterrupt:  # the import's one transaction rolled back on the way out
+        raise KeyboardInterrupt("nothing imported") from None
     if as_json:
         json_out(s.as_dict())
         return
@@ -172,7 +185,7 @@ def import_cmd(
     )
 
 
-@click.command()
+@click.command(params=[url_option(hidden=True)])  # it opens no store
 @click.argument("path")
 @json_option
 def keygen(path: str, as_json: bool) -> None:

@@ -9,10 +9,11 @@ import os
 import click
 
 from tunecache.cli.options import (
+    AGE,
+    AGE_HELP,
     CommandGroup,
     filter_options,
     json_option,
-    parse_since,
     problem_filters,
     store_for,
 )
@@ -107,7 +108,7 @@ def db_grant(
 @click.command()
 @filter_options
 @click.option("--driver-not-current", is_flag=True, help="Entries for any driver other than this machine's.")
-@click.option("--older-than", help="Entries not updated for this long (30d, 12h) or since an ISO date.")
+@click.option("--older-than", type=AGE, help=f"Entries not updated since then: {AGE_HELP}.")
 @click.option("--dry-run", is_flag=True, help="List what would be deleted, delete nothing.")
 @json_option
 @click.pass_context
@@ -118,7 +119,7 @@ def invalidate(
     device: str,
     driver: str,
     driver_not_current: bool,
-    older_than: str | None,
+    older_than: dt.datetime | None,
     dry_run: bool,
     as_json: bool,
 ) -> None:
@@ -127,15 +128,15 @@ def invalidate(
     if driver_not_current:
         from tunecache.target import detect_target
 
-        t = detect_target()
-        if t.backend == "cpu":
+        t = detect_target()  # as `info` shows it: TUNECACHE_TARGET_OVERRIDE included
+        if not t.driver_version:
             raise TunecacheError("--driver-not-current needs a GPU to read the current driver; use --driver X")
         filters["not_driver"] = t.driver_version
     if older_than:
-        filters["older_than"] = parse_since(older_than)
+        filters["older_than"] = older_than
     if not any(v is not None and v is not False for v in filters.values()):
         raise click.UsageError(
-            "give at least one filter (--driver, --driver-not-current, --arch, --kernel, --older-than)"
+            "give at least one filter (--driver, --driver-not-current, --arch, --device, --kernel, --older-than)"
         )
     store = store_for(ctx)
     gone = store.delete(dry_run=dry_run, **filters)
@@ -153,20 +154,22 @@ def _report_deleted(gone: list[Problem], dry_run: bool, as_json: bool) -> None:
 
 @click.command()
 @click.option(
-    "--days",
-    type=click.FloatRange(min=0),
-    default=30.0,
+    "--older-than",
+    type=AGE,
+    default="30d",
     show_default=True,
-    help="Delete problems with no hit (and no update) for this many days.",
+    help=f"Delete problems with no hit (and no update) since then: {AGE_HELP}.",
 )
+@click.option("--days", type=click.FloatRange(min=0), hidden=True, help="The old spelling: --older-than DAYSd.")
 @click.option("--dry-run", is_flag=True, help="List what would be deleted, delete nothing.")
 @json_option
 @click.pass_context
-def gc(ctx: click.Context, days: float, dry_run: bool, as_json: bool) -> None:
-    """Remove problems nobody has used for N days (last hit, or last update if never hit), then the
+def gc(ctx: click.Context, older_than: dt.datetime, days: float | None, dry_run: bool, as_json: bool) -> None:
+    """Remove problems nobody has used since --older-than (last hit, or last update if never hit), then the
     binaries no stored winner references any more."""
     store = store_for(ctx)
-    gone = store.delete(dry_run=dry_run, no_hit_since=utcnow() - dt.timedelta(days=days))
+    cutoff = utcnow() - dt.timedelta(days=days) if days is not None else older_than
+    gone = store.delete(dry_run=dry_run, no_hit_since=cutoff)
     # On a dry run the problems are still there, so this lists only binaries unreferenced already.
     bins = store.gc_binaries(dry_run=dry_run)
     dropped = {"count": len(bins), "bytes": sum(b[2] for b in bins)}

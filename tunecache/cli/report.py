@@ -3,19 +3,22 @@ hosts slower than their peers), with the filters and outlier rule they share."""
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Callable
 from typing import Any
 
 import click
 
-from tunecache.cli.options import json_option, parse_since, read_store
+from tunecache.cli.options import AGE, AGE_HELP, EXPECTED_ERRORS, error_text, json_option, read_store
 from tunecache.cli.output import json_out
 
+EXIT_HOSTS_ERROR = 2  #: `hosts` as grep: 0 none, 1 found (an outlier), 2 it could not tell
 
-def _report_filters(kernel: str | None, target: str | None, since: str | None) -> Any:
+
+def _report_filters(kernel: str | None, target: str | None, since: dt.datetime | None) -> Any:
     from tunecache.report import Filters
 
-    return Filters(kernel=kernel, target=target, since=parse_since(since) if since else None)
+    return Filters(kernel=kernel, target=target, since=since)
 
 
 def fleet_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -26,7 +29,7 @@ def fleet_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         [
             click.option("--kernel", help="Kernel name (full module.qualname, or its last part)."),
             click.option("--target", help="Target: arch (sm90), device name ('NVIDIA H200') or target digest."),
-            click.option("--since", help="Only problems updated in the last DAYS days (or 12h, or since an ISO date)."),
+            click.option("--since", type=AGE, help=f"Only problems updated since then: {AGE_HELP}."),
             click.option(
                 "--threshold",
                 type=click.FloatRange(min=0),
@@ -69,11 +72,21 @@ def report(ctx: click.Context, output: str, threshold: float, min_keys: int, as_
 @json_option
 @click.pass_context
 def hosts(ctx: click.Context, threshold: float, min_keys: int, as_json: bool, **filters: Any) -> None:
-    """Hosts that time identical problems slower than their peers (a degraded GPU); exit 1 if any."""
+    """Hosts that time identical problems slower than their peers (a degraded GPU).
+
+    Exit 0: no outlier; 1: an outlier; 2: an error (the store unreachable: with --json, {"error": ...}),
+    so that cron tells a slow GPU from a database outage.
+    """
     from tunecache.fleet import explain
     from tunecache.report import hosts as fleet_hosts
 
-    analysis = fleet_hosts(read_store(ctx), _report_filters(**filters), threshold, min_keys)
+    try:
+        analysis = fleet_hosts(read_store(ctx), _report_filters(**filters), threshold, min_keys)
+    except EXPECTED_ERRORS as e:
+        if as_json:
+            json_out({"error": error_text(e)})
+        click.echo(f"tunecache: error: {error_text(e)}", err=True)
+        ctx.exit(EXIT_HOSTS_ERROR)
     if as_json:
         json_out(analysis.as_dict())
     else:

@@ -15,7 +15,7 @@ from typing import Any
 import click
 
 from tunecache import settings
-from tunecache.cli.options import json_option
+from tunecache.cli.options import json_option, url_option
 from tunecache.cli.output import json_out
 from tunecache.errors import TunecacheError
 
@@ -215,17 +215,39 @@ def _what_it_cost(d: dict[str, float]) -> str:
     return ", ".join(parts) or "resolved"
 
 
-@click.command()
-@click.option("--buckets", "bucket_list", default=None, help="Comma-separated batch buckets (default: per device).")
+def _positive_ints(ctx: click.Context, param: click.Parameter, value: str | None) -> list[int] | None:
+    """``--buckets 1,4,16``: checked here, not as a traceback in the demo's child process."""
+    if not value:
+        return None
+    try:
+        out = [int(b) for b in value.split(",")]
+    except ValueError:
+        out = []
+    if not out or min(out) < 1:
+        raise click.BadParameter(f"{value[:40]!r} is not a list of positive batch sizes like 1,4,16")
+    return out
+
+
+@click.command(
+    params=[
+        url_option(
+            help="Store URL for the demo; default a fresh SQLite file in a temporary directory, removed "
+            "afterwards (never $TUNECACHE_URL: the demo stays off your real store)."
+        )
+    ]
+)
+@click.option(
+    "--buckets",
+    "buckets",
+    default=None,
+    callback=_positive_ints,
+    help="Comma-separated batch buckets (default: per device).",
+)
 @json_option
 @click.pass_context
-def demo(ctx: click.Context, bucket_list: str | None, as_json: bool) -> None:
-    """Run the bundled sparse MLA decode kernel twice, each in a fresh process, on one store.
-
-    The store is a fresh SQLite file in a temporary directory, removed afterwards, unless --url is
-    given (not $TUNECACHE_URL: the demo stays off your real store).
-    """
+def demo(ctx: click.Context, buckets: list[int] | None, as_json: bool) -> None:
+    """Run the bundled sparse MLA decode kernel twice, each in a fresh process, on one store
+    (see --url)."""
     from tunecache.demo import run_demo
 
-    buckets = [int(b) for b in bucket_list.split(",")] if bucket_list else None
     run_demo(url=ctx.obj.get("url") if ctx.obj.get("url_given") else None, buckets=buckets, as_json=as_json)

@@ -173,8 +173,11 @@ def export(
             size = _emit(target, line, tmp, compress, trailer(line))  # type: ignore[arg-type]
         where = "-" if out == "-" else str(getattr(out, "name", "<stream>"))
     else:
+        if path.is_dir():
+            raise TunecacheError(f"cannot export to {path}: {path} is a directory; give a file name")
         if not path.parent.is_dir():
-            raise TunecacheError(f"cannot export to {path}: directory {path.parent} does not exist")
+            why = "is not a directory" if path.parent.exists() else "does not exist"
+            raise TunecacheError(f"cannot export to {path}: {path.parent} {why}")
         slot = len(header(2**63 - 1, 2**63 - 1, 2**63 - 1, "0" * 64)) + 1  # no final header can be longer
         fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         try:
