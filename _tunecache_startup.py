@@ -72,7 +72,7 @@ def _install() -> None:
         from tunecache import settings
 
         if settings.get("TUNECACHE_INSTALL"):
-            from tunecache.decorator import install
+            from tunecache.tuner.decorator import install
 
             install()
     except Exception as e:  # noqa: BLE001

@@ -68,7 +68,7 @@ def _class_privates(tree: ast.Module) -> set[str]:
 
 
 def _dotted(node: ast.expr, aliases: dict[str, str]) -> str | None:
-    """The module an expression such as ``alias`` or ``tunecache.store`` names, if any."""
+    """The module an expression such as ``alias`` or ``tunecache.store.store`` names, if any."""
     if isinstance(node, ast.Name):
         return aliases.get(node.id)
     if isinstance(node, ast.Attribute):

@@ -17,11 +17,12 @@ import torch
 from processes import run_json
 
 import tunecache
-from tunecache import autotuner as at
-from tunecache import background, preload
+from tunecache.binaries import preload
 from tunecache.model import ConfigResult, LaunchSpec, Problem
-from tunecache.opening import open_store
+from tunecache.store.opening import open_store
 from tunecache.target import detect_target
+from tunecache.tuner import autotuner as at
+from tunecache.tuner import background
 
 
 def spec(i: int, config_hash: str = "c1", version: str | None = None) -> LaunchSpec:
@@ -147,7 +148,7 @@ def test_a_library_of_kernels_with_nothing_stored_costs_one_query_and_no_hashing
     a kernel not among them costs neither a query nor a hash."""
     import sqlalchemy as sa
 
-    from tunecache.opening import shared_store
+    from tunecache.store.opening import shared_store
 
     tinykernels.launch(tinykernels.make_add(store=sqlite_url), 64)  # one kernel with rows
     statements: list[str] = []

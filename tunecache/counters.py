@@ -1,7 +1,7 @@
 """Process counters and one-time warnings: what this process reports about itself.
 
 Counters answer "did this restart benchmark anything?" (``tunecache.stats()``). The per-kernel
-counters a store keeps (``tunecache stats``) are queued for it by :mod:`tunecache.writeback`, off
+counters a store keeps (``tunecache stats``) are queued for it by :mod:`tunecache.tuner.writeback`, off
 the launch path. Warnings that every later miss would repeat are logged once per kernel and kind.
 """
 
@@ -13,7 +13,7 @@ import threading
 from collections import Counter
 from typing import Any
 
-from tunecache import writeback
+from tunecache.tuner import writeback
 
 log = logging.getLogger("tunecache")
 

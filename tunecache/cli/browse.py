@@ -31,7 +31,7 @@ def _config_label(cfg: dict[str, Any] | None) -> str:
 @click.pass_context
 def info(ctx: click.Context, as_json: bool) -> None:
     """This machine's target identity, the store URL (password masked), schema revision and counts."""
-    from tunecache.migrate import head_revision
+    from tunecache.store.migrate import head_revision
     from tunecache.target import detect_target, hostname
 
     store = store_for(ctx)

@@ -16,11 +16,11 @@ from typing import Any
 
 import click
 
-from tunecache.engine import mask_raw
 from tunecache.errors import TunecacheError
 from tunecache.model import utcnow
-from tunecache.opening import open_store
-from tunecache.store import Store
+from tunecache.store.engine import mask_raw
+from tunecache.store.opening import open_store
+from tunecache.store.store import Store
 
 #: ``--json``, declared once for every command (as sqlite-utils shares its output options).
 json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output (JSON).")

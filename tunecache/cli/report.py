@@ -13,14 +13,14 @@ from tunecache.cli.output import json_out
 
 
 def _report_filters(kernel: str | None, target: str | None, since: str | None) -> Any:
-    from tunecache.report import Filters
+    from tunecache.report.report import Filters
 
     return Filters(kernel=kernel, target=target, since=parse_since(since) if since else None)
 
 
 def fleet_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """The filters and the outlier rule shared by ``report`` and ``hosts``."""
-    from tunecache.fleet import DEFAULT_MIN_KEYS, DEFAULT_THRESHOLD
+    from tunecache.report.fleet import DEFAULT_MIN_KEYS, DEFAULT_THRESHOLD
 
     for opt in reversed(
         [
@@ -55,7 +55,7 @@ def fleet_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 def report(ctx: click.Context, output: str, threshold: float, min_keys: int, as_json: bool, **filters: Any) -> None:
     """One self-contained HTML page of the store: configs x keys, winners, failures, time saved,
     misses, and hosts slower than their peers (needs the report extra: pip install 'tunecache[report]')."""
-    from tunecache.report import write_report
+    from tunecache.report.report import write_report
 
     out = write_report(store_for(ctx), output, _report_filters(**filters), threshold, min_keys)
     if as_json:
@@ -70,8 +70,8 @@ def report(ctx: click.Context, output: str, threshold: float, min_keys: int, as_
 @click.pass_context
 def hosts(ctx: click.Context, threshold: float, min_keys: int, as_json: bool, **filters: Any) -> None:
     """Hosts that time identical problems slower than their peers (a degraded GPU); exit 1 if any."""
-    from tunecache.fleet import explain
-    from tunecache.report import hosts as fleet_hosts
+    from tunecache.report.fleet import explain
+    from tunecache.report.report import hosts as fleet_hosts
 
     analysis = fleet_hosts(store_for(ctx), _report_filters(**filters), threshold, min_keys)
     if as_json:

@@ -68,7 +68,7 @@ def _interpreter_without_gpu() -> None:
     """On a machine without a GPU, run kernels under Triton's interpreter, as the demo does."""
     if "TRITON_INTERPRET" in os.environ or "triton" in sys.modules:
         return  # the user chose, or it is too late: triton reads it at import
-    from tunecache.demo import gpu_available
+    from tunecache.cli.demo import gpu_available
 
     if not gpu_available():
         os.environ["TRITON_INTERPRET"] = "1"
@@ -177,7 +177,7 @@ def demo(ctx: click.Context, bucket_list: str | None, as_json: bool) -> None:
     The store is a fresh SQLite file in a temporary directory, removed afterwards, unless --url is
     given (not $TUNECACHE_URL: the demo stays off your real store).
     """
-    from tunecache.demo import run_demo
+    from tunecache.cli.demo import run_demo
 
     buckets = [int(b) for b in bucket_list.split(",")] if bucket_list else None
     run_demo(url=ctx.obj.get("url") if ctx.obj.get("url_given") else None, buckets=buckets, as_json=as_json)

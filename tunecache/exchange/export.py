@@ -41,7 +41,6 @@ from tunecache.exchange.format import (
     is_stream,
     tunecache_version,
 )
-from tunecache.filters import filter_clauses
 from tunecache.model import (
     BINARY_FIELDS_SIGNED,
     CONFIG_ROW_COLUMNS,
@@ -54,9 +53,10 @@ from tunecache.model import (
     LaunchSpec,
     utcnow,
 )
-from tunecache.schema import binaries, configs, launch_specs, problems
 from tunecache.signing import Signer
-from tunecache.store import Store
+from tunecache.store.filters import filter_clauses
+from tunecache.store.schema import binaries, configs, launch_specs, problems
+from tunecache.store.store import Store
 from tunecache.target import TARGET_FIELDS
 
 log = logging.getLogger("tunecache")

@@ -2,7 +2,7 @@
 
 Pass 1 (:func:`tunecache.exchange.validate.scan`) validates the whole file; pass 2 re-reads it and
 turns each problem line into rows of the store's tables, written through the store's bulk load
-(:meth:`tunecache.store.Store.bulk_load`) in one transaction.
+(:meth:`tunecache.store.store.Store.bulk_load`) in one transaction.
 """
 
 from __future__ import annotations
@@ -23,15 +23,15 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from tunecache import signing
-from tunecache.bulk import BulkWriter
 from tunecache.errors import ImportFormatError, StoreReadOnlyError, UntrustedFileError
 from tunecache.exchange import validate
 from tunecache.exchange.format import CONFLICT_POLICIES, MAX_LINE_BYTES, Progress, Rewind, Source, open_source
 from tunecache.exchange.validate import Invalid, Scan, check_binary, check_spec
 from tunecache.identity import canonical_json
 from tunecache.model import CONFIG_COLUMNS, PROBLEM_COLUMNS, PROBLEM_FIELDS, TIMESTAMP_FIELDS
-from tunecache.schema import configs, misses, problems
-from tunecache.store import Store
+from tunecache.store.bulk import BulkWriter
+from tunecache.store.schema import configs, misses, problems
+from tunecache.store.store import Store
 from tunecache.target import TARGET_FIELDS, Target
 
 log = logging.getLogger("tunecache")

@@ -5,7 +5,7 @@ A serving worker only reads (``TUNECACHE_MODE=readonly`` or ``offline``), so it 
 readwrite mode, cannot change the winners (or the binaries) the rest of the fleet loads. Tuning jobs
 log in as a *tuner*, which may also INSERT, UPDATE and DELETE rows. Neither may change the schema;
 the tables' owner (who ran ``tunecache db upgrade``) runs ``db grant``. A store opened by a reader is
-read-only (:meth:`tunecache.store.Store.select_only`), so it never even attempts a write.
+read-only (:meth:`tunecache.store.store.Store.select_only`), so it never even attempts a write.
 
 Default privileges are granted too, so tables a later migration adds (created by the same owner)
 are readable by the readers and writable by the tuners without running ``db grant`` again.
@@ -29,7 +29,7 @@ from typing import Any
 from sqlalchemy.exc import SQLAlchemyError
 
 from tunecache.errors import RoleError, StoreError, TunecacheError, driver_message
-from tunecache.store import Store
+from tunecache.store.store import Store
 
 #: What each kind of role may do with the store's rows.
 PRIVILEGES = {"reader": "SELECT", "tuner": "SELECT, INSERT, UPDATE, DELETE"}

@@ -20,7 +20,7 @@ from typing import Any
 import click
 
 from tunecache import settings
-from tunecache.engine import mask_url
+from tunecache.store.engine import mask_url
 
 
 def _child(url: str, buckets: list[int] | None) -> dict[str, Any]:
@@ -75,7 +75,7 @@ def _run_demo(url: str, buckets: list[int] | None, as_json: bool, temporary: boo
     for i in (1, 2):
         if not as_json:
             click.echo(f"start {i}: {'tuning' if i == 1 else 'restarting'} in a fresh process...", err=True)
-        cmd = [sys.executable, "-m", "tunecache.demo", json.dumps({"url": url, "buckets": buckets})]
+        cmd = [sys.executable, "-m", "tunecache.cli.demo", json.dumps({"url": url, "buckets": buckets})]
         r = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if r.returncode != 0:
             raise RuntimeError(f"demo start {i} failed:\n{r.stderr[-4000:]}")

@@ -1,6 +1,6 @@
 """Fleet: find a host that measures slower than its peers, from the fleet's own timings.
 
-Pure analysis, no I/O: :mod:`tunecache.report` reads the ``measurements`` rows (every host's own
+Pure analysis, no I/O: :mod:`tunecache.report.report` reads the ``measurements`` rows (every host's own
 timings of identical problems: same kernel source, same target, same tuning key) and hands them
 here one key at a time. Identical problems on identical GPUs and drivers should time the same; a
 host that is consistently slower has a degraded GPU (thermal or power throttling, a bad PCIe or

@@ -30,11 +30,12 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from tunecache import hostmodules, preload, settings, trust
+from tunecache import settings, trust
+from tunecache.binaries import hostmodules, preload
 from tunecache.errors import StoreError
 from tunecache.model import BINARY_EXTS, COMPANION_CONFIG, Binary, LaunchSpec, binary_sha256
-from tunecache.opening import shared_store
-from tunecache.store import Store
+from tunecache.store.opening import shared_store
+from tunecache.store.store import Store
 from tunecache.target import detect_target, interpreting
 
 log = logging.getLogger("tunecache")
@@ -142,7 +143,7 @@ def collect(fn: Any, triton_keys: Iterable[str]) -> list[Binary]:
 
 
 def host_module_keys(fn: Any, triton_keys: Iterable[str]) -> dict[str, str]:
-    """{key: name} of the host modules (:mod:`tunecache.hostmodules`) that Triton's cache holds for
+    """{key: name} of the host modules (:mod:`tunecache.binaries.hostmodules`) that Triton's cache holds for
     launching ``fn``'s kernels under ``triton_keys`` (their launchers), and of its driver utilities."""
     from triton.runtime.cache import get_cache_manager
 

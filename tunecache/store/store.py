@@ -1,10 +1,10 @@
-"""Store: the queries and writes of tuning results, over the tables of :mod:`tunecache.schema`.
+"""Store: the queries and writes of tuning results, over the tables of :mod:`tunecache.store.schema`.
 
 One SQL schema serves the embedded SQLite default and a shared PostgreSQL or MySQL. Queries are
 SQLAlchemy Core (no ORM objects: a warm start builds hundreds of rows and must stay cheap), and
 every write is one transaction, so a reader sees a problem with all its config rows or not at all.
 
-The engine, its SQLite settings and URL handling are :mod:`tunecache.engine`.
+The engine, its SQLite settings and URL handling are :mod:`tunecache.store.engine`.
 
 A store whose file or directory is not writable (an image with a read-only root filesystem) is
 opened with ``mode=ro&immutable=1``: no lock files, no WAL, no writes; every write raises
@@ -31,14 +31,9 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from tunecache import counters, forkgate, trust
-from tunecache.bulk import BulkWriter, bulk_writer
-from tunecache.engine import mask_url, scrub, store_error
+from tunecache import counters, trust
 from tunecache.errors import StoreError, StoreReadOnlyError, driver_message
-from tunecache.filters import filter_clauses
 from tunecache.identity import search_space_hash
-from tunecache.leaseholder import lease_host, pid_alive
-from tunecache.migrate import apply, check_target, cross_process_lock, current_revision, in_process_lock
 from tunecache.model import (
     COMPANION_CONFIG,
     CONFIG_ROW_COLUMNS,
@@ -56,7 +51,13 @@ from tunecache.model import (
     problems_from_rows,
     utcnow,
 )
-from tunecache.schema import (
+from tunecache.store import forkgate
+from tunecache.store.bulk import BulkWriter, bulk_writer
+from tunecache.store.engine import mask_url, scrub, store_error
+from tunecache.store.filters import filter_clauses
+from tunecache.store.leases import lease_host, pid_alive
+from tunecache.store.migrate import apply, check_target, cross_process_lock, current_revision, in_process_lock
+from tunecache.store.schema import (
     binaries,
     configs,
     kernel_stats,
@@ -170,7 +171,7 @@ class Store:
             return bool(conn.exec_driver_sql(q).scalar())
 
     def upgrade(self, revision: str = "head") -> None:
-        """Apply migrations (see :mod:`tunecache.migrate`); concurrent callers serialise on a lock and
+        """Apply migrations (see :mod:`tunecache.store.migrate`); concurrent callers serialise on a lock and
         only the first migrates."""
         check_target(revision)
         with (
@@ -207,7 +208,7 @@ class Store:
 
     def kernel_names(self) -> frozenset[str]:
         """The names of the kernels that have stored problems: a process defining hundreds of kernels
-        prefetches only those (tunecache.kernelstore). One indexed query per process, kept until this
+        prefetches only those (tunecache.tuner.kernelstore). One indexed query per process, kept until this
         process writes; a kernel another process tunes meanwhile is found by its first launch's lookup."""
         memo = self._names
         if memo is not None and memo[0] == os.getpid():
@@ -507,7 +508,7 @@ class Store:
     @contextlib.contextmanager
     def bulk_load(self, what: str) -> Iterator[BulkWriter]:
         """One write transaction for loading many rows, through the database's fastest path (see
-        :mod:`tunecache.bulk`); its ``conn`` reads and deletes inside the same transaction."""
+        :mod:`tunecache.store.bulk`); its ``conn`` reads and deletes inside the same transaction."""
         dbapi_error = getattr(self.engine.dialect.dbapi, "Error", ())
         with self._write(what) as conn:
             try:
@@ -530,7 +531,7 @@ class Store:
                 out.setdefault(t, []).append(LaunchSpec(*rest))
         return out
 
-    # ---- compiled binaries (tunecache.binaries) -------------------------------------------------
+    # ---- compiled binaries (tunecache.binaries.binaries) -------------------------------------------------
 
     def binary_heads(self, triton_keys: Sequence[str]) -> dict[str, tuple[str, str, str]]:
         """(name, ext, sha256) of every stored binary among ``triton_keys``, without their bytes: a
@@ -545,7 +546,7 @@ class Store:
         return out
 
     def get_binaries(self, triton_keys: Sequence[str]) -> list[Binary]:
-        """The stored binaries among ``triton_keys``, in key order (unverified: see tunecache.binaries)."""
+        """The stored binaries among ``triton_keys``, in key order (unverified: see tunecache.binaries.binaries)."""
         c = binaries.c
         cols = (c.triton_key, c.sha256, c.name, c.ext, c.triton_version, c.metadata, c.binary, c.signature)
         keys = sorted(set(triton_keys))
@@ -624,7 +625,7 @@ class Store:
 
     def try_lease(self, digest: str, holder: str, ttl: float) -> bool:
         """Take the benchmark lease of a digest if it is free, expired, or held by a dead pid of this
-        very process namespace (see :func:`tunecache.leaseholder.lease_host`)."""
+        very process namespace (see :func:`tunecache.store.leases.lease_host`)."""
         now = time.time()
         host = lease_host()
         with self._write("lease") as conn:

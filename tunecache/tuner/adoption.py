@@ -8,7 +8,7 @@ between the library's class and Autotuner, so the library's own methods still ru
 ``super()`` call they make, and Triton's own calls of the hooks, reach tunecache. ``uninstall()``
 :func:`release`\\ s them.
 
-Kept apart from :mod:`tunecache.autotuner` (the hooks themselves), which knows nothing of this.
+Kept apart from :mod:`tunecache.tuner.autotuner` (the hooks themselves), which knows nothing of this.
 """
 
 from __future__ import annotations
@@ -18,11 +18,12 @@ from typing import Any
 
 from triton.runtime.autotuner import Autotuner
 
-from tunecache import background, counters
-from tunecache.autotuner import BASE_INIT, BASE_RUN, TunecacheAutotuner, attach, detach
-from tunecache.firstcall import is_adopted, library_class, mark_adopted, report_uncovered, unmark_adopted
+from tunecache import counters
 from tunecache.identity import kernel_name
 from tunecache.settings import current_mode
+from tunecache.tuner import background
+from tunecache.tuner.autotuner import BASE_INIT, BASE_RUN, TunecacheAutotuner, attach, detach
+from tunecache.tuner.firstcall import is_adopted, library_class, mark_adopted, report_uncovered, unmark_adopted
 
 _covering: dict[type, type] = {}
 _adopt_lock = threading.RLock()

@@ -6,13 +6,13 @@ plain kernel's first launch: Triton hashes its source, reads its binary and load
 fla-core's 21 ms restart overhead on the H200 was one such kernel, run W). No code names them, so
 tunecache watches Triton's ``jit_post_compile_hook``: Triton calls it once per specialisation it
 compiles or loads, never on the launch path. Each plain kernel compiled in a process is filed as a
-companion of the tuned kernel that process resolved last (:func:`tunecache.binaries.record_companions`,
+companion of the tuned kernel that process resolved last (:func:`tunecache.binaries.binaries.record_companions`,
 in the background): stored, exported, placed and dropped with that kernel's results. The restart's
 preload (:func:`load`) then loads them with the tuned kernel's winners.
 
 Observation only: the hook changes nothing Triton compiles or runs, chains to a hook that was set
 before, and :func:`unwatch` (``uninstall()``) puts that one back. A preloaded companion goes through
-the same checks as a winner (:func:`tunecache.preload.load`): a binary other than the recorded one
+the same checks as a winner (:func:`tunecache.binaries.preload.load`): a binary other than the recorded one
 is dropped, never launched.
 """
 
@@ -28,9 +28,11 @@ import weakref
 from collections.abc import Iterable
 from typing import Any
 
-from tunecache import background, binaries, counters, preload, settings
+from tunecache import counters, settings
+from tunecache.binaries import binaries, preload
 from tunecache.identity import module_imported
 from tunecache.model import COMPANION_CONFIG, LaunchSpec
+from tunecache.tuner import background
 
 log = logging.getLogger("tunecache")
 

@@ -17,12 +17,14 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from tunecache import background, binaries, companions, counters, preload, settings, trust, writeback
+from tunecache import counters, settings, trust
+from tunecache.binaries import binaries, preload
 from tunecache.errors import StoreError
 from tunecache.model import ConfigResult, LaunchSpec, Problem, pick_winner
-from tunecache.opening import shared_store
-from tunecache.store import Store
+from tunecache.store.opening import shared_store
+from tunecache.store.store import Store
 from tunecache.target import Target
+from tunecache.tuner import background, companions, writeback
 
 RETRY_OPEN_S = 30.0
 log = logging.getLogger("tunecache")
@@ -215,7 +217,7 @@ class KernelStore:
             return 0, 0
         winners = {p.winner_config_hash for p in self.problems() if p.target.digest == target_digest}
         loaded, skipped = preload.load(fn, [s for s in mine if s.config_hash in winners], device)
-        if settings.get("TUNECACHE_COMPANIONS"):  # the plain kernels filed with it (tunecache.companions)
+        if settings.get("TUNECACHE_COMPANIONS"):  # the plain kernels filed with it (tunecache.tuner.companions)
             more, less = companions.load(mine, device)
             loaded, skipped = loaded + more, skipped + less
         return loaded, skipped

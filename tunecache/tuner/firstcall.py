@@ -6,8 +6,8 @@ kernel is silently not served. So the first call of each instance is observed (:
 and such a kernel is counted in ``tunecache.coverage()`` as uncovered, warned about once, and its
 first key recorded as a miss with reason ``uncovered``.
 
-Kept apart from :mod:`tunecache.autotuner` (Triton's hooks, which set :func:`first_run` on every
-instance) and :mod:`tunecache.adoption` (``install()``, which builds on the autotuner): both need
+Kept apart from :mod:`tunecache.tuner.autotuner` (Triton's hooks, which set :func:`first_run` on every
+instance) and :mod:`tunecache.tuner.adoption` (``install()``, which builds on the autotuner): both need
 it, and both need to name the class a tuner stands for (:func:`library_class`), which depends on
 whether ``install()`` adopted it (:func:`mark_adopted`).
 """

@@ -2,9 +2,9 @@
 
 Per kernel and target, a heat map of configs x tuning keys (time over the key's best, the winner
 starred, failures with their reason), the winner per bucket, time saved, capture/offline misses,
-and the fleet: each host's timings of identical problems against its peers' (:mod:`tunecache.fleet`),
+and the fleet: each host's timings of identical problems against its peers' (:mod:`tunecache.report.fleet`),
 which ``tunecache hosts`` prints as text. Plots are matplotlib SVG inlined in the page
-(:mod:`tunecache.plots`, the ``report`` extra); the page loads nothing: no script, no font, no CDN.
+(:mod:`tunecache.report.plots`, the ``report`` extra); the page loads nothing: no script, no font, no CDN.
 
 Bounded on any store: every query filters and limits in SQL. The page shows the largest
 ``MAX_GROUPS`` kernel/target groups, ``MAX_KEYS`` keys of each (spread evenly over its buckets)
@@ -22,10 +22,10 @@ from typing import Any
 import orjson
 import sqlalchemy as sa
 
-from tunecache import fleet
 from tunecache.model import FAILED_STATUSES, utcnow
-from tunecache.schema import configs, kernel_stats, measurements, misses, problems
-from tunecache.store import Store
+from tunecache.report import fleet
+from tunecache.store.schema import configs, kernel_stats, measurements, misses, problems
+from tunecache.store.store import Store
 
 MAX_GROUPS = 12  # kernel x source x target groups drawn
 MAX_SCAN = 5000  # keys of one group read to choose the drawn ones from
@@ -428,7 +428,7 @@ def render(
     title: str | None = None,
 ) -> str:
     """The report page as one HTML string."""
-    from tunecache import plots
+    from tunecache.report import plots
 
     filters = filters or Filters()
     groups, n_groups = load_groups(store, filters)

@@ -13,7 +13,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from tunecache.schema import problems
+from tunecache.store.schema import problems
 
 
 def _like_escape(v: str) -> str:

@@ -1,6 +1,6 @@
 """The tables of a store, in one SQL schema for SQLite, PostgreSQL and MySQL.
 
-Kept apart from :mod:`tunecache.store` so that the migrations, the export, the import and the
+Kept apart from :mod:`tunecache.store.store` so that the migrations, the export, the import and the
 report read the same table objects without the store's connection logic. The column order of
 ``problems`` and ``configs`` is :mod:`tunecache.model`'s row shape (checked at import).
 """
@@ -121,7 +121,7 @@ kernel_stats = sa.Table(
 # which ``configs`` cannot hold: it keeps one row per config, the first measured. One row per
 # (digest, host, config), replaced when that host measures again, ok rows only: at most the ok
 # config rows times the hosts that benchmarked each problem. ``tunecache hosts`` compares hosts on
-# it (tunecache.fleet). No foreign key: an import that replaces a problem keeps the fleet's history;
+# it (tunecache.report.fleet). No foreign key: an import that replaces a problem keeps the fleet's history;
 # delete() (invalidate, gc) removes a problem's rows with it.
 measurements = sa.Table(
     "measurements",
@@ -136,7 +136,7 @@ measurements = sa.Table(
     sa.Column("measured_at", Timestamp, nullable=False),
 )
 
-# What Triton compiled each winner with (see tunecache.preload): a restart hands these to
+# What Triton compiled each winner with (see tunecache.binaries.preload): a restart hands these to
 # JITFunction.preload while the server loads its weights. Per kernel source and target, not per
 # problem: one binary serves many batch buckets.
 launch_specs = sa.Table(
@@ -155,7 +155,7 @@ launch_specs = sa.Table(
     sa.Column("signature", sa.Text, nullable=True),  # tunecache.signing.sign_row's, or None (unsigned)
 )
 
-# What Triton's compile cache holds for each winner's specialisation (tunecache.binaries), filed by
+# What Triton's compile cache holds for each winner's specialisation (tunecache.binaries.binaries), filed by
 # Triton's own cache key (a launch spec's kernel_hash) and addressed by the sha256 of its content:
 # a fresh host places them into its Triton cache, verified, before the preload. MySQL's BLOB is 64 KiB.
 Blob = sa.LargeBinary().with_variant(mysql_dialect.LONGBLOB(), "mysql", "mariadb")

@@ -17,7 +17,8 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
 
-from tunecache import preload, tritoncompat
+from tunecache import tritoncompat
+from tunecache.binaries import preload
 
 # CPython 3.11 keeps the AST constructor's recursion depth per interpreter, not per thread:
 # ast.parse in two threads at once can raise "SystemError: AST constructor recursion depth mismatch"

@@ -1,7 +1,7 @@
 """Bringing a store's schema to head: the Alembic revisions of ``migrations/``, run on tunecache's own
 connection.
 
-Kept apart from :mod:`tunecache.store` (queries and writes) because migrating is a different job with
+Kept apart from :mod:`tunecache.store.store` (queries and writes) because migrating is a different job with
 its own hazards: two threads, processes or hosts may open one fresh store at once, and only the first
 may migrate; a store migrated by a newer tunecache must be refused and left alone, never downgraded.
 The revision is read with plain SQL from the table Alembic keeps, so reading it costs no Alembic import.
@@ -19,13 +19,13 @@ from typing import Any, Protocol
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from tunecache.engine import sqlite_path
 from tunecache.errors import SchemaError
-from tunecache.schema import SCHEMA_HEAD, SCHEMA_REVISIONS
+from tunecache.store.engine import sqlite_path
+from tunecache.store.schema import SCHEMA_HEAD, SCHEMA_REVISIONS
 
 
 class Migratable(Protocol):
-    """What migrating needs of a store (a :class:`tunecache.store.Store`): named here, so that this
+    """What migrating needs of a store (a :class:`tunecache.store.store.Store`): named here, so that this
     module, which the store calls, does not import the store back."""
 
     url: Any

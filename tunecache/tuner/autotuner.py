@@ -32,10 +32,9 @@ from typing import Any
 import orjson
 from triton.runtime.autotuner import Autotuner
 
-from tunecache import background, companions, counters, measure, settings, singleflight, winner, writeback
-from tunecache import preload as _preload
+from tunecache import counters, settings
+from tunecache.binaries import preload as _preload
 from tunecache.errors import CaptureMissError, StoreError
-from tunecache.firstcall import first_run
 from tunecache.identity import (
     ConfigIds,
     KernelIdentity,
@@ -46,19 +45,21 @@ from tunecache.identity import (
     problem_digest,
     search_space_hash,
 )
-from tunecache.kernelstore import KernelStore
-from tunecache.measure import Round, classify, cpu_do_bench
 from tunecache.model import Problem
 from tunecache.settings import current_mode
-from tunecache.singleflight import Lease
-from tunecache.store import Store
+from tunecache.store.store import Store
 from tunecache.target import detect_target, hostname, interpreting
+from tunecache.tuner import background, companions, measure, singleflight, winner, writeback
+from tunecache.tuner.firstcall import first_run
+from tunecache.tuner.kernelstore import KernelStore
+from tunecache.tuner.measure import Round, classify, cpu_do_bench
+from tunecache.tuner.singleflight import Lease
 
 log = logging.getLogger("tunecache")
 
 
 #: Triton's own ``Autotuner.__init__`` and ``run``, as imported: ``install()`` patches the base class's
-#: (see :func:`tunecache.adoption.covering_init`), and tunecache's own calls go to these, never through the patch.
+#: (see :func:`tunecache.tuner.adoption.covering_init`), and tunecache's own calls go to these, never through the patch.
 BASE_INIT = Autotuner.__init__
 BASE_RUN = Autotuner.run
 
@@ -180,7 +181,7 @@ class TunecacheAutotuner(Autotuner):
         background.register(self)
         companions.register_tuned(fn)  # its compiles are benchmarks and winners, not companions
         if current_mode() != "off":
-            companions.watch()  # the plain kernels launched next to it (see tunecache.companions)
+            companions.watch()  # the plain kernels launched next to it (see tunecache.tuner.companions)
         self.__dict__["run"] = functools.partial(first_run, self)  # once: does it reach Autotuner.run?
         if current_mode() != "off" and settings.get("TUNECACHE_PREFETCH"):
             # Open the store and fetch this kernel's problems while the server loads its weights,
@@ -214,7 +215,7 @@ class TunecacheAutotuner(Autotuner):
         self._tc_ks.wait_for_prefetch(timeout)
 
     def after_fork_in_child(self) -> None:
-        """Called by :mod:`tunecache.background` in a forked child: fresh locks, no parent's work.
+        """Called by :mod:`tunecache.tuner.background` in a forked child: fresh locks, no parent's work.
 
         A lock a parent's thread held at the fork (the prefetch hashing a kernel, a launch resolving
         a key) would stay taken forever; see also ``KernelStore.after_fork_in_child``. What the
@@ -554,7 +555,7 @@ class TunecacheAutotuner(Autotuner):
         return rnd
 
     def _single_flight(self, ctx: _Ctx, p: Problem | None, store: Store, bench_fn: Callable[[], None]) -> bool:
-        """Exactly one process per digest benchmarks (see :mod:`tunecache.singleflight`)."""
+        """Exactly one process per digest benchmarks (see :mod:`tunecache.tuner.singleflight`)."""
 
         def settled() -> bool | None:  # another process's result, once it covers this key
             return self._adopt(ctx, store.get(ctx.digest)) or None
@@ -574,7 +575,7 @@ class TunecacheAutotuner(Autotuner):
         )
 
     def _choose(self, ctx: _Ctx, rnd: Round) -> str | None:
-        """The winner of a round (see :func:`tunecache.winner.choose`), launched from now on."""
+        """The winner of a round (see :func:`tunecache.tuner.winner.choose`), launched from now on."""
         rows = {**rnd.known, **rnd.results}
         best = winner.choose(
             rows,
@@ -708,7 +709,7 @@ class TunecacheAutotuner(Autotuner):
 
 def attach(tuner: Any) -> None:
     """Give an Autotuner that other code built tunecache's state, with ``cache_results`` as Triton set
-    it for them (``install()`` adopting it: see :mod:`tunecache.adoption`)."""
+    it for them (``install()`` adopting it: see :mod:`tunecache.tuner.adoption`)."""
     tuner._tc_attach(tuner.cache_results, None, None)
 
 

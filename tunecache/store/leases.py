@@ -1,6 +1,6 @@
 """Who holds a benchmark lease, and whether that process still lives.
 
-A lease row names its holder's host and pid (see :meth:`tunecache.store.Store.try_lease`). A holder
+A lease row names its holder's host and pid (see :meth:`tunecache.store.store.Store.try_lease`). A holder
 that died (kill -9, OOM) leaves its row behind; the lease is taken over at once only when the pid
 provably means the same process space here, else when the row expires. What "the same process space"
 is (hostname plus PID namespace) and how a pid is judged alive is this module's, so that the store's

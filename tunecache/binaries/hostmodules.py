@@ -14,7 +14,7 @@ Python and platform would look it up; Triton then loads it instead of building i
 does not load there (another C library, say) Triton logs it and builds it as it always did.
 
 A host module is native code that every worker loads: it travels under the same rules as a kernel
-binary (content hash, signed exports, :func:`tunecache.binaries.problems_of`), and only under the
+binary (content hash, signed exports, :func:`tunecache.binaries.binaries.problems_of`), and only under the
 two names Triton gives these modules.
 """
 

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 from tunecache import counters, settings
 from tunecache.errors import StoreError
-from tunecache.store import Store
+from tunecache.store.store import Store
 from tunecache.target import hostname
 
 log = logging.getLogger("tunecache")

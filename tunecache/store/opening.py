@@ -1,7 +1,7 @@
 """Opening a store: connecting to a URL, creating and migrating it on first use, and the one shared
-:class:`~tunecache.store.Store` per URL per process that the autotuner uses.
+:class:`~tunecache.store.store.Store` per URL per process that the autotuner uses.
 
-Kept apart from :mod:`tunecache.store` (what a store does) because deciding how to open one (a
+Kept apart from :mod:`tunecache.store.store` (what a store does) because deciding how to open one (a
 read-only file, a reader role, a store that must already exist, whether to migrate) and keeping it
 for the life of the process, across ``fork()``, is another job than querying it.
 """
@@ -15,10 +15,10 @@ import threading
 from sqlalchemy.engine import URL
 
 from tunecache import settings
-from tunecache.engine import make_engine, mask_url, resolve_url, sqlite_path, sqlite_writable
 from tunecache.errors import StoreError, StoreNotFoundError
-from tunecache.migrate import check_schema
-from tunecache.store import Store
+from tunecache.store.engine import make_engine, mask_url, resolve_url, sqlite_path, sqlite_writable
+from tunecache.store.migrate import check_schema
+from tunecache.store.store import Store
 
 _stores: dict[tuple[str, int], Store] = {}
 _stores_lock = threading.Lock()
@@ -121,7 +121,7 @@ def _after_fork_in_child() -> None:
     A lock that a parent's thread held at the fork (the background prefetch opening a store holds
     ``_stores_lock`` for up to the connect timeout) stays taken forever in the child, whose copy of
     that thread does not exist. The parent's shared stores are forgotten: the child opens its own
-    (their pooled connections were set aside by :mod:`tunecache.store`'s fork handler).
+    (their pooled connections were set aside by :mod:`tunecache.store.store`'s fork handler).
     """
     global _stores_lock
     _stores_lock = threading.Lock()

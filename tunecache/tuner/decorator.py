@@ -12,10 +12,10 @@ from typing import Any
 
 from triton.runtime.autotuner import Autotuner
 
-from tunecache import background
-from tunecache.autotuner import TunecacheAutotuner
 from tunecache.settings import current_mode
-from tunecache.store import Store
+from tunecache.store.store import Store
+from tunecache.tuner import background
+from tunecache.tuner.autotuner import TunecacheAutotuner
 
 
 def autotune(
@@ -97,7 +97,7 @@ def install() -> None:
 
     ``TUNECACHE_INSTALL=1`` does this in every Python process at start (see ``_tunecache_startup``).
     """
-    from tunecache import adoption
+    from tunecache.tuner import adoption
 
     with _install_lock:
         if _originals:
@@ -112,7 +112,7 @@ def uninstall() -> None:
     """Undo :func:`install`: Autotuner's own ``__init__`` and ``run`` back (the very objects), and every
     instance it adopted back to its own class and ``cache_results``. Kernels built with
     ``tunecache.autotune`` stay tunecache's."""
-    from tunecache import adoption, companions, firstcall
+    from tunecache.tuner import adoption, companions, firstcall
 
     with _install_lock:
         if not _originals:

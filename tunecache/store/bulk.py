@@ -1,7 +1,7 @@
 """Bulk loading: many problems and config rows into the store in one transaction, the fastest way
 each database takes them (an import of 100k problems, 1.2M config rows).
 
-Reached through :meth:`tunecache.store.Store.bulk_load`, which opens the write transaction and
+Reached through :meth:`tunecache.store.store.Store.bulk_load`, which opens the write transaction and
 hands over a :class:`BulkWriter`. Rows are tuples in the order of
 :data:`tunecache.model.PROBLEM_COLUMNS` and :data:`tunecache.model.CONFIG_COLUMNS`, the tables'
 own order; timestamps are passed through :attr:`BulkWriter.timestamp` (ISO 8601 text in, what the
