@@ -5,17 +5,18 @@ SQLite keeps the lock state of all of a process's connections to a file in proce
 forked in the middle of a write (a migration, a flush of hit counts) inherits a ghost connection that
 holds the write lock forever: each of the child's writes then waits out the busy timeout and fails.
 Servers that fork their workers after tunecache started (gunicorn, multiprocessing's fork) hit it, so
-the gate is registered with :func:`os.register_at_fork` on import. :class:`tunecache.store.store.Store`
+the gate is registered with :func:`tunecache.forks.register` on import. :class:`tunecache.store.store.Store`
 passes every SQLite write through :func:`writing`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import time
 from collections.abc import Iterator
+
+from tunecache import forks
 
 
 class SqliteForkGate:
@@ -67,9 +68,9 @@ def writing() -> contextlib.AbstractContextManager[None]:
     return GATE.writing()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(
-        before=GATE.before_fork,
-        after_in_parent=GATE.after_fork_in_parent,
-        after_in_child=GATE.after_fork_in_child,
-    )
+forks.register(
+    __name__,
+    GATE.after_fork_in_child,
+    before=GATE.before_fork,
+    after_in_parent=GATE.after_fork_in_parent,
+)

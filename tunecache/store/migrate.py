@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 from collections.abc import Iterator
 from typing import Any, Protocol
@@ -19,6 +18,7 @@ from typing import Any, Protocol
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from tunecache import forks
 from tunecache.errors import SchemaError
 from tunecache.store.engine import sqlite_path
 from tunecache.store.schema import SCHEMA_HEAD, SCHEMA_REVISIONS
@@ -166,5 +166,4 @@ def _after_fork_in_child() -> None:
     _alembic_lock = threading.Lock()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+forks.register(__name__, _after_fork_in_child)

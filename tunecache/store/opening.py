@@ -14,7 +14,7 @@ import threading
 
 from sqlalchemy.engine import URL
 
-from tunecache import settings
+from tunecache import forks, settings
 from tunecache.errors import StoreError, StoreNotFoundError
 from tunecache.store.engine import make_engine, mask_url, resolve_url, sqlite_path, sqlite_writable
 from tunecache.store.migrate import check_schema
@@ -128,5 +128,4 @@ def _after_fork_in_child() -> None:
     _stores.clear()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+forks.register(__name__, _after_fork_in_child)

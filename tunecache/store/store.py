@@ -31,7 +31,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from tunecache import counters, trust
+from tunecache import counters, forks, trust
 from tunecache.errors import StoreError, StoreReadOnlyError, driver_message
 from tunecache.identity import search_space_hash
 from tunecache.model import (
@@ -682,8 +682,7 @@ def _after_fork_in_child() -> None:
             s.engine.dispose(close=False)
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+forks.register(__name__, _after_fork_in_child)
 
 
 # Kept for callers that want a copy of a problem with other fields.

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
 
-from tunecache import tritoncompat
+from tunecache import forks, tritoncompat
 from tunecache.binaries import preload
 
 # CPython 3.11 keeps the AST constructor's recursion depth per interpreter, not per thread:
@@ -203,5 +203,4 @@ def _after_fork_in_child() -> None:
         t.after_fork_in_child()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_join_key_thread_before_fork, after_in_child=_after_fork_in_child)
+forks.register(__name__, _after_fork_in_child, before=_join_key_thread_before_fork)

@@ -21,14 +21,13 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import os
 import sys
 import threading
 import weakref
 from collections.abc import Iterable
 from typing import Any
 
-from tunecache import counters, settings
+from tunecache import counters, forks, settings
 from tunecache.binaries import binaries, preload
 from tunecache.identity import module_imported
 from tunecache.model import COMPANION_CONFIG, LaunchSpec
@@ -240,8 +239,7 @@ def _after_fork_in_child() -> None:
     _pending.clear()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+forks.register(__name__, _after_fork_in_child)
 
 
 def forget() -> None:

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import atexit
 import logging
-import os
 import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Mapping
 from typing import Any
+
+from tunecache import counters, forks
 
 log = logging.getLogger("tunecache")
 
@@ -162,8 +163,8 @@ def _after_fork_in_child() -> None:
     _pending_puts.clear()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+forks.register(__name__, _after_fork_in_child)
+counters.persist_with(add_stats)
 
 
 @atexit.register
