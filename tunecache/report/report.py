@@ -20,11 +20,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-import sqlalchemy as sa
 
 from tunecache.model import FAILED_STATUSES, utcnow
 from tunecache.report import fleet
-from tunecache.store.schema import configs, kernel_stats, measurements, misses, problems
+from tunecache.store import reports
 from tunecache.store.store import Store
 
 MAX_GROUPS = 12  # kernel x source x target groups drawn
@@ -46,20 +45,6 @@ class Filters:
     target: str | None = None
     since: dt.datetime | None = None
 
-    def clauses(self, t: sa.Table = problems, *, dated: bool = True) -> list[Any]:
-        c = t.c
-        w: list[Any] = []
-        if self.kernel:
-            esc = self.kernel.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-            w.append(sa.or_(c.kernel == self.kernel, c.kernel.like("%." + esc, escape="\\")))
-        if self.target and t is problems:
-            w.append(sa.or_(c.arch == self.target, c.device_name == self.target, c.target_digest == self.target))
-        elif self.target:
-            w.append(c.target_digest == self.target)
-        if self.since and dated:
-            w.append((c.updated_at if t is problems else c.last_seen) >= self.since)
-        return w
-
     def describe(self) -> str:
         parts = [f"kernel {self.kernel}" if self.kernel else "", f"target {self.target}" if self.target else ""]
         parts.append(f"updated since {self.since:%Y-%m-%d %H:%M} UTC" if self.since else "")
@@ -76,37 +61,11 @@ def _target_label(device: str, arch: str, driver: str) -> str:
 def iter_fleet_keys(store: Store, filters: Filters, max_keys: int = MAX_FLEET_KEYS) -> Iterator[fleet.KeyComparison]:
     """Every key timed by more than one host, in digest order, at most ``max_keys``, a batch of
     ``FLEET_BATCH`` per query (memory stays that of one batch plus the per-key ratios)."""
-    m, p = measurements.c, problems.c
     last, seen = "", 0
     while seen < max_keys:
-        with store.snapshot("fleet") as conn:
-            ids = (
-                conn.execute(
-                    sa.select(m.digest)
-                    .join(problems, p.digest == m.digest)
-                    .where(*filters.clauses(), m.digest > last)
-                    .group_by(m.digest)
-                    .having(sa.func.count(sa.distinct(m.host)) > 1)
-                    .order_by(m.digest)
-                    .limit(min(FLEET_BATCH, max_keys - seen))
-                )
-                .scalars()
-                .all()
-            )
-            if not ids:
-                return
-            meta = {
-                r.digest: r
-                for r in conn.execute(
-                    sa.select(p.digest, p.kernel, p.key_json, p.device_name, p.arch, p.driver_version).where(
-                        p.digest.in_(ids)
-                    )
-                )
-            }
-            rows: dict[str, list[tuple[str, str, float]]] = {}
-            q = sa.select(m.digest, m.host, m.config_hash, m.median_ms).where(m.digest.in_(ids))
-            for d, host, ch, ms in conn.execute(q):
-                rows.setdefault(d, []).append((host, ch, ms))
+        ids, meta, rows = reports.fleet_batch(store, filters, last, min(FLEET_BATCH, max_keys - seen))
+        if not ids:
+            return
         for d in ids:
             r = meta[d]
             info = {"digest": d, "kernel": r.kernel, "key_json": r.key_json}
@@ -169,30 +128,13 @@ def _spread(items: list[Any], n: int) -> list[Any]:
 def load_groups(store: Store, filters: Filters) -> tuple[list[Group], int]:
     """The largest ``MAX_GROUPS`` kernel/source/target groups with their drawn keys and config
     rows, and how many groups match in all."""
-    p, c = problems.c, configs.c
-    cols = (p.kernel, p.source_hash, p.target_digest, p.device_name, p.arch, p.driver_version, p.triton_version)
-    with store.snapshot("report") as conn:
-        found = conn.execute(
-            sa.select(*cols, sa.func.count().label("n"))
-            .where(*filters.clauses())
-            .group_by(*cols)
-            .order_by(sa.func.count().desc(), p.kernel)
-        ).all()
-        out = []
-        for r in found[:MAX_GROUPS]:
-            g = Group(r.kernel, r.source_hash, r.target_digest, _target_label(r[3], r[4], r[5]), r[6], r.n)
-            scan = conn.execute(
-                sa.select(p.digest, p.key_json, p.batch_bucket, p.winner_config_hash, p.winner_ms)
-                .where(p.source_hash == g.source_hash, p.target_digest == g.target_digest, *filters.clauses())
-                .order_by(p.batch_bucket, p.key_json)
-                .limit(MAX_SCAN)
-            ).all()
-            g.keys = [dict(k._mapping) for k in _spread(list(scan), MAX_KEYS)]
-            q = sa.select(c.digest, c.config_hash, c.config_json, c.status, c.median_ms, c.failure, c.host)
-            for row in conn.execute(q.where(c.digest.in_([k["digest"] for k in g.keys]))):
-                g.rows.setdefault(row.digest, {})[row.config_hash] = dict(row._mapping)
-            out.append(g)
-    return out, len(found)
+    found, n = reports.groups(store, filters, MAX_GROUPS, MAX_SCAN, lambda scan: _spread(scan, MAX_KEYS))
+    out = []
+    for r, keys, rows in found:
+        g = Group(r.kernel, r.source_hash, r.target_digest, _target_label(r[3], r[4], r[5]), r[6], r.n)
+        g.keys, g.rows = keys, rows
+        out.append(g)
+    return out, n
 
 
 # ---- the page ------------------------------------------------------------------------------------
@@ -297,25 +239,7 @@ def _group_section(g: Group, plots: Any) -> str:
 
 
 def _saved_section(store: Store, filters: Filters, plots: Any) -> str:
-    p = problems.c
-    saved = sa.func.sum(p.hit_count * p.tuning_seconds)
-    with store.snapshot("report") as conn:
-        per_kernel = conn.execute(
-            sa.select(p.kernel, sa.func.sum(p.hit_count), sa.func.sum(p.tuning_seconds), saved)
-            .where(*filters.clauses())
-            .group_by(p.kernel)
-            .order_by(saved.desc(), p.kernel)
-            .limit(30)
-        ).all()
-        day = sa.func.date(p.created_at)
-        by_day = conn.execute(
-            sa.select(p.kernel, day, saved)
-            .where(*filters.clauses(), p.kernel.in_([r[0] for r in per_kernel[:8]]))
-            .group_by(p.kernel, day)
-            .order_by(p.kernel, day)
-            .limit(5000)
-        ).all()
-        measured = {r.kernel: r.saved_seconds for r in conn.execute(sa.select(kernel_stats))}
+    per_kernel, by_day, measured = reports.saved(store, filters)
     if not per_kernel:
         return "<p>No problems match.</p>"
     rows = [[k, hits, f"{spent:.1f}", f"{s or 0:.1f}", f"{measured.get(k, 0):.1f}"] for k, hits, spent, s in per_kernel]
@@ -342,17 +266,7 @@ def _saved_section(store: Store, filters: Filters, plots: Any) -> str:
 
 
 def _misses_section(store: Store, filters: Filters, plots: Any) -> str:
-    mc = misses.c
-    with store.snapshot("report") as conn:
-        total = conn.execute(
-            sa.select(sa.func.count()).select_from(misses).where(*filters.clauses(misses))
-        ).scalar_one()
-        rows = conn.execute(
-            sa.select(mc.kernel, mc.key_json, mc.reason, mc.count, mc.host, mc.last_seen)
-            .where(*filters.clauses(misses))
-            .order_by(mc.count.desc(), mc.kernel, mc.key_json)
-            .limit(MAX_MISSES)
-        ).all()
+    total, rows = reports.missed(store, filters, MAX_MISSES)
     if not rows:
         return '<p class="good">No capture or offline misses: every key the fleet launched was tuned.</p>'
     by_key: dict[str, list[int]] = {}
