@@ -70,10 +70,11 @@ def _install() -> None:
     a broken start-up hook must not break every import of Triton.
 
     This runs inside whichever import reached Triton first, possibly a half-imported tunecache
-    module (``from tunecache import autotune``): only ``tunecache.basepatch``, which needs no other
-    tunecache module, is imported here, not ``tunecache.decorator``."""
+    module (``from tunecache import autotune``): only ``tunecache.tuner.basepatch``, which needs no other
+    tunecache module, is imported here, not ``tunecache.tuner.decorator``."""
     try:
-        from tunecache import basepatch, settings
+        from tunecache import settings
+        from tunecache.tuner import basepatch
 
         if settings.usable() and settings.get("TUNECACHE_INSTALL"):  # a bad value: one warning, stock Triton
             basepatch.patch()

@@ -87,8 +87,8 @@ import triton.language as tl
 from tunecache.kernels import sparse_decode_sm90 as sm90
 
 from tunecache import autotune, buckets, settings
-from tunecache.autotuner import TunecacheAutotuner
 from tunecache.buckets import SGLANG_CAPTURE_SIZES
+from tunecache.tuner.autotuner import TunecacheAutotuner
 
 __all__ = [
     "CONFIGS",

@@ -1,11 +1,11 @@
-"""Alembic environment: runs on the connection tunecache hands over (see tunecache.migrate)."""
+"""Alembic environment: runs on the connection tunecache hands over (see tunecache.store.migrate)."""
 
 from __future__ import annotations
 
 from alembic import context
 
-from tunecache.engine import resolve_url
-from tunecache.schema import metadata
+from tunecache.store.engine import resolve_url
+from tunecache.store.schema import metadata
 
 config = context.config
 connection = config.attributes.get("connection")
@@ -16,7 +16,7 @@ if context.is_offline_mode():
         context.run_migrations()
 elif connection is None:
     # Plain `alembic upgrade head` from a checkout: open the store's URL ourselves.
-    from tunecache.engine import make_engine
+    from tunecache.store.engine import make_engine
 
     engine = make_engine(resolve_url(), readonly=False)
     with engine.connect() as conn:

@@ -6,7 +6,7 @@ The bundled kernel's Hopper split stage is compiled for sm90 offline with Triton
 tests/sm90_build.py does) in its two H200 winner configs (docs/gpu-runs/2026-12-01o: BLOCK_T=64
 ROWS=8 STAGES=2 w4, and BLOCK_T=128 ROWS=8 STAGES=1 w8); a store gets the 36 SGLang buckets with the
 13 config rows each, the two winners' launch specs and their binaries (read from Triton's cache by
-tunecache.binaries.collect). Then: export plain and with ``--binaries --sign``, their sizes; the time
+tunecache.binaries.binaries.collect). Then: export plain and with ``--binaries --sign``, their sizes; the time
 of one signature and one verification; an import's validation (``--dry-run``) with and without them.
 
     python scripts/bench_binaries.py [--out FILE.json]
@@ -53,12 +53,13 @@ def main() -> None:
     from triton.compiler import make_backend
     from tunecache.kernels import sparse_decode_sm90 as sm90
 
-    from tunecache import binaries, preload, signing
+    from tunecache import signing
+    from tunecache.binaries import binaries, preload
     from tunecache.buckets import SGLANG_CAPTURE_SIZES
     from tunecache.exchange import export, import_
     from tunecache.identity import canonical_key, config_hash_of, problem_digest
     from tunecache.model import ConfigResult, Problem
-    from tunecache.opening import open_store
+    from tunecache.store.opening import open_store
     from tunecache.target import Target
 
     t0 = time.perf_counter()

@@ -33,10 +33,10 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from tunecache.engine import resolve_url
 from tunecache.identity import canonical_json, config_hash_of, problem_digest, search_space_hash, sha256_hex
-from tunecache.opening import open_store
-from tunecache.schema import configs, problems
+from tunecache.store.engine import resolve_url
+from tunecache.store.opening import open_store
+from tunecache.store.schema import configs, problems
 from tunecache.target import Target
 
 PG_URL = os.environ.get("TUNECACHE_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")

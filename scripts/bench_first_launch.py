@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tunecache.preload import import_launch_modules  # in both modes: the processes differ only in the call
+from tunecache.binaries.preload import import_launch_modules  # in both modes: the processes differ only in the call
 
 
 @triton.jit

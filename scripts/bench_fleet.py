@@ -4,7 +4,7 @@
     python scripts/bench_fleet.py [--starts 1000] [--concurrency 200] [--procs 4] [--json out.json]
 
 A simulated worker start issues exactly the store calls a real start of the bundled kernel makes:
-the bench records them from a real warm start (``tunecache.demo``'s child, bucket 1, with the Store
+the bench records them from a real warm start (``tunecache.cli.demo``'s child, bucket 1, with the Store
 methods wrapped: open the store and check the schema, prefetch each kernel's problems and launch
 specs, then the deferred flush of hit counts and per-kernel counters) and replays them with the same
 arguments. ``--no-prove`` skips the proof: one untraced real start and one simulated start against
@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT / "tests" / "faults"))
 #: The store calls a start makes, recorded by :func:`traced_start` (its schema check is open_store's).
 TRACED = ("get", "get_many", "get_kernel_problems", "get_specs", "record_hits", "bump_stats", "record_miss")
 
-# The autotuner's waiting loop (tunecache/autotuner.py, _single_flight): first poll, growth, cap.
+# The autotuner's waiting loop (tunecache/tuner/autotuner.py, _single_flight): first poll, growth, cap.
 POLL_FIRST_S, POLL_GROWTH, POLL_CAP_S = 0.05, 1.5, 0.5
 
 
@@ -55,7 +55,7 @@ def simulated_start(url: str, plan: list[list[Any]], keep: list[Any] | None = No
     """One worker start's store traffic, replaying ``plan`` (the calls a real start made, in order,
     with their arguments); returns its wall time. ``keep``: leave the store open (a live process
     keeps its pool: TUNECACHE_POOL_SIZE > 0)."""
-    from tunecache.opening import open_store
+    from tunecache.store.opening import open_store
 
     t0 = time.perf_counter()
     store = open_store(url)  # shared_store: connect and check the schema
@@ -71,7 +71,8 @@ def simulated_start(url: str, plan: list[list[Any]], keep: list[Any] | None = No
 
 TRACER = """
 import json, sys
-from tunecache import demo, store as S
+from tunecache.cli import demo
+from tunecache.store import store as S
 calls, depth = [], [0]
 def wrap(name):
     f = getattr(S.Store, name)
@@ -92,7 +93,7 @@ print(json.dumps({"start": out, "plan": calls}))
 
 
 def traced_start(url: str) -> tuple[dict, list[list[Any]]]:
-    """A real warm start of the bundled kernel (``tunecache.demo``'s child, bucket 1) with the store
+    """A real warm start of the bundled kernel (``tunecache.cli.demo``'s child, bucket 1) with the store
     calls it makes recorded (wrapping Store methods changes no SQL)."""
     env = {**os.environ, "TUNECACHE_URL": url, "TRITON_INTERPRET": "1"}
     r = subprocess.run(
@@ -108,7 +109,7 @@ def storm_worker(url: str, digest: str, host_lock: threading.Lock, bench_s: floa
     """One worker missing ``digest``: the autotuner's single flight, call for call (host file lock,
     lease, re-check, benchmark, put, release; or poll with back-off until the result is stored)."""
     from tunecache.model import ConfigResult
-    from tunecache.opening import open_store
+    from tunecache.store.opening import open_store
     from tunecache.target import hostname
 
     store = open_store(url)
@@ -153,7 +154,7 @@ def _storm_problem(digest: str) -> Any:
 def child(args: dict) -> dict:
     """Run ``args['threads']`` simulated workers in this process; one JSON result."""
     os.environ["TUNECACHE_POOL_SIZE"] = str(args.get("pool_size", 0))
-    import tunecache.store  # noqa: F401 - imported before the start signal, as a worker has it loaded
+    import tunecache.store.store  # noqa: F401 - imported before the start signal, as a worker has it loaded
 
     times: list[float] = []
     errors: list[str] = []
@@ -337,7 +338,7 @@ def reset_statements(admin_url: str) -> None:
 def real_start(url: str) -> dict:
     env = {**os.environ, "TUNECACHE_URL": url, "TRITON_INTERPRET": "1"}
     r = subprocess.run(
-        [sys.executable, "-m", "tunecache.demo", json.dumps({"url": url, "buckets": [1]})],
+        [sys.executable, "-m", "tunecache.cli.demo", json.dumps({"url": url, "buckets": [1]})],
         env=env,
         capture_output=True,
         text=True,
@@ -369,7 +370,7 @@ def main() -> None:
     from pgbouncer import PgBouncer
     from pgcluster import PgCluster, private_cluster_available
 
-    from tunecache.engine import resolve_url
+    from tunecache.store.engine import resolve_url
 
     why = private_cluster_available()
     if why:

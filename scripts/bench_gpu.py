@@ -192,7 +192,7 @@ def child_start(args: dict) -> dict:
         ]
     if args.get("companions") and cfg is None and not per_bucket:
         # Keep the merge stage's binaries with the split stage's (a user's choice: see README).
-        from tunecache import binaries
+        from tunecache.binaries import binaries
 
         extra["companion_binaries"] = binaries.record_companions(sd.split_kernel(kv), sd._merge_stage)
     tunecache.flush()
@@ -381,7 +381,7 @@ def child_bandwidth(args: dict) -> dict:
 
 
 def child_oor(args: dict) -> dict:
-    from tunecache.opening import open_store
+    from tunecache.store.opening import open_store
 
     s = open_store(args["url"])
     rows = []

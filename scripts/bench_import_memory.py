@@ -85,7 +85,7 @@ def main() -> None:
     from hostile_files import write_spec_bomb
 
     from tunecache.exchange import export
-    from tunecache.opening import open_store
+    from tunecache.store.opening import open_store
 
     with tempfile.TemporaryDirectory(prefix="tunecache-bench-mem-") as tmp:
         work = Path(tmp)

@@ -172,7 +172,7 @@ if os.environ.get("BENCH_INJECT_WINNERS"):
                 injected += 1
 cdc_times = []  # tunecache's own share of a first pass: each check_disk_cache (a key's first launch)
 if "tunecache" in sys.modules:
-    from tunecache.autotuner import TunecacheAutotuner
+    from tunecache.tuner.autotuner import TunecacheAutotuner
 
     _cdc = TunecacheAutotuner.check_disk_cache
 
@@ -275,7 +275,7 @@ if prof is not None:
     out["profile_first_minus_second_by_package"] = {k: round(v, 5) for k, v in sorted(by_package.items())}
 if "tunecache" in sys.modules:
     import tunecache
-    from tunecache import decorator
+    from tunecache.tuner import decorator
     tunecache.flush()
     out["tunecache_installed"] = decorator.installed()
     out["tunecache_stats"] = tunecache.stats()

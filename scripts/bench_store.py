@@ -26,7 +26,7 @@ from bench_exchange import fill, generate, pg_database  # noqa: E402
 
 from tunecache.identity import problem_digest  # noqa: E402
 from tunecache.model import ConfigResult, Problem
-from tunecache.opening import open_store  # noqa: E402
+from tunecache.store.opening import open_store  # noqa: E402
 from tunecache.target import Target  # noqa: E402
 
 H200 = Target("cuda", "sm90", "NVIDIA H200", 132, 232448, 32, "13000", "580.159.04", "13.0", "3.6")

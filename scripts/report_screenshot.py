@@ -21,8 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from chromium import Chromium  # noqa: E402
 
 from tunecache.exchange import import_  # noqa: E402
-from tunecache.opening import open_store  # noqa: E402
-from tunecache.report import Filters, write_report  # noqa: E402
+from tunecache.report.report import Filters, write_report  # noqa: E402
+from tunecache.store.opening import open_store  # noqa: E402
 
 
 def main() -> int:

@@ -4,7 +4,7 @@ interpreter, where nothing is compiled), each printing one JSON line for tests/t
 
     build   compile the winners of two tuning keys for sm90 into an empty Triton cache
             (TRITON_CACHE_DIR), store their problems and launch specs in TUNECACHE_URL, and
-            upload their binaries with tunecache.binaries.upload (what the autotuner calls after
+            upload their binaries with tunecache.binaries.binaries.upload (what the autotuner calls after
             storing its specs); the merge kernel too, as a companion.
     place   another empty Triton cache, the store TUNECACHE_URL (imported from the export): the
             tunecache kernel's load_winners places the binaries into Triton's cache and preloads
@@ -33,11 +33,12 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource, CompiledKernel, make_backend  # noqa: E402
 
 import tunecache  # noqa: E402
-from tunecache import background, binaries, companions, preload  # noqa: E402
+from tunecache.binaries import binaries, preload  # noqa: E402
 from tunecache.identity import canonical_key, problem_digest  # noqa: E402
 from tunecache.model import COMPANION_CONFIG, ConfigResult, Problem  # noqa: E402
-from tunecache.opening import open_store  # noqa: E402
+from tunecache.store.opening import open_store  # noqa: E402
 from tunecache.target import detect_target  # noqa: E402
+from tunecache.tuner import background, companions  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 SIG = {"X": "*fp32", "Y": "*fp32", "N": "i32", "BLOCK": "constexpr"}
@@ -101,7 +102,7 @@ def build() -> dict:
     launchers = _launcher_keys([*cache.values(), mk])
     from triton.runtime.cache import get_cache_manager
 
-    from tunecache import hostmodules
+    from tunecache.binaries import hostmodules
 
     for key in {k for k in launchers["ours"] if k}:  # what CudaLauncher leaves in the cache on a GPU
         get_cache_manager(key).put(
@@ -188,7 +189,7 @@ def _launcher_keys(kernels: list) -> dict:
     import triton.backends.nvidia.driver as nv
     import triton.runtime.build as build
 
-    from tunecache import hostmodules
+    from tunecache.binaries import hostmodules
 
     ours = [hostmodules.launcher_key(k) for k in kernels]
     if not hasattr(nv, "make_launcher"):  # Triton 3.7+: one launcher for every signature, nothing built
@@ -223,7 +224,7 @@ def _in_cache(keys: list) -> list:
     """Those of the launcher ``keys`` this Triton would find in its cache (not build)."""
     from triton.runtime.cache import get_cache_manager
 
-    from tunecache import hostmodules
+    from tunecache.binaries import hostmodules
 
     name = f"__triton_launcher{hostmodules.ext_suffix()}"
     return sorted(k for k in keys if k and get_cache_manager(k).get_file(name) is not None)

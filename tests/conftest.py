@@ -38,7 +38,7 @@ def sqlite_url(tmp_path: Path) -> str:
 def _fresh_database(kind: str):
     url, drop = make_database(kind)
     yield url
-    from tunecache.opening import reset_shared_stores
+    from tunecache.store.opening import reset_shared_stores
 
     reset_shared_stores()
     drop()
@@ -60,7 +60,7 @@ def pgbouncer():
     test PostgreSQL, for the whole session; installed first if missing (tests/pgbouncer.py)."""
     from pgbouncer import PgBouncer
 
-    from tunecache.engine import resolve_url
+    from tunecache.store.engine import resolve_url
 
     u = resolve_url(PG_URL)
     try:
@@ -103,8 +103,9 @@ def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("TUNECACHE_CPU_BENCH_REPS", "1")
     import tunecache
-    from tunecache import counters, writeback
-    from tunecache.opening import reset_shared_stores
+    from tunecache import counters
+    from tunecache.store.opening import reset_shared_stores
+    from tunecache.tuner import writeback
 
     tunecache.reset_stats()
     counters.reset_warnings()
@@ -168,7 +169,7 @@ def roles(pg_url):
     kinds = ("reader", "tuner", "owner", "writers", "team", "nested", "member", "boss")
     names = {k: f"tc_{k}_{uuid.uuid4().hex[:8]}" for k in kinds}
     yield names
-    from tunecache.engine import resolve_url
+    from tunecache.store.engine import resolve_url
 
     admin = sa.create_engine(resolve_url(pg_url), isolation_level="AUTOCOMMIT")
     with admin.connect() as c:

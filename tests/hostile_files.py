@@ -19,7 +19,7 @@ import orjson
 from tunecache.exchange import FORMAT_NAME, MAX_LINE_BYTES, export
 from tunecache.identity import canonical_key, config_hash_of, problem_digest
 from tunecache.model import ConfigResult, Problem
-from tunecache.opening import open_store
+from tunecache.store.opening import open_store
 from tunecache.target import Target
 
 H200 = Target("cuda", "sm90", "NVIDIA H200", 132, 232448, 32, "13000", "580.159.04", "13.0", "3.5")

@@ -30,7 +30,7 @@ import triton.runtime.jit as jit_module
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, CompiledKernel, make_backend
 
-from tunecache import preload
+from tunecache.binaries import preload
 from tunecache.model import LaunchSpec
 
 TARGET = GPUTarget("cuda", 90, 32)

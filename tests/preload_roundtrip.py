@@ -21,7 +21,7 @@ import triton.runtime.jit as jit_module  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource, CompiledKernel, make_backend  # noqa: E402
 
-from tunecache import preload  # noqa: E402
+from tunecache.binaries import preload  # noqa: E402
 from tunecache.model import LaunchSpec  # noqa: E402
 
 

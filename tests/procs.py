@@ -35,7 +35,7 @@ def put(url: str, n: int, start_at: float) -> dict:
     """Put the same n digests as every sibling, at the same moment."""
     from tunecache.identity import problem_digest
     from tunecache.model import ConfigResult, Problem
-    from tunecache.opening import open_store
+    from tunecache.store.opening import open_store
     from tunecache.target import Target
 
     t = Target("cuda", "sm90", "NVIDIA H200", 132, 232448, 32, "13000", "580.159.04", "13.0", "3.6")
@@ -52,7 +52,7 @@ def put(url: str, n: int, start_at: float) -> dict:
 
 
 def open_only(url: str, start_at: float) -> dict:
-    from tunecache.opening import open_store
+    from tunecache.store.opening import open_store
 
     while time.time() < start_at:
         time.sleep(0.001)

@@ -19,14 +19,14 @@ MYSQL_URL = os.environ.get("TUNECACHE_TEST_MYSQL_URL", "mysql+pymysql://root@127
 
 
 def _server_db(base: str, name: str) -> str:
-    from tunecache.engine import resolve_url
+    from tunecache.store.engine import resolve_url
 
     return resolve_url(base).set(database=name).render_as_string(hide_password=False)
 
 
 def make_database(kind: str) -> tuple[str, Callable[[], None]]:
     """Create a fresh, empty database on the test server; return its URL and a dropper."""
-    from tunecache.engine import resolve_url
+    from tunecache.store.engine import resolve_url
 
     name = f"tc_{uuid.uuid4().hex[:12]}"
     base = PG_URL if kind == "postgresql" else MYSQL_URL

@@ -9,11 +9,15 @@ No test file imports another test file or conftest: that works only while pytest
 mode puts tests/ on ``sys.path`` (not under ``--import-mode=importlib``), and a helper kept in a
 test file ties every importer to that file and its fixtures. Shared helpers are fixtures in
 conftest.py or plain modules beside the tests (tests/builders.py, tests/processes.py, ...).
+
+Layers (issue 26, README "Layout"): a module imports only its own package, the core and lower
+layers, and only tunecache/store/ writes SQL.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,7 +72,7 @@ def _class_privates(tree: ast.Module) -> set[str]:
 
 
 def _dotted(node: ast.expr, aliases: dict[str, str]) -> str | None:
-    """The module an expression such as ``alias`` or ``tunecache.store`` names, if any."""
+    """The module an expression such as ``alias`` or ``tunecache.store.store`` names, if any."""
     if isinstance(node, ast.Name):
         return aliases.get(node.id)
     if isinstance(node, ast.Attribute):
@@ -183,3 +187,107 @@ def test_the_check_sees_imports_of_test_files(tmp_path, monkeypatch):
     monkeypatch.setitem(globals(), "ROOT", tmp_path)
     found = imports_of_test_modules()
     assert [v.split(": imports ")[1] for v in found] == ["test_b.x", "test_c", "test_d", "conftest"], found
+
+
+# ---- layers (issue 26) ----------------------------------------------------------------------------
+
+#: The core every layer shares: top-level modules of tunecache/ (tunecache/__init__.py, the public
+#: API, is exempt from the rule and may import anything).
+CORE = "core"
+#: package -> rank; a module may import its own package, the core and lower ranks only. Packages
+#: of one rank (exchange, report) do not import each other.
+LAYERS = {
+    CORE: 0,
+    "tunecache.store": 1,
+    "tunecache.binaries": 2,
+    "tunecache.tuner": 3,
+    "tunecache.exchange": 4,
+    "tunecache.kernels": 4,  # the bundled kernels: built on the tuner, run by the CLI's demo
+    "tunecache.report": 4,
+    "tunecache.cli": 5,
+}
+#: The SQL the project looks for: SQLAlchemy statements built or executed. Only tunecache/store/ may.
+SQL = re.compile(r"\b(sa|sqlalchemy)\.(select|insert|delete|update|text)\(|\.execute\(")
+
+
+def layer_of(module: str) -> str | None:
+    """The layer a tunecache module belongs to (None: the package ``tunecache`` itself)."""
+    if module == "tunecache":
+        return None
+    parts = module.split(".")
+    package = ".".join(parts[:2])
+    return package if package in LAYERS else CORE
+
+
+def imported_modules(module: str, is_package: bool, tree: ast.Module) -> list[tuple[int, str]]:
+    """(line, absolute module) of every tunecache module that ``tree`` imports, at any depth
+    (imports inside functions too: a lazy import is still a dependency)."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names if a.name.split(".")[0] == "tunecache"]
+        elif isinstance(node, ast.ImportFrom):
+            src = _absolute(module, is_package, node)
+            if src == "tunecache" or src.startswith("tunecache."):
+                # ``from tunecache import model``: the module imported is tunecache.model
+                out += [(node.lineno, f"tunecache.{a.name}" if src == "tunecache" else src) for a in node.names]
+    return out
+
+
+def layering_violations() -> list[str]:
+    """Every import of a higher layer (or a sibling package of the same rank), and every SQL
+    statement outside tunecache/store/."""
+    out: list[str] = []
+    for name, path in _modules():
+        where = path.relative_to(ROOT)
+        text = path.read_text()
+        own = layer_of(name)
+        if own != "tunecache.store":
+            for lineno, line in enumerate(text.splitlines(), 1):
+                if SQL.search(line):
+                    out.append(f"{where}:{lineno}: SQL outside tunecache/store/: {line.strip()}")
+        if own is None:  # tunecache/__init__.py: the public API
+            continue
+        for lineno, target in imported_modules(name, path.name == "__init__.py", ast.parse(text, str(where))):
+            other = layer_of(target)
+            if other is None or other in (own, CORE) or LAYERS[other] < LAYERS[own]:
+                continue
+            out.append(f"{where}:{lineno}: {own} ({name}) imports {target} ({other}), a layer not below it")
+    return out
+
+
+def test_layers_import_only_downwards_and_only_the_store_writes_sql():
+    found = layering_violations()
+    assert not found, "see README, Layout:\n" + "\n".join(found)
+
+
+def test_the_layer_check_sees_upward_imports_and_stray_sql(tmp_path, monkeypatch):
+    """The check itself, over a small tree: each kind of violation is flagged, the allowed cases not."""
+    files = {
+        "__init__.py": "from tunecache.tuner.t import x\n",  # exempt: the public API
+        "model.py": "from tunecache.store import s\n",  # core imports the store: flagged
+        "errors.py": "import tunecache.settings\n",  # core imports core: fine
+        "store/__init__.py": "",
+        "store/s.py": "import sqlalchemy as sa\nq = sa.select(1)\nfrom tunecache import model\n",  # fine
+        "store/w.py": "def f():\n    from tunecache.tuner import t\n",  # a lazy upward import: flagged
+        "tuner/__init__.py": "",
+        "tuner/t.py": "from tunecache.store.s import q\nfrom . import u\nfrom tunecache import __version__\n",
+        "tuner/u.py": "",
+        "exchange/__init__.py": "",
+        "exchange/e.py": "from tunecache.report import r\n",  # a sibling of the same rank: flagged
+        "report/__init__.py": "",
+        "report/r.py": "def f(conn):\n    return conn.execute(q)\n",  # SQL outside the store: flagged
+        "cli/__init__.py": "from tunecache.report import r\nfrom tunecache.exchange.e import x\n",  # fine
+    }
+    for rel, text in files.items():
+        (tmp_path / "tunecache" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "tunecache" / rel).write_text(text)
+    monkeypatch.setitem(globals(), "ROOT", tmp_path)
+    monkeypatch.setitem(globals(), "PACKAGES", {"tunecache": "tunecache"})
+    found = sorted(v.split(": ", 1)[0] for v in layering_violations())
+    assert found == [
+        "tunecache/exchange/e.py:1",
+        "tunecache/model.py:1",
+        "tunecache/report/r.py:2",
+        "tunecache/store/w.py:2",
+    ], layering_violations()

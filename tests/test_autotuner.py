@@ -22,10 +22,11 @@ import triton.language as tl
 from processes import run_json, run_procs
 
 import tunecache
-from tunecache import autotuner as at
-from tunecache import background, measure, settings
+from tunecache import settings
 from tunecache.identity import ConfigIds, config_identity
-from tunecache.opening import open_store
+from tunecache.store.opening import open_store
+from tunecache.tuner import autotuner as at
+from tunecache.tuner import background, measure
 
 HERE = Path(__file__).parent
 
@@ -55,7 +56,7 @@ def test_restart_in_a_new_process_does_no_benchmarks(sqlite_url):
 
 FIRST_HIT = """
     import json, threading, time, tinykernels, tunecache
-    from tunecache import writeback
+    from tunecache.tuner import writeback
     writeback.FLUSH_DELAY_S = 0.2
     k = tinykernels.make_add()
     k.wait_for_prefetch()
@@ -332,7 +333,7 @@ def test_read_only_store_hits_without_writing(tmp_path, make_readonly, monkeypat
     url = f"sqlite:///{src}"
     tinykernels.launch(tinykernels.make_add(store=url), 100)
     tunecache.flush()
-    from tunecache.opening import reset_shared_stores
+    from tunecache.store.opening import reset_shared_stores
 
     reset_shared_stores()
     open_store(url).close()
@@ -441,7 +442,7 @@ def test_poisoned_stored_winner_is_marked_and_retuned(sqlite_url, caplog):
     # Make the stored winner a config that cannot compile: BLOCK=3 is not a power of two.
     import sqlalchemy as sa
 
-    from tunecache.schema import configs as ctab
+    from tunecache.store.schema import configs as ctab
 
     poisoned = next(r for r in p.configs if r.config_hash != p.winner_config_hash)
     with store.engine.begin() as c:
@@ -545,10 +546,10 @@ def test_a_call_that_breaks_the_stored_winner_fails_and_leaves_the_store_alone(s
 
 
 def test_a_recorded_launch_spec_tells_the_stored_keys_constexprs_from_the_calls():
-    """Issue 25.4, rules 3-5 of tunecache.blame: where the call passes a non-key constexpr, the winner's
+    """Issue 25.4, rules 3-5 of tunecache.tuner.blame: where the call passes a non-key constexpr, the winner's
     launch specs (Triton's serialised constants, by argument index) say what it was stored with."""
-    from tunecache import blame
     from tunecache.model import LaunchSpec
+    from tunecache.tuner import blame
 
     k = tinykernels.make_guarded()
     names = k.arg_names  # x, y, out, N, BAD, BLOCK
@@ -596,7 +597,8 @@ def test_driver_change_topk_benchmarks_only_previous_best(sqlite_url, monkeypatc
 
 KEY_WARM = """
     import json, os, tinykernels
-    from tunecache import background, tritoncompat
+    from tunecache import tritoncompat
+    from tunecache.tuner import background
     triton_key = tritoncompat.triton_key()  # triton.compiler.compiler on 3.4, triton.runtime.cache on 3.5+
     k = tinykernels.make_add()
     t = background.triton_key_thread()

@@ -24,12 +24,13 @@ from click.testing import CliRunner
 from processes import run_json
 from realcli import cli_process, one_line_error
 
-from tunecache import binaries, settings, signing
+from tunecache import settings, signing
+from tunecache.binaries import binaries
 from tunecache.cli import main
 from tunecache.errors import ConfigurationError, ImportFormatError, SigningError, TunecacheError
 from tunecache.exchange import import_
 from tunecache.model import Binary, binary_sha256
-from tunecache.opening import open_store
+from tunecache.store.opening import open_store
 
 TABLES = ("problems", "configs", "launch_specs", "binaries", "misses", "measurements")
 
@@ -457,7 +458,7 @@ def test_a_host_module_travels_and_triton_loads_it_without_building_it(tmp_path,
     placed into another host's empty Triton cache, and Triton then loads it there without building."""
     import triton.runtime.build as build
 
-    from tunecache import hostmodules, preload
+    from tunecache.binaries import hostmodules, preload
 
     src = _MODULE_C.replace("ANSWER", str(random.randrange(10**6)))  # a module no cache holds yet
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "tuner-cache"))
@@ -492,7 +493,7 @@ def test_a_host_module_travels_and_triton_loads_it_without_building_it(tmp_path,
 
 
 def _host_record(**md_changes: Any) -> Binary:
-    from tunecache import hostmodules
+    from tunecache.binaries import hostmodules
 
     key = "ab" * 32
     md = {**json.loads(hostmodules.metadata(key, "__triton_launcher")), **md_changes}

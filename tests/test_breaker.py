@@ -18,10 +18,11 @@ import pytest
 import tinykernels
 
 import tunecache
-from tunecache import breaker, kernelstore
-from tunecache.engine import resolve_url
 from tunecache.errors import StoreError, StoreOfflineError
-from tunecache.opening import connect, open_store, shared_store
+from tunecache.store import breaker
+from tunecache.store.engine import resolve_url
+from tunecache.store.opening import connect, open_store, shared_store
+from tunecache.tuner import kernelstore
 
 HERE = Path(__file__).parent
 CONNECT_TIMEOUT = 2  # libpq waits at least 2 s whatever it is given

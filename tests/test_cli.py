@@ -11,8 +11,8 @@ from click.testing import CliRunner
 from realcli import cli_process, one_line_error
 
 from tunecache.cli import main
-from tunecache.migrate import head_revision
-from tunecache.opening import open_store
+from tunecache.store.migrate import head_revision
+from tunecache.store.opening import open_store
 from tunecache.target import Target
 
 
@@ -123,8 +123,8 @@ def test_no_fragment_of_a_nasty_password_is_printed(password, pg_url, caplog):
 
     import tinykernels
 
-    from tunecache.engine import mask_raw, mask_url, resolve_url
     from tunecache.errors import StoreError
+    from tunecache.store.engine import mask_raw, mask_url, resolve_url
 
     down = f"postgresql://tc:{password}@127.0.0.1:1/db"
     up = pg_url.replace("postgres@", f"postgres:{password}@")  # trust auth: the password is ignored

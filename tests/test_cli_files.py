@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from builders import fill
 from realcli import cli_process, one_line_error
 
-from tunecache.engine import resolve_url
+from tunecache.store.engine import resolve_url
 
 
 def tree(root: Path) -> dict[str, bytes | None]:

@@ -19,9 +19,9 @@ from builders import fill, write_warm_module
 from realcli import leaf_commands, tc
 
 from tunecache.cli import main
-from tunecache.engine import resolve_url
 from tunecache.errors import ConfigurationError
-from tunecache.migrate import head_revision
+from tunecache.store.engine import resolve_url
+from tunecache.store.migrate import head_revision
 
 HERE = Path(__file__).parent
 

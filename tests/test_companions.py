@@ -1,4 +1,4 @@
-"""The plain ``@triton.jit`` kernels a process launches next to its tuned ones (tunecache.companions).
+"""The plain ``@triton.jit`` kernels a process launches next to its tuned ones (tunecache.tuner.companions).
 
 What Triton compiles reaches tunecache through its ``jit_post_compile_hook``; here the hook is
 called as Triton calls it. The end to end path (Triton's own ``_call_hook``, the store, the preload
@@ -19,8 +19,9 @@ import triton.language as tl
 from triton.runtime.jit import JITFunction, JitFunctionInfo
 
 import tunecache
-from tunecache import background, binaries, companions, preload
+from tunecache.binaries import binaries, preload
 from tunecache.model import COMPANION_CONFIG, LaunchSpec
+from tunecache.tuner import background, companions
 
 CONFIGS = [triton.Config({"BLOCK": 64}), triton.Config({"BLOCK": 128})]
 
@@ -124,7 +125,7 @@ def test_a_hook_set_after_ours_is_left_alone_and_companions_0_files_nothing(fres
     monkeypatch.setattr(binaries, "record_companions", lambda t, *fns, store=None: filed.append((t, fns)) or 0)
     monkeypatch.setenv("TUNECACHE_COMPANIONS", "0")
     tuned = tunecache.autotune(configs=CONFIGS, key=["N"], store=sqlite_url)(JITFunction(_tuned))
-    assert companions.watching()  # a readwrite process still records its winners' compiles (tunecache.heal)
+    assert companions.watching()  # a readwrite process still records its winners' compiles (tunecache.tuner.heal)
     companions.resolved(tuned)
     _compiled(JITFunction(_plain))
     _drain()

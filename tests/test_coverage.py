@@ -28,7 +28,7 @@ from processes import run_json
 from triton.runtime.autotuner import Autotuner
 
 import tunecache
-from tunecache import autotuner as at
+from tunecache.tuner import autotuner as at
 
 HERE = Path(__file__).parent
 
@@ -154,10 +154,10 @@ COVERED = """
     [
         "import tunecache",
         "import triton",
-        "from tunecache import autotune",  # tunecache.decorator imports triton: the hook ran inside it
-        "import tunecache.autotuner",
-        "import tunecache.adoption",
-        "from tunecache.decorator import install",
+        "from tunecache import autotune",  # tunecache.tuner.decorator imports triton: the hook ran inside it
+        "import tunecache.tuner.autotuner",
+        "import tunecache.tuner.adoption",
+        "from tunecache.tuner.decorator import install",
         "import libmod",  # a library that imports triton.autotune
     ],
 )
@@ -307,7 +307,7 @@ def test_a_subclass_that_never_reaches_autotuner_run_is_reported_once(sqlite_url
     name = next(n for n in cov if n.endswith("rogue_fn"))
     assert cov[name]["covered"] is False and "Rogue" in cov[name]["class"]
     assert tunecache.stats()["kernels_seen"] == N_KERNELS + 1 and tunecache.stats()["kernels_covered"] == N_KERNELS
-    from tunecache import background
+    from tunecache.tuner import background
 
     background.submit(lambda: None).result(timeout=60)  # the uncovered key's record is written there
     tunecache.flush()

@@ -23,7 +23,7 @@ MUST_HAVE_EXAMPLES = {
     "tunecache.identity",
     "tunecache.model",
     "tunecache.settings",
-    "tunecache.opening",
+    "tunecache.store.opening",
 }
 
 

@@ -23,7 +23,7 @@ import sqlalchemy as sa
 from click.testing import CliRunner, Result
 from realcli import cli_process, one_line_error
 
-from tunecache import bulk, exchange
+from tunecache import exchange
 from tunecache.cli import main
 from tunecache.errors import ImportFormatError, StoreError, StoreReadOnlyError
 from tunecache.exchange import FORMAT_VERSION, export, import_, importer, validate
@@ -39,8 +39,9 @@ from tunecache.model import (
     problem_from_json,
     problem_to_json,
 )
-from tunecache.opening import open_store
-from tunecache.store import Store
+from tunecache.store import bulk
+from tunecache.store.opening import open_store
+from tunecache.store.store import Store
 from tunecache.target import Target
 
 H200 = Target("cuda", "sm90", "NVIDIA H200", 132, 232448, 32, "13000", "580.159.04", "13.0", "3.5")

@@ -21,9 +21,9 @@ import sqlalchemy as sa
 from processes import run_procs
 from servers import PG_URL
 
-from tunecache.engine import resolve_url
-from tunecache.migrate import head_revision
-from tunecache.opening import open_store
+from tunecache.store.engine import resolve_url
+from tunecache.store.migrate import head_revision
+from tunecache.store.opening import open_store
 
 HERE = Path(__file__).parent
 

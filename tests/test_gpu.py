@@ -88,7 +88,8 @@ def test_restart_on_gpu_does_no_benchmarks_and_keeps_the_winners(sqlite_url, tmp
 PRELOAD = """
 import json, sys
 import triton
-from tunecache import autotuner, background, preload
+from tunecache.binaries import preload
+from tunecache.tuner import autotuner, background
 torch.zeros(1, device="cuda")  # CUDA comes up, as when a server loads its weights: the preload starts
 background.submit(lambda: None).result(timeout=120)  # queued behind it
 cache = preload.jit_function(add).device_caches[torch.cuda.current_device()][0]
@@ -119,7 +120,8 @@ def test_restart_preloads_the_winners_binaries_before_the_first_launch(sqlite_ur
 COMPANION = """
 import json
 import triton
-from tunecache import background, preload
+from tunecache.binaries import preload
+from tunecache.tuner import background
 torch.zeros(1, device="cuda")  # CUDA comes up: the preload starts
 background.submit(lambda: None).result(timeout=120)
 cache = preload.jit_function(scale).device_caches[torch.cuda.current_device()][0]
@@ -149,7 +151,7 @@ def test_a_plain_kernel_launched_with_a_tuned_one_is_preloaded_at_the_restart(sq
 
 OOR = """
 import json
-from tunecache.opening import open_store
+from tunecache.store.opening import open_store
 
 # BLOCK_K=256 x 4 stages of two 128x256 fp16 tiles: 4 * 2 * 64 KiB = 512 KiB of shared memory.
 @tunecache.autotune(
@@ -234,7 +236,7 @@ def test_miss_inside_cuda_graph_capture_falls_back_and_replays(sqlite_url, preco
 HOPPER = """
 import json, math
 from tunecache.kernels import sparse_decode as sd, sparse_decode_sm90 as sm90
-from tunecache.opening import open_store
+from tunecache.store.opening import open_store
 import os
 
 gen = torch.Generator(device="cuda").manual_seed(5)

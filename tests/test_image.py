@@ -18,7 +18,7 @@ HERE = Path(__file__).parent
 
 SERVE = """
     import json, tinykernels, tunecache
-    from tunecache import store as st
+    from tunecache.store import store as st
     writes = []
     orig = st.Store._write
     def spy(self, what):

@@ -22,13 +22,13 @@ import sqlalchemy as sa
 import tinykernels
 
 import tunecache
-from tunecache import autotuner as at
-from tunecache import leaseholder
 from tunecache.identity import config_identity
 from tunecache.model import ConfigResult
-from tunecache.opening import open_store
-from tunecache.schema import leases
+from tunecache.store import leases as leaseholder
+from tunecache.store.opening import open_store
+from tunecache.store.schema import leases
 from tunecache.target import hostname
+from tunecache.tuner import autotuner as at
 
 HERE = Path(__file__).parent
 
@@ -95,7 +95,7 @@ def test_a_takeover_names_the_holders_death_before_its_expiry(store_url, caplog)
 
 HOLDER = """
     import sys, time
-    from tunecache.opening import open_store
+    from tunecache.store.opening import open_store
     s = open_store(sys.argv[1])
     assert s.try_lease("e" * 64, "holder", 120)
     print("HELD", flush=True)
@@ -195,7 +195,7 @@ def test_holder_that_loses_its_lease_notices_and_keeps_the_other_holders_result(
 def test_a_waiter_polls_quickly_at_first_then_ever_less_often():
     """The storm of a fleet-wide miss is the database's limit (docs/scaling.md): a waiter must not
     read every 0.5 s for the whole benchmark. Simulated: the looks a waiter makes in 60 s."""
-    from tunecache.singleflight import next_poll
+    from tunecache.tuner.singleflight import next_poll
 
     t, poll, looks = 0.0, 0.0, []
     while t < 60.0:

@@ -19,11 +19,12 @@ import triton
 from processes import run_json
 
 import tunecache
-from tunecache import autotuner as at
-from tunecache import background, preload
+from tunecache.binaries import preload
 from tunecache.model import ConfigResult, LaunchSpec, Problem
-from tunecache.opening import open_store
+from tunecache.store.opening import open_store
 from tunecache.target import detect_target
+from tunecache.tuner import autotuner as at
+from tunecache.tuner import background
 
 
 def spec(i: int, config_hash: str = "c1", version: str | None = None) -> LaunchSpec:
@@ -145,7 +146,7 @@ def test_store_keeps_specs_per_kernel_and_target_and_drops_them_with_the_last_pr
 
 def test_a_spec_compiled_under_a_new_triton_key_replaces_the_old_one_only_when_asked(store_url):
     """The same specialisation of the same source (hash) compiled to another binary: after a comment
-    edit (tunecache.heal). Kept by a plain put; replaced when asked, and only for the same Triton version."""
+    edit (tunecache.tuner.heal). Kept by a plain put; replaced when asked, and only for the same Triton version."""
     s = open_store(store_url)
     old, other_version = spec(1), spec(2, version="3.6.0")
     s.put_specs("k", "src", "t", [old, other_version, spec(3)])
@@ -216,7 +217,7 @@ def test_a_library_of_kernels_with_nothing_stored_costs_one_query_and_no_hashing
     a kernel not among them costs neither a query nor a hash."""
     import sqlalchemy as sa
 
-    from tunecache.opening import shared_store
+    from tunecache.store.opening import shared_store
 
     tinykernels.launch(tinykernels.make_add(store=sqlite_url), 64)  # one kernel with rows
     statements: list[str] = []

@@ -167,7 +167,7 @@ def test_an_explicit_call_still_refuses_a_bad_setting(monkeypatch, sqlite_url):
     """Only what the user did not call degrades to stock Triton; ``install()`` or ``open_store()``
     called with a typo in the environment fails loudly, naming the variable."""
     import tunecache
-    from tunecache import decorator
+    from tunecache.tuner import decorator
 
     monkeypatch.setenv("TUNECACHE_MODE", "bogus")
     with pytest.raises(ConfigurationError, match=r"^TUNECACHE_MODE='bogus' is not one of readwrite, "):

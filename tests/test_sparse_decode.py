@@ -478,7 +478,7 @@ def test_kernel_exposes_the_tuning_key_arguments() -> None:
 def test_autotuned_path_stores_the_bucket_and_matches_reference(sqlite_url):
     """Through tunecache.autotune under the interpreter: B=3 tunes bucket 4; a restart is a hit."""
     import tunecache
-    from tunecache.opening import open_store
+    from tunecache.store.opening import open_store
 
     sd._split_kernel.reset(store=sqlite_url)
     gen = torch.Generator().manual_seed(7)

@@ -15,9 +15,9 @@ from realcli import cli_process, one_line_error
 
 from tunecache.cli import main
 from tunecache.errors import SchemaError, StoreError, StoreReadOnlyError
-from tunecache.migrate import head_revision
 from tunecache.model import ConfigResult, pick_winner
-from tunecache.opening import open_store
+from tunecache.store.migrate import head_revision
+from tunecache.store.opening import open_store
 from tunecache.target import Target
 
 
@@ -149,8 +149,8 @@ def test_lease_of_a_dead_local_process_is_taken_over(store_url):
     dead.wait()
     import sqlalchemy as sa
 
-    from tunecache.leaseholder import lease_host
-    from tunecache.schema import leases
+    from tunecache.store.leases import lease_host
+    from tunecache.store.schema import leases
 
     # As a process of this host and PID namespace writes it (see test_leases.py for the others).
     with s.engine.begin() as c:
@@ -236,20 +236,20 @@ def test_newer_schema_is_refused_and_not_downgraded(sqlite_url):
     s.close()
     with pytest.raises(SchemaError, match="newer than this tunecache"):
         open_store(sqlite_url)
-    from tunecache.opening import connect
+    from tunecache.store.opening import connect
 
     assert connect(sqlite_url).revision() == "9999"
 
 
 def test_upgrade_from_previous_revision_keeps_data(store_url):
-    from tunecache.opening import connect
+    from tunecache.store.opening import connect
 
     s = connect(store_url)
     s.upgrade("0001")
     assert s.revision() == "0001"
     import sqlalchemy as sa
 
-    from tunecache.schema import configs, problems
+    from tunecache.store.schema import configs, problems
 
     p = problem(3)
     from tunecache.model import new_config_row, new_problem_row, utcnow
@@ -296,8 +296,8 @@ def test_mysql_store_works(mysql_url):
 def test_schema_constants_match_alembic_scripts():
     from alembic.script import ScriptDirectory
 
-    from tunecache.migrate import alembic_config
-    from tunecache.schema import SCHEMA_HEAD, SCHEMA_REVISIONS
+    from tunecache.store.migrate import alembic_config
+    from tunecache.store.schema import SCHEMA_HEAD, SCHEMA_REVISIONS
 
     sd = ScriptDirectory.from_config(alembic_config())
     assert sd.get_current_head() == SCHEMA_HEAD

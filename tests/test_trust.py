@@ -27,7 +27,7 @@ from tunecache.cli import main
 from tunecache.errors import UntrustedFileError
 from tunecache.exchange import SIGNED_ROWS_VERSION, export, import_
 from tunecache.model import Binary, LaunchSpec, binary_sha256
-from tunecache.opening import open_store
+from tunecache.store.opening import open_store
 
 
 @pytest.fixture(scope="module")

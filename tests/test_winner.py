@@ -1,5 +1,5 @@
-"""Winner choice and benchmark rounds as plain functions and values (tunecache/winner.py,
-tunecache/measure.py): no store, no kernel, no Triton."""
+"""Winner choice and benchmark rounds as plain functions and values (tunecache/tuner/winner.py,
+tunecache/tuner/measure.py): no store, no kernel, no Triton."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import datetime as dt
 import json
 from dataclasses import replace
 
-from tunecache import winner
-from tunecache.measure import Round, classify
 from tunecache.model import ConfigResult, Problem
 from tunecache.target import Target
+from tunecache.tuner import winner
+from tunecache.tuner.measure import Round, classify
 
 GPU = Target("cuda", "sm90", "H200", 132, 232448, 32, "13000", "580.1", "13.0", "3.9")
 OTHER_GPU = replace(GPU, device_name="H100", sm_count=114)

@@ -14,7 +14,9 @@ import triton.language as tl  # noqa: E402
 from triton.runtime.driver import driver  # noqa: E402
 
 import tunecache  # noqa: E402
-from tunecache import background, preload, tritoncompat  # noqa: E402
+from tunecache import tritoncompat  # noqa: E402
+from tunecache.binaries import preload  # noqa: E402
+from tunecache.tuner import background  # noqa: E402
 
 JIT_ATTRS = ("device_caches", "preload", "arg_names", "_fn_name", "fn")
 

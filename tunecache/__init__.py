@@ -25,9 +25,9 @@ from tunecache.errors import (
     TunecacheError,
 )
 from tunecache.model import ConfigResult, Problem
-from tunecache.opening import open_store
-from tunecache.store import Store
-from tunecache.writeback import flush
+from tunecache.store.opening import open_store
+from tunecache.store.store import Store
+from tunecache.tuner.writeback import flush
 
 __all__ = [
     "__version__",
@@ -56,11 +56,11 @@ __all__ = [
 
 # name -> the module that defines it
 _LAZY = {
-    "autotune": "tunecache.decorator",
-    "install": "tunecache.decorator",
-    "uninstall": "tunecache.decorator",
-    "load_winners": "tunecache.decorator",
-    "TunecacheAutotuner": "tunecache.autotuner",
+    "autotune": "tunecache.tuner.decorator",
+    "install": "tunecache.tuner.decorator",
+    "uninstall": "tunecache.tuner.decorator",
+    "load_winners": "tunecache.tuner.decorator",
+    "TunecacheAutotuner": "tunecache.tuner.autotuner",
     "current_mode": "tunecache.settings",
 }
 

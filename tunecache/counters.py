@@ -1,19 +1,21 @@
 """Process counters and one-time warnings: what this process reports about itself.
 
 Counters answer "did this restart benchmark anything?" (``tunecache.stats()``). The per-kernel
-counters a store keeps (``tunecache stats``) are queued for it by :mod:`tunecache.writeback`, off
-the launch path. Warnings that every later miss would repeat are logged once per kernel and kind.
+counters a store keeps (``tunecache stats``) are queued for it by :mod:`tunecache.tuner.writeback`, off
+the launch path: writeback registers itself here (:func:`persist_with`) at import, so that this core
+module imports nothing of the layers above it. Warnings that every later miss would repeat are
+logged once per kernel and kind.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections import Counter
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from tunecache import writeback
+from tunecache import forks
 
 log = logging.getLogger("tunecache")
 
@@ -45,6 +47,14 @@ _counters: Counter[str] = Counter()
 _warned: set[tuple[str, str]] = set()
 _warned_lock = threading.Lock()
 _coverage: dict[str, dict[str, Any]] = {}  # kernel -> its class, covered, why not (see coverage())
+#: Where the persisted counters go: (store, kernel, deltas); set by tunecache.tuner.writeback at import.
+_persist: Callable[[Any, str, Mapping[str, float]], None] | None = None
+
+
+def persist_with(sink: Callable[[Any, str, Mapping[str, float]], None]) -> None:
+    """Queue the persisted counters (:data:`PERSISTED`) of every later :func:`count` with ``sink``."""
+    global _persist
+    _persist = sink
 
 
 def stats() -> dict[str, float]:
@@ -68,8 +78,8 @@ def count(kernel: str | None, store: Any, **deltas: float) -> None:
             _counters[k] += v
     if store is not None and kernel and not store.readonly:
         persisted = {k: v for k, v in deltas.items() if k in PERSISTED}
-        if persisted:
-            writeback.add_stats(store, kernel, persisted)
+        if persisted and _persist is not None:
+            _persist(store, kernel, persisted)
 
 
 def kernel_seen(kernel: str, cls: type, covered: bool, why: str | None = None) -> None:
@@ -118,5 +128,4 @@ def _after_fork_in_child() -> None:
     _warned_lock = threading.Lock()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+forks.register(__name__, _after_fork_in_child)

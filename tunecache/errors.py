@@ -18,7 +18,7 @@ class StoreNotFoundError(StoreError):
 
 class StoreOfflineError(StoreError):
     """The store's server did not answer a connection attempt a moment ago: it is not tried again
-    until its back-off ends (tunecache.breaker), so this was raised at once, without waiting."""
+    until its back-off ends (tunecache.store.breaker), so this was raised at once, without waiting."""
 
 
 class StoreReadOnlyError(StoreError):

@@ -134,7 +134,7 @@ class LaunchSpec:
 
 
 #: The config hash of a companion's launch spec: a plain ``@triton.jit`` kernel (e.g. a merge stage)
-#: whose binaries the user asked to keep with an autotuned kernel's (``tunecache.binaries.record_companions``).
+#: whose binaries the user asked to keep with an autotuned kernel's (``tunecache.binaries.binaries.record_companions``).
 COMPANION_CONFIG = "0" * 32
 
 #: The binary file each Triton backend writes next to a kernel's metadata (``backend.binary_ext``).
@@ -465,7 +465,7 @@ def problems_from_rows(result: Any) -> list[Problem]:
 
 
 def new_problem_row(p: Problem, host: str, now: dt.datetime) -> dict[str, Any]:
-    """A new problem's row for an insert; its winner is chosen by :meth:`tunecache.store.Store.put`
+    """A new problem's row for an insert; its winner is chosen by :meth:`tunecache.store.store.Store.put`
     once its configs are in."""
     return {
         **problem_row(p),

@@ -168,7 +168,7 @@ class Policy:
 
 
 def policy(store: Any) -> Policy:
-    """The trust this process gives ``store`` (a :class:`tunecache.store.Store`) now, from the settings.
+    """The trust this process gives ``store`` (a :class:`tunecache.store.store.Store`) now, from the settings.
     Raises :class:`~tunecache.errors.ConfigurationError` for a bad ``TUNECACHE_TRUSTED_KEYS`` entry."""
     mode = settings.get("TUNECACHE_TRUST_STORE")
     whole = mode == "yes" or (mode == "auto" and private_sqlite(store.url))

@@ -9,9 +9,9 @@ import pytest
 import sqlalchemy as sa
 from faultlib import check_ok, collect, fault_report_fixture, log_lines, reap, spawn, wait_until  # noqa: F401
 
-from tunecache.migrate import head_revision
-from tunecache.opening import connect
-from tunecache.schema import SCHEMA_REVISIONS
+from tunecache.store.migrate import head_revision
+from tunecache.store.opening import connect
+from tunecache.store.schema import SCHEMA_REVISIONS
 
 N_PROCS = 8
 ROUNDS = 3
@@ -68,7 +68,7 @@ def test_eight_processes_create_a_fresh_store_at_once(backend, tmp_path, fault_r
             assert {"problems", "configs", "leases", "misses", "kernel_stats", "alembic_version"} <= names
         finally:
             if drop is not None:
-                from tunecache.opening import reset_shared_stores
+                from tunecache.store.opening import reset_shared_stores
 
                 reset_shared_stores()
                 drop()
@@ -100,7 +100,7 @@ def test_threads_of_one_process_create_fresh_stores_at_once(tmp_path, fault_repo
             check_ok(r)
             assert r["revisions"] == {u: head_revision() for u in urls}
     finally:
-        from tunecache.opening import reset_shared_stores
+        from tunecache.store.opening import reset_shared_stores
 
         reset_shared_stores()
         for _, drop in pg:

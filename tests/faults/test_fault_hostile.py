@@ -30,8 +30,8 @@ from tunecache.cli import main
 from tunecache.errors import StoreError
 from tunecache.identity import problem_digest
 from tunecache.model import ConfigResult, Problem
-from tunecache.opening import open_store
-from tunecache.schema import metadata
+from tunecache.store.opening import open_store
+from tunecache.store.schema import metadata
 from tunecache.target import Target
 
 EVIL = [

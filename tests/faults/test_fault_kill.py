@@ -12,8 +12,8 @@ import sqlalchemy as sa
 from faultlib import check_ok, collect, fault_report_fixture, log_lines, reap, spawn, wait_until  # noqa: F401
 
 import tunecache
-from tunecache.opening import open_store
-from tunecache.schema import configs, leases, problems
+from tunecache.store.opening import open_store
+from tunecache.store.schema import configs, leases, problems
 
 N_WORKERS = 16
 KILLS = 3

@@ -15,8 +15,8 @@ from faultlib import check_ok, collect, fault_report_fixture, log_lines, reap, s
 from pgcluster import pg_cluster_fixture  # noqa: F401
 
 import tunecache
-from tunecache.opening import open_store
-from tunecache.schema import configs, problems
+from tunecache.store.opening import open_store
+from tunecache.store.schema import configs, problems
 
 N_WORKERS = 4
 N_CONFIGS = 3

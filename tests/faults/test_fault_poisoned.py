@@ -13,8 +13,8 @@ from faultlib import check_ok, collect, fault_report_fixture, log_lines, spawn  
 
 from tunecache.identity import config_identity
 from tunecache.model import pick_winner
-from tunecache.opening import open_store
-from tunecache.schema import configs, problems
+from tunecache.store.opening import open_store
+from tunecache.store.schema import configs, problems
 
 SIZES = [64, 100]
 

@@ -14,10 +14,10 @@ from faultlib import check_ok, collect, fault_report_fixture, log_lines, spawn  
 
 from tunecache.errors import SchemaError
 from tunecache.identity import problem_digest
-from tunecache.migrate import head_revision
 from tunecache.model import ConfigResult, Problem, new_config_row, new_problem_row, utcnow
-from tunecache.opening import connect, open_store
-from tunecache.schema import configs, leases, problems
+from tunecache.store.migrate import head_revision
+from tunecache.store.opening import connect, open_store
+from tunecache.store.schema import configs, leases, problems
 from tunecache.target import Target
 
 OLD = "0001"

@@ -23,7 +23,7 @@ from faultlib import check_ok, collect, fault_report_fixture, log_lines, spawn  
 
 from tunecache.identity import problem_digest
 from tunecache.model import ConfigResult, Problem
-from tunecache.opening import open_store
+from tunecache.store.opening import open_store
 from tunecache.target import Target
 
 SIZES = [64, 100, 200]

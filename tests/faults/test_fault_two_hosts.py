@@ -24,8 +24,8 @@ from faultlib import check_ok, collect, fault_report_fixture, log_lines, reap, s
 from pgcluster import pg_cluster_fixture  # noqa: F401
 
 import tunecache
-from tunecache.opening import open_store
-from tunecache.schema import configs, leases, problems
+from tunecache.store.opening import open_store
+from tunecache.store.schema import configs, leases, problems
 
 HOSTS = ("tc-host-a", "tc-host-b")
 N_CONFIGS = 6

@@ -119,7 +119,7 @@ def _wait(start_at: float) -> None:
 def _finish(deadline_s: float = 30.0) -> bool:
     """Flush deferred writes, retrying for a bounded time; True when nothing is left queued."""
     import tunecache
-    from tunecache import writeback
+    from tunecache.tuner import writeback
 
     end = time.monotonic() + deadline_s
     while True:
@@ -132,8 +132,8 @@ def _finish(deadline_s: float = 30.0) -> bool:
 
 def _result(**extra) -> dict:
     import tunecache
-    from tunecache import writeback
     from tunecache.target import hostname
+    from tunecache.tuner import writeback
 
     return {
         "pid": os.getpid(),
@@ -220,7 +220,7 @@ def churn(url: str, sizes: list[int], start_at: float, duration: float, new_ever
 
 def open_only(url: str, start_at: float) -> dict:
     """Open (and, being first, create) the store at the same moment as the siblings."""
-    from tunecache.opening import open_store
+    from tunecache.store.opening import open_store
 
     _status("idle")  # ready
     _wait(start_at)
@@ -301,7 +301,7 @@ def open_threads(urls: list[str]) -> dict:
     """Open (and create) every store of ``urls`` at once, one thread each, in this one process."""
     import threading
 
-    from tunecache.opening import open_store
+    from tunecache.store.opening import open_store
 
     errors: list[str] = []
     revisions: dict[str, str | None] = {}
@@ -330,7 +330,7 @@ def counters(url: str, start_at: float, rounds: int) -> dict:
     import random
 
     from tunecache.errors import StoreError
-    from tunecache.opening import open_store
+    from tunecache.store.opening import open_store
 
     s = open_store(url)
     digests = [p.digest for p in s.find_problems()]

@@ -10,12 +10,12 @@ from typing import Any
 import click
 import orjson
 
-from tunecache import missspool
 from tunecache.cli.options import filter_options, json_option, problem_filters, read_store
 from tunecache.cli.output import json_out, problem_summary, table
 from tunecache.errors import TunecacheError
 from tunecache.model import config_to_json
 from tunecache.settings import current_mode
+from tunecache.tuner import missspool
 
 
 def _config_label(cfg: dict[str, Any] | None) -> str:
@@ -32,7 +32,7 @@ def _config_label(cfg: dict[str, Any] | None) -> str:
 @click.pass_context
 def info(ctx: click.Context, as_json: bool) -> None:
     """This machine's target identity, the store URL (password masked), schema revision and counts."""
-    from tunecache.migrate import head_revision
+    from tunecache.store.migrate import head_revision
     from tunecache.target import detect_target, hostname
 
     store = read_store(ctx)

@@ -27,7 +27,7 @@ from tunecache.cli.options import (
 )
 from tunecache.cli.output import json_out
 from tunecache.errors import OutputExistsError, StoreNotFoundError
-from tunecache.store import Store
+from tunecache.store.store import Store
 
 
 @click.command("export")

@@ -20,7 +20,7 @@ from tunecache.cli.options import (
 from tunecache.cli.output import json_out, problem_summary
 from tunecache.errors import StoreReadOnlyError, TunecacheError
 from tunecache.model import Problem, utcnow
-from tunecache.opening import connect
+from tunecache.store.opening import connect
 
 
 @click.group(cls=CommandGroup)
@@ -34,7 +34,7 @@ def db() -> None:
 @click.pass_context
 def db_upgrade(ctx: click.Context, revision: str, as_json: bool) -> None:
     """Create or migrate the schema (creates a SQLite store and its directory)."""
-    from tunecache.migrate import head_revision
+    from tunecache.store.migrate import head_revision
 
     store = connect(ctx.obj.get("url"))
     ctx.call_on_close(store.close)
@@ -61,7 +61,7 @@ def db_upgrade(ctx: click.Context, revision: str, as_json: bool) -> None:
 @click.pass_context
 def db_current(ctx: click.Context, as_json: bool) -> None:
     """Show the schema revision of the store (and whether it is head)."""
-    from tunecache.migrate import head_revision
+    from tunecache.store.migrate import head_revision
 
     store = connect(ctx.obj.get("url"), create=False)
     ctx.call_on_close(store.close)
@@ -87,7 +87,7 @@ def db_grant(
     UPDATE and DELETE rows. Neither may change the schema: run it as the tables' owner, which also runs
     `db upgrade` (and which is never made a reader or tuner itself). A reader that can still write
     (a writers group, pg_write_all_data, PUBLIC, superuser) gets a warning naming each cause."""
-    from tunecache.roles import grant
+    from tunecache.store.roles import grant
 
     if not readers and not tuners:
         raise click.UsageError("give --reader ROLE and/or --tuner ROLE")

@@ -16,11 +16,11 @@ from typing import Any
 
 import click
 
-from tunecache.engine import mask_raw
 from tunecache.errors import TunecacheError
 from tunecache.model import utcnow
-from tunecache.opening import open_store
-from tunecache.store import Store
+from tunecache.store.engine import mask_raw
+from tunecache.store.opening import open_store
+from tunecache.store.store import Store
 
 _JSON_DECLS = ["--json", "as_json"]  # declared once for every command (as sqlite-utils shares its output options)
 _JSON_HELP = "Machine-readable output (JSON), before or after the command."

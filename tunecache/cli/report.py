@@ -16,14 +16,14 @@ EXIT_HOSTS_ERROR = 2  #: `hosts` as grep: 0 none, 1 found (an outlier), 2 it cou
 
 
 def _report_filters(kernel: str | None, target: str | None, since: dt.datetime | None) -> Any:
-    from tunecache.report import Filters
+    from tunecache.report.report import Filters
 
     return Filters(kernel=kernel, target=target, since=since)
 
 
 def fleet_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """The filters and the outlier rule shared by ``report`` and ``hosts``."""
-    from tunecache.fleet import DEFAULT_MIN_KEYS, DEFAULT_THRESHOLD
+    from tunecache.report.fleet import DEFAULT_MIN_KEYS, DEFAULT_THRESHOLD
 
     for opt in reversed(
         [
@@ -58,7 +58,7 @@ def fleet_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 def report(ctx: click.Context, output: str, threshold: float, min_keys: int, as_json: bool, **filters: Any) -> None:
     """One self-contained HTML page of the store: configs x keys, winners, failures, time saved,
     misses, and hosts slower than their peers (needs the report extra: pip install 'tunecache[report]')."""
-    from tunecache.report import write_report
+    from tunecache.report.report import write_report
 
     out = write_report(read_store(ctx), output, _report_filters(**filters), threshold, min_keys)
     if as_json:
@@ -77,8 +77,8 @@ def hosts(ctx: click.Context, threshold: float, min_keys: int, as_json: bool, **
     Exit 0: no outlier; 1: an outlier; 2: an error (the store unreachable: with --json, {"error": ...}),
     so that cron tells a slow GPU from a database outage.
     """
-    from tunecache.fleet import explain
-    from tunecache.report import hosts as fleet_hosts
+    from tunecache.report.fleet import explain
+    from tunecache.report.report import hosts as fleet_hosts
 
     try:
         analysis = fleet_hosts(read_store(ctx), _report_filters(**filters), threshold, min_keys)

@@ -74,7 +74,7 @@ def _installed() -> Iterator[None]:
     """``tunecache.install()`` while MODULE is imported and warmed, so that the Autotuners it builds
     without naming tunecache are tuned into the store (not only ``@tunecache.autotune`` ones);
     undone afterwards if it was not installed before (the command may run inside another program)."""
-    from tunecache.decorator import install, installed, uninstall
+    from tunecache.tuner.decorator import install, installed, uninstall
 
     ours = not installed()
     install()
@@ -116,7 +116,7 @@ def _interpreter_without_gpu() -> None:
     """On a machine without a GPU, run kernels under Triton's interpreter, as the demo does."""
     if "TRITON_INTERPRET" in os.environ or "triton" in sys.modules:
         return  # the user chose, or it is too late: triton reads it at import
-    from tunecache.demo import gpu_available
+    from tunecache.cli.demo import gpu_available
 
     if not gpu_available():
         os.environ["TRITON_INTERPRET"] = "1"
@@ -248,6 +248,6 @@ def _positive_ints(ctx: click.Context, param: click.Parameter, value: str | None
 def demo(ctx: click.Context, buckets: list[int] | None, as_json: bool) -> None:
     """Run the bundled sparse MLA decode kernel twice, each in a fresh process, on one store
     (see --url)."""
-    from tunecache.demo import run_demo
+    from tunecache.cli.demo import run_demo
 
     run_demo(url=ctx.obj.get("url") if ctx.obj.get("url_given") else None, buckets=buckets, as_json=as_json)

@@ -20,12 +20,11 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
 import orjson
-import sqlalchemy as sa
 
 from tunecache import trust
 from tunecache.errors import TunecacheError
@@ -41,7 +40,6 @@ from tunecache.exchange.format import (
     is_stream,
     tunecache_version,
 )
-from tunecache.filters import filter_clauses
 from tunecache.model import (
     BINARY_FIELDS_SIGNED,
     CONFIG_ROW_COLUMNS,
@@ -49,14 +47,13 @@ from tunecache.model import (
     LAUNCH_SPEC_FIELDS,
     LAUNCH_SPEC_FIELDS_SIGNED,
     PROBLEM_COLUMNS,
-    TIMESTAMP_FIELDS,
     Binary,
     LaunchSpec,
     utcnow,
 )
-from tunecache.schema import binaries, configs, launch_specs, problems
 from tunecache.signing import Signer
-from tunecache.store import Store
+from tunecache.store import dump
+from tunecache.store.store import Store
 from tunecache.target import TARGET_FIELDS
 
 log = logging.getLogger("tunecache")
@@ -282,14 +279,6 @@ class _CountingWriter:
         self.f.flush()
 
 
-def _select_cols(table: sa.Table, names: Sequence[str], raw_timestamps: bool) -> list[Any]:
-    """Columns to export; on SQLite the timestamps come as stored text (see :func:`_iso_from_sqlite`)."""
-    cols = [table.c[n] for n in names]
-    if raw_timestamps:
-        cols = [sa.type_coerce(c, sa.String).label(c.name) if c.name in TIMESTAMP_FIELDS else c for c in cols]
-    return cols
-
-
 def _iso_from_sqlite(v: str | None) -> str | None:
     """SQLAlchemy's SQLite text ``YYYY-MM-DD HH:MM:SS.ffffff`` as orjson writes the datetime it holds.
 
@@ -334,31 +323,14 @@ def _write_body(
     cursor, and every batch is one indexed range (or IN list when filtered). The whole export
     reads in one transaction, a consistent snapshot on SQLite (WAL), PostgreSQL and MySQL.
     """
-    where = filter_clauses(**filters)
     sha = hashlib.sha256()
     n_problems = n_configs = 0
     dumps, fragment, newline = orjson.dumps, orjson.Fragment, orjson.OPT_APPEND_NEWLINE
     sqlite = store.dialect == "sqlite"
     ts: Callable[[Any], Any] = _iso_from_sqlite if sqlite else (lambda v: v)
-    p_select, c_select = _select_cols(problems, _P_READ, sqlite), _select_cols(configs, _C_READ, sqlite)
     with store.snapshot("export") as conn:
-        total = conn.execute(sa.select(sa.func.count()).select_from(problems).where(*where)).scalar_one()
-        last = ""
-        while True:
-            prows = conn.execute(
-                sa.select(*p_select).where(*where, problems.c.digest > last).order_by(problems.c.digest).limit(BATCH)
-            ).all()
-            if not prows:
-                break
-            first, last = prows[0][_P_DIGEST], prows[-1][_P_DIGEST]
-            # Unfiltered, every digest in [first, last] is in this batch: one range scan. Filtered, a
-            # batch may be spread over the whole key space: an IN list.
-            cond = (
-                configs.c.digest.in_([r[_P_DIGEST] for r in prows]) if where else configs.c.digest.between(first, last)
-            )
-            crows = conn.execute(
-                sa.select(*c_select).where(cond).order_by(configs.c.digest, configs.c.config_hash)
-            ).all()
+        total = dump.count_problems(conn, **filters)
+        for prows, crows in dump.problem_batches(conn, _P_READ, _C_READ, sqlite, BATCH, **filters):
             by_digest: dict[str, list[dict[str, Any]]] = {}
             for c in crows:
                 lst = by_digest.get(c[_C_DIGEST])
@@ -418,13 +390,8 @@ def _write_body(
         n_specs = 0
         if with_specs:
             # The specs of every (kernel source, target) that has an exported problem, in key order.
-            s = launch_specs.c
-            of_exported = sa.exists().where(
-                problems.c.source_hash == s.source_hash, problems.c.target_digest == s.target_digest, *where
-            )
-            q = sa.select(*(s[c] for c in LAUNCH_SPEC_COLUMNS), s.signature).where(of_exported)
             refs: dict[str, tuple[str, str]] = {}  # kernel_hash -> (kernel, source_hash) of its first spec
-            for row in conn.execute(q.order_by(s.source_hash, s.target_digest, s.spec_hash)):
+            for row in dump.launch_spec_rows(conn, **filters):
                 if vouch is not None:
                     spec = LaunchSpec(
                         row[_S_HASH], row[_S_CONFIG], row[_S_KERNEL_HASH], row[_S_SPEC], row[_S_VERSION], row[-1]
@@ -446,26 +413,22 @@ def _write_body(
         n_bins = 0
         if with_binaries and with_specs:
             # The binaries those specs reference, in key order, a few at a time (each up to 2.5 MiB).
-            b = binaries.c
-            keys = sorted(refs)
-            for i in range(0, len(keys), 50):
-                q = sa.select(*(b[c] for c in _B_READ)).where(b.triton_key.in_(keys[i : i + 50]))
-                for key, digest, name, ext, version, md, data, sig in conn.execute(q.order_by(b.triton_key)):
-                    kernel_name, source = refs[key]
-                    binary = Binary(key, digest, name, ext, version, bytes(md), bytes(data), sig)
-                    if vouch is not None and _untrusted(vouch, "binary", f"{key[:12]} ({name})", counts, binary):
-                        continue
-                    obj = dict(zip(BINARY_FIELDS_SIGNED, (kernel_name, source, key, digest, name, ext, version)))
-                    obj["metadata"] = binary.metadata.decode()
-                    obj["binary"] = base64.b64encode(binary.binary).decode()
-                    obj["signature"] = sig
-                    line = dumps(obj, option=newline)
-                    if len(line) > MAX_LINE_BYTES:
-                        raise TunecacheError(
-                            f"binary {key[:16]} of {kernel_name} is a {len(line)}-byte line; import accepts at most "
-                            f"{MAX_LINE_BYTES}: delete it (it is stored over TUNECACHE_BINARY_MAX_BYTES)"
-                        )
-                    body.write(line)
-                    sha.update(line)
-                    n_bins += 1
+            for key, digest, name, ext, version, md, data, sig in dump.binary_rows(conn, sorted(refs), _B_READ):
+                kernel_name, source = refs[key]
+                binary = Binary(key, digest, name, ext, version, bytes(md), bytes(data), sig)
+                if vouch is not None and _untrusted(vouch, "binary", f"{key[:12]} ({name})", counts, binary):
+                    continue
+                obj = dict(zip(BINARY_FIELDS_SIGNED, (kernel_name, source, key, digest, name, ext, version)))
+                obj["metadata"] = binary.metadata.decode()
+                obj["binary"] = base64.b64encode(binary.binary).decode()
+                obj["signature"] = sig
+                line = dumps(obj, option=newline)
+                if len(line) > MAX_LINE_BYTES:
+                    raise TunecacheError(
+                        f"binary {key[:16]} of {kernel_name} is a {len(line)}-byte line; import accepts at most "
+                        f"{MAX_LINE_BYTES}: delete it (it is stored over TUNECACHE_BINARY_MAX_BYTES)"
+                    )
+                body.write(line)
+                sha.update(line)
+                n_bins += 1
     return n_problems, n_configs, n_specs, n_bins, sha.hexdigest()

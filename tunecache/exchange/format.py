@@ -10,7 +10,7 @@ ever executed (no pickle, no eval, no imports).
 The package: :mod:`~tunecache.exchange.format` (this specification, its limits, reading a file's
 lines), :mod:`~tunecache.exchange.validate` (every check of a line; import's pass 1),
 :mod:`~tunecache.exchange.export` and :mod:`~tunecache.exchange.importer`; the database-specific
-bulk writes are the store's (:meth:`tunecache.store.Store.bulk_load`). The fields of a problem, a
+bulk writes are the store's (:meth:`tunecache.store.store.Store.bulk_load`). The fields of a problem, a
 config row and a launch spec are :mod:`tunecache.model`'s JSON shape, which ``tunecache ls --json``
 and ``show --json`` print too.
 
@@ -95,7 +95,7 @@ measured_at  ISO 8601 UTC date-time
 
 After the problems (version 2), one line per launch spec: what Triton compiled a winner with, so
 that the importing store's first start loads the winners' binaries before its first launches
-(:mod:`tunecache.preload`), e.g. an image built by import. Only the specs of a kernel source and
+(:mod:`tunecache.binaries.preload`), e.g. an image built by import. Only the specs of a kernel source and
 target that has an exported problem are written, ordered by (source_hash, target_digest,
 spec_hash). Import validates them always and adds them only when asked (``with_launch_specs``,
 ``tunecache import --launch-specs``), whatever ``on_conflict`` says (a spec already stored is
@@ -126,7 +126,7 @@ signed, one last line. ``tunecache export --binaries`` and ``--sign KEY`` write 
 stays version 2, byte for byte what it was.
 
 A binary line is what Triton's compile cache holds for one winner's specialisation
-(:mod:`tunecache.binaries`), for every binary a launch spec in the file references, ordered by
+(:mod:`tunecache.binaries.binaries`), for every binary a launch spec in the file references, ordered by
 ``triton_key``:
 
 ==============  ===========================================================================
@@ -186,7 +186,8 @@ different winner. Problems imported resolve their recorded capture/offline misse
 While pass 2 runs, other writers wait: SQLite's write lock (up to ``TUNECACHE_SQLITE_BUSY_MS``,
 so a 100k-problem import, ~20 s here, is best run when the fleet is not tuning), PostgreSQL's
 ``LOCK TABLE problems``. Readers carry on, except that a large PostgreSQL import also makes
-readers of ``configs`` wait (see :class:`tunecache.bulk.PgBulkWriter`). Timing on 100k problems: docs/benchmarks.md.
+readers of ``configs`` wait (see :class:`tunecache.store.bulk.PgBulkWriter`). Timing on 100k problems:
+docs/benchmarks.md.
 """
 
 from __future__ import annotations

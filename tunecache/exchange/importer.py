@@ -2,7 +2,7 @@
 
 Pass 1 (:func:`tunecache.exchange.validate.scan`) validates the whole file; pass 2 re-reads it and
 turns each problem line into rows of the store's tables, written through the store's bulk load
-(:meth:`tunecache.store.Store.bulk_load`) in one transaction.
+(:meth:`tunecache.store.store.Store.bulk_load`) in one transaction.
 """
 
 from __future__ import annotations
@@ -19,26 +19,24 @@ from operator import itemgetter
 from typing import Any
 
 import orjson
-import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from tunecache import signing
-from tunecache.bulk import BulkWriter
 from tunecache.errors import ImportFormatError, StoreReadOnlyError, UntrustedFileError
 from tunecache.exchange import validate
 from tunecache.exchange.format import CONFLICT_POLICIES, MAX_LINE_BYTES, Progress, Rewind, Source, open_source
 from tunecache.exchange.validate import Invalid, Scan, check_binary, check_spec
 from tunecache.identity import canonical_json
 from tunecache.model import CONFIG_COLUMNS, PROBLEM_COLUMNS, PROBLEM_FIELDS, TIMESTAMP_FIELDS
-from tunecache.schema import configs, misses, problems
-from tunecache.store import Store
+from tunecache.store import load
+from tunecache.store.bulk import BulkWriter
+from tunecache.store.store import Store
 from tunecache.target import TARGET_FIELDS, Target
 
 log = logging.getLogger("tunecache")
 
 WRITE_BATCH = 5000  # config rows per executemany / COPY flush
 _SPEC_BATCH_BYTES = 8 << 20  # launch-spec text per batch of inserts (a spec line may be 4 MiB)
-_LOOKUP_CHUNK = 2000  # digests per IN (...) when checking what the store already has
 
 # A validated problem line, once _rows has added its columns to it, as a problems row and a config
 # row as a configs row: by name, in the tables' order (tunecache.model's row shape).
@@ -193,14 +191,7 @@ def _check_trust(scan: Scan, trusted: dict[str, bytes] | None, with_launch_specs
 
 def _decide(conn: Connection, scan: Scan, on_conflict: str, summary: ImportSummary) -> tuple[set[str], list[str]]:
     """Which incoming digests to write and which stored ones to delete first, from what is stored."""
-    stored: dict[str, tuple[str | None, float | None]] = {}
-    if conn.execute(sa.select(problems.c.digest).limit(1)).first() is not None:
-        digests = [p[0] for p in scan.problems]
-        for i in range(0, len(digests), _LOOKUP_CHUNK):
-            q = sa.select(problems.c.digest, problems.c.winner_config_hash, problems.c.winner_ms).where(
-                problems.c.digest.in_(digests[i : i + _LOOKUP_CHUNK])
-            )
-            stored.update((d, (w, ms)) for d, w, ms in conn.execute(q))
+    stored = load.stored_winners(conn, [p[0] for p in scan.problems])
     write: set[str] = set()
     delete: list[str] = []
     for digest, winner, winner_ms, _ in scan.problems:
@@ -239,13 +230,8 @@ def _apply(
     """Pass 2, inside the import's transaction: delete what is replaced, insert, drop resolved misses,
     with ``add_specs`` add the launch specs and with ``add_bins`` the binaries. Returns how many
     launch specs and binaries were new."""
-    for i in range(0, len(delete), _LOOKUP_CHUNK):
-        chunk = delete[i : i + _LOOKUP_CHUNK]
-        conn.execute(sa.delete(configs).where(configs.c.digest.in_(chunk)))
-        conn.execute(sa.delete(problems).where(problems.c.digest.in_(chunk)))
-    missed = set(conn.execute(sa.select(misses.c.digest)).scalars()) & write
-    if missed:
-        conn.execute(sa.delete(misses).where(misses.c.digest.in_(sorted(missed))))
+    load.delete_problems(conn, delete)
+    load.drop_misses(conn, write)
     t0 = time.perf_counter()
     specs_new = bins_new = 0
     if write or add_specs is not None:

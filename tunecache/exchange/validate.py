@@ -51,8 +51,8 @@ from tunecache.model import (
     launch_spec_from_json,
     launch_spec_row,
 )
-from tunecache.schema import problems
 from tunecache.settings import MAX_BINARY_BYTES
+from tunecache.store.schema import problems
 from tunecache.target import TARGET_FIELDS, Target
 
 _SPEC_FIELDS = {False: LAUNCH_SPEC_FIELDS, True: LAUNCH_SPEC_FIELDS_SIGNED}  # by "carries row signatures"
@@ -531,10 +531,10 @@ def check_binary(obj: Any, refs: set[bytes], seen: set[str] | None, signed: bool
     row values (without host and time).
 
     A binary is code: its content must match its sha256, its metadata must be filed under its
-    Triton key, its names must be plain (:func:`tunecache.binaries.problems_of`), and a launch spec of
+    Triton key, its names must be plain (:func:`tunecache.binaries.binaries.problems_of`), and a launch spec of
     this file must reference it (``refs``), so nothing arrives that no winner uses.
     """
-    from tunecache.binaries import problems_of
+    from tunecache.binaries.binaries import problems_of
 
     _check_fields(obj, _BINARY_SETS[signed], _BINARY_FIELDS[signed], "a binary")
     _row_signature(obj, "binary")
@@ -586,7 +586,7 @@ def check_spec(obj: Any, pairs: set[tuple[str, str]], seen: set[bytes] | None, s
 
     A spec only tells Triton which specialisation of a kernel this store already knows to compile;
     the kernel's code always comes from the importing process, and a preload whose binary differs
-    from ``kernel_hash`` is dropped (tunecache.preload). Still, every field is checked, the hash
+    from ``kernel_hash`` is dropped (tunecache.binaries.preload). Still, every field is checked, the hash
     recomputed, and a spec must belong to a kernel and target of this file's problems.
     """
     _check_fields(obj, _SPEC_SETS[signed], _SPEC_FIELDS[signed], "a launch spec")
