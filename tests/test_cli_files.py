@@ -8,8 +8,10 @@ from __future__ import annotations
 import os
 import signal
 import sqlite3
+import stat
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -18,7 +20,9 @@ import sqlalchemy as sa
 from builders import fill
 from realcli import cli_process, one_line_error
 
+from tunecache.exchange import export
 from tunecache.store.engine import resolve_url
+from tunecache.store.opening import open_store
 
 
 def tree(root: Path) -> dict[str, bytes | None]:
@@ -108,6 +112,16 @@ READ_ONLY = {
 }
 
 
+def _one_error(r: subprocess.CompletedProcess, name: str) -> str:
+    """The one error line of a read-only command; ``hosts`` exits 2 on an error (1 is an outlier)."""
+    if name != "hosts":
+        return one_line_error(r)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 2 and "Traceback" not in r.stderr and len(lines) == 1, (r.returncode, r.stderr[-3000:])
+    assert lines[0].startswith("tunecache: error: "), lines
+    return lines[0]
+
+
 def _read_only_args(name: str, out: Path) -> list[str]:
     return [a.format(out=out) for a in READ_ONLY[name]]
 
@@ -121,11 +135,11 @@ def test_read_only_commands_leave_an_empty_or_foreign_file_alone(tmp_path, name)
     (d / "empty.sqlite3").write_bytes(b"")
     (d / "notes.sqlite3").write_text("my notes, not a database\n")
     before = tree(d)
-    err = one_line_error(cli_process("--url", f"sqlite:///{d / 'empty.sqlite3'}", *_read_only_args(name, out)))
+    err = _one_error(cli_process("--url", f"sqlite:///{d / 'empty.sqlite3'}", *_read_only_args(name, out)), name)
     assert "empty.sqlite3" in err and "empty file" in err and "tunecache db upgrade" in err, err
-    err = one_line_error(cli_process("--url", f"sqlite:///{d / 'notes.sqlite3'}", *_read_only_args(name, out)))
+    err = _one_error(cli_process("--url", f"sqlite:///{d / 'notes.sqlite3'}", *_read_only_args(name, out)), name)
     assert "notes.sqlite3" in err and "not a SQLite database" in err, err
-    err = one_line_error(cli_process("--url", f"sqlite:///{d / 'missing.sqlite3'}", *_read_only_args(name, out)))
+    err = _one_error(cli_process("--url", f"sqlite:///{d / 'missing.sqlite3'}", *_read_only_args(name, out)), name)
     assert "no store at" in err, err
     assert tree(d) == before
     assert list(out.iterdir()) == []
@@ -139,7 +153,7 @@ def test_read_only_commands_never_migrate(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     for name in sorted(READ_ONLY):
-        err = one_line_error(cli_process("--url", url, *_read_only_args(name, out)))
+        err = _one_error(cli_process("--url", url, *_read_only_args(name, out)), name)
         assert "0005" in err and "tunecache db upgrade" in err, (name, err)
         r = cli_process("--url", url, "db", "current")
         assert r.stdout.split()[0] == "0005", (name, r.stdout)
@@ -262,3 +276,19 @@ def test_sigterm_mid_export_leaves_no_tmp_file(tmp_path):
     assert proc.returncode in (-signal.SIGTERM, 128 + signal.SIGTERM), (proc.returncode, err[-2000:])
     assert b"Traceback" not in err, err[-2000:]
     assert list(outdir.iterdir()) == []  # no .tmp, and no half-written export
+
+
+def test_export_to_a_device_or_a_pipe_writes_through_it_and_never_replaces_it(tmp_path, sqlite_url):
+    """A path that is a device or a pipe (/dev/null, a FIFO) is written through: the export's rename
+    into place replaced /dev/null itself with a regular file (as root, for the whole machine)."""
+    fill(sqlite_url, 2)
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    summary = export(open_store(sqlite_url), fifo)
+    reader.join(60)
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode), "the pipe was replaced by a file"
+    assert got and got[0].startswith(b'{"format":"tunecache-export"') and summary["problems"] == 2
+    assert summary["path"] == str(fifo) and not list(tmp_path.glob(".pipe*"))

@@ -75,7 +75,8 @@ def export_cmd(
 
     if no_launch_specs and (binaries or sign_key):
         raise click.UsageError("--binaries and --sign need the launch specs: drop --no-launch-specs")
-    if path != "-" and os.path.lexists(path) and not force:
+    # A file (or a dangling link) would be lost; a directory or a device (/dev/null) is no file to keep.
+    if path != "-" and not force and (os.path.isfile(path) or (os.path.islink(path) and not os.path.exists(path))):
         raise OutputExistsError(f"{path} exists; nothing was written: pass --force to overwrite it")
     signer = Signer(sign_key) if sign_key else None  # a bad key fails before the export starts
     store = read_store(ctx)

@@ -15,7 +15,7 @@ from typing import Any
 import click
 
 from tunecache import settings
-from tunecache.cli.options import json_option, url_option
+from tunecache.cli.options import error_text, json_option, url_option
 from tunecache.cli.output import json_out
 from tunecache.errors import TunecacheError
 
@@ -29,8 +29,8 @@ log = logging.getLogger("tunecache")
 def warm(ctx: click.Context, module: str, as_json: bool) -> None:
     """Tune ahead of time: import MODULE and call its warmup() (e.g. during an image build).
 
-    MODULE is imported as ``python -m`` would (the current directory first on sys.path), with
-    tunecache installed: plain ``@triton.autotune`` kernels and libraries' own Autotuners are
+    MODULE is imported as `python -m` would (the current directory first on sys.path), with
+    tunecache installed: plain @triton.autotune kernels and libraries' own Autotuners are
     served and tuned into the store too. Progress per key goes to stderr (a bar on a terminal);
     without a GPU, kernels run under the Triton interpreter (TRITON_INTERPRET=1 is set before
     triton is imported).
@@ -52,7 +52,7 @@ def warm(ctx: click.Context, module: str, as_json: bool) -> None:
                     result = fn(progress=progress) if _takes_progress(fn) else fn()
                 except Exception as e:  # noqa: BLE001  the user's code: any error, one line naming it
                     log.debug("tunecache: %s.warmup() failed", module, exc_info=True)
-                    raise TunecacheError(f"{module}.warmup() failed: {type(e).__name__}: {e}") from None
+                    raise TunecacheError(f"{module}.warmup() failed: {type(e).__name__}: {error_text(e)}") from None
             tunecache.flush()
     out = {"module": module, "seconds": round(time.perf_counter() - t0, 3), "stats": tunecache.stats()}
     if isinstance(result, dict):

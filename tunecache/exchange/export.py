@@ -161,6 +161,24 @@ def export(
     path = None if is_stream(out) else Path(os.fspath(out))  # type: ignore[arg-type]
     if compress is None:
         compress = path is not None and path.suffix == ".gz"
+    if path is not None and path.exists() and not path.is_file() and not path.is_dir():
+        # A device or a pipe (/dev/null, a FIFO): written through, as a stream. Renaming a file over it,
+        # as a path gets, would replace the device node itself.
+        with open(path, "wb") as stream:
+            return export(
+                store,
+                stream,
+                kernel=kernel,
+                arch=arch,
+                device=device,
+                driver=driver,
+                since=since,
+                compress=compress,
+                progress=progress,
+                with_launch_specs=with_launch_specs,
+                with_binaries=with_binaries,
+                signer=signer,
+            ) | {"path": str(path)}
     if path is None:
         with tempfile.TemporaryFile(prefix=".tunecache-export-") as tmp:
             n_problems, n_configs, n_specs, sha = body(tmp)  # type: ignore[arg-type]
