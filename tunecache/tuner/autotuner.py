@@ -131,6 +131,23 @@ class _Ctx:
 class TunecacheAutotuner(Autotuner):
     """Triton's Autotuner, backed by a shared store of results."""
 
+    # The instance attributes ``_tc_attach`` sets, declared: a library's class must not define them
+    # (tunecache.tuner.adoption derives the names it refuses from this class).
+    _tc_user_cache_results: bool
+    _tc_bucket: dict[str, Callable[[int], int]]
+    _tc_name: str
+    _tc_set_name: bool
+    _tc_ks: KernelStore
+    _tc_identity: KernelIdentity | None
+    _tc_identity_lock: threading.Lock
+    _tc_kwargs: dict[str, Any]
+    _tc_round: Round | None
+    config_ids: ConfigIds
+    _tc_from_store: dict[Any, tuple[str, str]]
+    _tc_resolved_by: dict[Any, Any]
+    _tc_lock: threading.RLock
+    _tc_timings: Any
+
     def __init__(
         self,
         fn: Any,
