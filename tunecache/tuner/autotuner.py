@@ -62,7 +62,7 @@ from tunecache.tuner import (
     winner,
     writeback,
 )
-from tunecache.tuner.firstcall import first_run
+from tunecache.tuner.firstcall import FirstCall
 from tunecache.tuner.kernelstore import KernelStore
 from tunecache.tuner.measure import Round, classify, cpu_do_bench
 from tunecache.tuner.singleflight import Lease
@@ -225,7 +225,7 @@ class TunecacheAutotuner(Autotuner):
         companions.register_tuned(fn)  # its compiles are benchmarks and winners, not companions
         if current_mode() != "off":
             companions.watch()  # the plain kernels launched next to it (see tunecache.tuner.companions)
-        self.__dict__["run"] = functools.partial(first_run, self)  # once: does it reach Autotuner.run?
+        self.__dict__["run"] = FirstCall(self, self._tc_name, self._tc_record_uncovered)  # does it reach Autotuner.run?
         if current_mode() != "off" and settings.get("TUNECACHE_PREFETCH"):
             # Open the store and fetch this kernel's problems while the server loads its weights,
             # so the first launch pays no query, imports or connection set-up. No CUDA calls here:
