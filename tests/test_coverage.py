@@ -473,3 +473,29 @@ def test_every_documented_autotuner_behaviour_stays_as_triton_defines_it(sqlite_
     assert stock["restored"] == {"acc_ok": True, "cnt": [1.0], "best_block": None, "benched": 6}
     assert stock["pruned"]["best_block"] == 32 and stock["pruned"]["benched"] == 2  # early prune, then top 2
     assert stock["graphs"] == [7] * 4 and stock["graphed"]["benched"] == 4
+
+
+def test_install_refuses_a_library_class_that_defines_any_name_tunecache_adds(sqlite_url):
+    """A library's class that defines a name of tunecache's own would shadow tunecache's hooks or
+    state once adopted: refused, for every such name. The names are read from a real instance and
+    the class, not from a list, so a method or attribute added to the autotuner is covered at once;
+    Triton's own hooks stay the library's to override (fla overrides ``run``)."""
+    from tunecache.tuner import adoption
+
+    m = fresh_libmod()
+    ours = at.TunecacheAutotuner(inc, inc.arg_names, m.CONFIGS, ["N"], None, None, do_bench=m.cpu_bench)
+    plain = Autotuner(inc, inc.arg_names, m.CONFIGS, ["N"], None, None, do_bench=m.cpu_bench)
+
+    def added(names) -> set[str]:  # not Triton's (the class's or a plain instance's), not Python's
+        return {n for n in names if not n.startswith("__") and not hasattr(Autotuner, n) and n not in vars(plain)}
+
+    # kernel_name: Triton's attribute, given only where the library set none (fla sets its own)
+    names = added(vars(ours)) - {"kernel_name"} | added(vars(at.TunecacheAutotuner))
+    assert {"companion_store", "reset", "config_ids", "identity", "_tc_ks"} <= names
+    assert names <= adoption.own_names()
+    for name in sorted(names):
+        lib = type(f"Lib_{name}", (Autotuner,), {name: None})
+        with pytest.raises(TypeError, match=name):
+            adoption.covering_class(lib)
+    lib = type("LibRun", (Autotuner,), {"run": lambda self, *a, **k: super(lib, self).run(*a, **k)})
+    assert issubclass(adoption.covering_class(lib), at.TunecacheAutotuner)

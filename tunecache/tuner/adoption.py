@@ -13,6 +13,7 @@ Kept apart from :mod:`tunecache.tuner.autotuner` (the hooks themselves), which k
 
 from __future__ import annotations
 
+import inspect
 import threading
 from typing import Any
 
@@ -27,16 +28,18 @@ from tunecache.tuner.firstcall import is_adopted, library_class, mark_adopted, r
 
 _covering: dict[type, type] = {}
 _adopt_lock = threading.RLock()
-#: Attributes of TunecacheAutotuner that a library's class must not define itself.
-_OURS = (
-    "identity",
-    "config_ids",
-    "wait_for_prefetch",
-    "load_winners",
-    "ready_to_preload",
-    "after_fork_in_child",
-    "fork_locks",
-)
+
+
+def own_names() -> frozenset[str]:
+    """The names a library's class must not define itself: those TunecacheAutotuner adds to
+    Triton's Autotuner (its methods and class attributes, and the instance attributes it declares),
+    derived from the class so that no list is kept by hand. Triton's own hooks (``run``,
+    ``prune_configs``...) a library may override: its ``super()`` calls reach tunecache's."""
+    names = set(vars(TunecacheAutotuner)) | set(inspect.get_annotations(TunecacheAutotuner))
+    return frozenset(n for n in names if not (n.startswith("__") and n.endswith("__")) and not hasattr(Autotuner, n))
+
+
+_OURS = own_names()
 
 
 def covering_class(cls: type) -> type:

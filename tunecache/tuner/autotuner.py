@@ -62,7 +62,7 @@ from tunecache.tuner import (
     winner,
     writeback,
 )
-from tunecache.tuner.firstcall import first_run
+from tunecache.tuner.firstcall import FirstCall
 from tunecache.tuner.kernelstore import KernelStore
 from tunecache.tuner.measure import Round, classify, cpu_do_bench
 from tunecache.tuner.singleflight import Lease
@@ -130,6 +130,23 @@ class _Ctx:
 
 class TunecacheAutotuner(Autotuner):
     """Triton's Autotuner, backed by a shared store of results."""
+
+    # The instance attributes ``_tc_attach`` sets, declared: a library's class must not define them
+    # (tunecache.tuner.adoption derives the names it refuses from this class).
+    _tc_user_cache_results: bool
+    _tc_bucket: dict[str, Callable[[int], int]]
+    _tc_name: str
+    _tc_set_name: bool
+    _tc_ks: KernelStore
+    _tc_identity: KernelIdentity | None
+    _tc_identity_lock: threading.Lock
+    _tc_kwargs: dict[str, Any]
+    _tc_round: Round | None
+    config_ids: ConfigIds
+    _tc_from_store: dict[Any, tuple[str, str]]
+    _tc_resolved_by: dict[Any, Any]
+    _tc_lock: threading.RLock
+    _tc_timings: Any
 
     def __init__(
         self,
@@ -208,7 +225,7 @@ class TunecacheAutotuner(Autotuner):
         companions.register_tuned(fn)  # its compiles are benchmarks and winners, not companions
         if current_mode() != "off":
             companions.watch()  # the plain kernels launched next to it (see tunecache.tuner.companions)
-        self.__dict__["run"] = functools.partial(first_run, self)  # once: does it reach Autotuner.run?
+        self.__dict__["run"] = FirstCall(self, self._tc_name, self._tc_record_uncovered)  # does it reach Autotuner.run?
         if current_mode() != "off" and settings.get("TUNECACHE_PREFETCH"):
             # Open the store and fetch this kernel's problems while the server loads its weights,
             # so the first launch pays no query, imports or connection set-up. No CUDA calls here:
@@ -297,7 +314,7 @@ class TunecacheAutotuner(Autotuner):
 
     def companion_store(self) -> Store | None:
         """The store this kernel's companions are filed in (None: not open, or unreachable)."""
-        return self._tc_ks.get()
+        return self._tc_ks.open_store()
 
     def _record_specs(self, ctx: _Ctx, store: Store, best: str | None) -> None:
         """After a benchmark: store what Triton compiled the winner with, for later preloads
@@ -314,7 +331,7 @@ class TunecacheAutotuner(Autotuner):
         launch spec of this Triton key, with their binaries. Returns how many specs were recorded."""
         hits: dict[str, dict[str, Any]] = {}  # target digest -> {config hash: config}
         for key, (digest, h) in list(self._tc_from_store.items()):
-            config, p = self.cache.get(key), self._tc_ks.mem.get(digest)
+            config, p = self.cache.get(key), self._tc_ks.held(digest)
             if config is not None and p is not None:
                 hits.setdefault(p.target.digest, {})[h] = config
         store = self._tc_ks.store
@@ -544,7 +561,7 @@ class TunecacheAutotuner(Autotuner):
         if capture or mode == "offline":
             return self._fallback(ctx, "capture" if capture else "offline", mode)
         counters.count(self._tc_name, self._tc_ks.store, misses=1)
-        store = self._tc_ks.get()
+        store = self._tc_ks.open_store()
         if mode == "readonly" or store is None or store.readonly:
             return self._bench_unstored(ctx, p, bench_fn, keep=mode != "readonly" and store is None)
         return self._single_flight(ctx, p, store, bench_fn)
@@ -639,7 +656,7 @@ class TunecacheAutotuner(Autotuner):
         """Exactly one process per digest benchmarks (see :mod:`tunecache.tuner.singleflight`)."""
 
         def settled() -> bool | None:  # another process's result, once it covers this key
-            return self._adopt(ctx, store.get(ctx.digest)) or None
+            return self._take_stored(ctx, self._tc_ks.fetch_problem(store, ctx.digest)) or None
 
         def trouble(what: str, e: StoreError) -> bool:
             self._tc_ks.trouble(what, e)
@@ -680,11 +697,11 @@ class TunecacheAutotuner(Autotuner):
 
     def _bench_and_store(self, ctx: _Ctx, store: Store, bench_fn: Callable[[], None], lease: Lease) -> bool:
         try:
-            p = store.get(ctx.digest)  # someone may have finished while we took the lease
+            p = self._tc_ks.fetch_problem(store, ctx.digest)  # someone may have finished while we took the lease
         except StoreError as e:
             self._tc_ks.trouble("read", e)
-            p = self._tc_ks.mem.get(ctx.digest)
-        if self._adopt(ctx, p):
+            p = self._tc_ks.held(ctx.digest)
+        if self._take_stored(ctx, p):
             return True
         rnd = self._new_round(ctx, p)
         with lease.kept():
@@ -694,13 +711,9 @@ class TunecacheAutotuner(Autotuner):
         best = self._choose(ctx, rnd)  # launched even if the store cannot take it
         problem = self._problem(ctx, rnd.seconds + (p.tuning_seconds if p else 0.0), best)
         results = rnd.rows()
-        try:
-            stored = store.put(problem, results, replace=p is not None)
-        except StoreError as e:
-            self._tc_ks.trouble("write", e)
-            writeback.defer_put(store, problem, results, p is not None)
+        stored = self._tc_ks.save(store, problem, results, replace=p is not None)
+        if stored is None:  # counted, warned about, written in the background
             return False
-        self._tc_ks.mem[stored.digest] = stored
         self._use(ctx, stored, hit=False)
         self._record_specs(ctx, store, stored.winner_config_hash)
         return False
@@ -709,17 +722,17 @@ class TunecacheAutotuner(Autotuner):
         """After losing the lease mid-benchmark: launch the result the new holder stored, if it
         covers this key, rather than overwrite the fleet's winner with ours."""
         try:
-            q = store.get(ctx.digest)
+            q = self._tc_ks.fetch_problem(store, ctx.digest)
         except StoreError as e:
             self._tc_ks.trouble("read", e)
             return False
-        return self._adopt(ctx, q)
+        return self._take_stored(ctx, q)
 
-    def _adopt(self, ctx: _Ctx, q: Problem | None) -> bool:
+    def _take_stored(self, ctx: _Ctx, q: Problem | None) -> bool:
         """Launch ``q``, another process's result read from the store, if it covers this key."""
         if not self._covers(q, ctx):
             return False
-        self._tc_ks.mem[q.digest] = q
+        self._tc_ks.remember(q)
         self._use(ctx, q, hit=False)
         return True
 
@@ -767,7 +780,7 @@ class TunecacheAutotuner(Autotuner):
         passed = blame.call_constexprs(blame.constexpr_names(self.fn), self.arg_names, self.keys, config, args, kwargs)
         specs = []
         if not ran_here and passed:
-            p = self._tc_ks.mem.get(digest)
+            p = self._tc_ks.held(digest)
             target_digest = p.target.digest if p is not None else detect_target().digest
             specs = self._tc_ks.specs_on(self.identity.source_hash, target_digest)
         v = blame.verdict(ran_here=ran_here, passed=passed, specs=specs, config_hash=h, arg_names=self.arg_names)

@@ -2,11 +2,11 @@
 
 A library's subclass of Triton's Autotuner may override ``run`` and return without calling
 ``Autotuner.run`` (its own cache, its own benchmark): then none of tunecache's hooks run, and the
-kernel is silently not served. So the first call of each instance is observed (:func:`first_run`),
+kernel is silently not served. So the first call of each instance is observed (:class:`FirstCall`),
 and such a kernel is counted in ``tunecache.coverage()`` as uncovered, warned about once, and its
 first key recorded as a miss with reason ``uncovered``.
 
-Kept apart from :mod:`tunecache.tuner.autotuner` (Triton's hooks, which set :func:`first_run` on every
+Kept apart from :mod:`tunecache.tuner.autotuner` (Triton's hooks, which set a :class:`FirstCall` on every
 instance) and :mod:`tunecache.tuner.adoption` (``install()``, which builds on the autotuner): both need
 it, and both need to name the class a tuner stands for (:func:`library_class`), which depends on
 whether ``install()`` adopted it (:func:`mark_adopted`).
@@ -14,8 +14,8 @@ whether ``install()`` adopted it (:func:`mark_adopted`).
 
 from __future__ import annotations
 
-import functools
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from triton.runtime.autotuner import Autotuner
@@ -55,31 +55,40 @@ def library_class(tuner: Any) -> type:
     return vars(cls).get("_tc_library_class", Autotuner if tuner in _adopted else cls)
 
 
-def first_run(self: Any, *args: Any, **kwargs: Any) -> Any:
-    """An instance's first call (set as its ``run`` when tunecache's state is attached, removed at
+class FirstCall:
+    """An instance's first call, set as its ``run`` when tunecache's state is attached (removed at
     once): observes whether the call reached ``Autotuner.run``, i.e. tunecache's hooks. A subclass
-    whose ``run`` returns without it is reported once, with its name and why."""
-    if self.__dict__.pop("run", None) is None:  # another thread is observing the first call
-        return self.run(*args, **kwargs)
-    self.nargs = _NOT_ENTERED  # Autotuner.run sets nargs first thing
-    ok = False
-    try:
-        out = self.run(*args, **kwargs)
-        ok = True
-        return out
-    finally:
-        entered = self.nargs is not _NOT_ENTERED
-        if not entered:
-            self.nargs = None
-        if entered:
-            counters.kernel_seen(self._tc_name, library_class(self), covered=True)
-        elif ok:
-            cls = library_class(self)
-            why = f"{cls.__module__}.{cls.__qualname__}.run returned without calling Autotuner.run"
-            report_uncovered(self._tc_name, cls, why)
-            self._tc_record_uncovered(args, kwargs)
-        else:  # failed before reaching the base class: observe the next call
-            self.__dict__.setdefault("run", functools.partial(first_run, self))
+    whose ``run`` returns without it is reported once, as ``name``, with why; ``on_uncovered(args,
+    kwargs)`` then records the call's key. Given what it needs, so it reads no private attribute."""
+
+    def __init__(self, tuner: Any, name: str, on_uncovered: Callable[[Any, Any], None]) -> None:
+        self.tuner = tuner
+        self.name = name
+        self.on_uncovered = on_uncovered
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        tuner = self.tuner
+        if tuner.__dict__.pop("run", None) is None:  # another thread is observing the first call
+            return tuner.run(*args, **kwargs)
+        tuner.nargs = _NOT_ENTERED  # Autotuner.run sets nargs first thing
+        ok = False
+        try:
+            out = tuner.run(*args, **kwargs)
+            ok = True
+            return out
+        finally:
+            entered = tuner.nargs is not _NOT_ENTERED
+            if not entered:
+                tuner.nargs = None
+            if entered:
+                counters.kernel_seen(self.name, library_class(tuner), covered=True)
+            elif ok:
+                cls = library_class(tuner)
+                why = f"{cls.__module__}.{cls.__qualname__}.run returned without calling Autotuner.run"
+                report_uncovered(self.name, cls, why)
+                self.on_uncovered(args, kwargs)
+            else:  # failed before reaching the base class: observe the next call
+                tuner.__dict__.setdefault("run", self)
 
 
 def report_uncovered(name: str, cls: type, why: str) -> None:

@@ -132,7 +132,7 @@ class KernelStore:
                 self.mem.setdefault(q.digest, q)
         self.pending = None
 
-    def get(self) -> Store | None:
+    def open_store(self) -> Store | None:
         """The store, opened (after the background prefetch, if one runs); None while it cannot be
         opened. Once it opens, the results tuned meanwhile are queued for it."""
         if self.store is not None:
@@ -174,7 +174,7 @@ class KernelStore:
 
     def lookup(self, digest: str, source_hash: str) -> Problem | None:
         """In memory first (prefetched in one query per kernel); else one query for this digest."""
-        store = self.get()  # joins the background prefetch
+        store = self.open_store()  # joins the background prefetch
         self.absorb(source_hash)
         p = self.mem.get(digest)
         if p is not None or store is None:
@@ -193,6 +193,31 @@ class KernelStore:
             self.mem[p.digest] = p
         return p
 
+    def held(self, digest: str) -> Problem | None:
+        """The problem this process holds in memory for ``digest`` (no query)."""
+        return self.mem.get(digest)
+
+    def remember(self, problem: Problem) -> None:
+        """Hold ``problem`` (another process's result, read from the store) in memory."""
+        self.mem[problem.digest] = problem
+
+    def fetch_problem(self, store: Store, digest: str) -> Problem | None:
+        """The stored problem of ``digest``, read now (another process may have stored it since the
+        prefetch); not held in memory until it is used (:meth:`remember`). Raises StoreError."""
+        return store.get(digest)
+
+    def save(self, store: Store, problem: Problem, results: list[ConfigResult], replace: bool) -> Problem | None:
+        """Write a result tuned under the lease and hold what the store returns in memory. A failed
+        write is counted, warned about, and queued to be written in the background (None)."""
+        try:
+            stored = store.put(problem, results, replace=replace)
+        except StoreError as e:
+            self.trouble("write", e)
+            writeback.defer_put(store, problem, results, replace)
+            return None
+        self.mem[stored.digest] = stored
+        return stored
+
     def problems(self) -> list[Problem]:
         """This kernel's problems in memory (a copy: another thread may add to it)."""
         return list(self.mem.values())
@@ -205,7 +230,7 @@ class KernelStore:
         already (else the kernel's rows are fetched by name); ``source_hash()`` computes it. Raises."""
         t0 = time.perf_counter()
         if self.specs is None:  # the prefetch was off, failed, or ran before the hash
-            store = self.get()
+            store = self.open_store()
             if store is None:
                 return 0, 0
             self.fetch(store, known_hash)
@@ -227,7 +252,7 @@ class KernelStore:
         (for a failed launch, never a launch path); none while the store cannot answer."""
         specs = self.specs
         if specs is None:
-            store = self.get()
+            store = self.open_store()
             if store is None:
                 return []
             try:
@@ -248,7 +273,7 @@ class KernelStore:
                 best = pick_winner(p.configs)
                 p.winner_config_hash = best.config_hash if best else None
                 self.mem[digest] = p
-        store = self.get()
+        store = self.open_store()
         if store is not None and not store.readonly:
             try:
                 store.mark_config(digest, config_hash, status, failure)
@@ -260,7 +285,7 @@ class KernelStore:
         writes, else, a read-only store, in the local spool (:mod:`tunecache.tuner.missspool`). Returns where:
         "store", "spool", "unrecorded" (read-only store, spool not writable) or "failed" (the store
         is down or refused the write: warned about by :meth:`trouble`)."""
-        store = self.get()
+        store = self.open_store()
         if store is None:
             return "failed"
         if not store.readonly:
