@@ -35,7 +35,7 @@ import orjson
 from triton.runtime.autotuner import Autotuner
 
 from tunecache import counters, settings
-from tunecache.binaries import preload as _preload
+from tunecache.binaries import preload
 from tunecache.errors import CaptureMissError, ConfigurationError, StoreError
 from tunecache.identity import (
     ConfigIds,
@@ -322,7 +322,7 @@ class TunecacheAutotuner(Autotuner):
         config = dict(zip(ctx.hashes, ctx.configs)).get(best) if best else None
         if config is None or store.readonly:
             return
-        specs = _preload.capture(self.fn, config, best)
+        specs = preload.capture(self.fn, config, best)
         self._tc_ks.record_specs(store, self.fn, self.identity.source_hash, ctx.target.digest, specs)
 
     def record_hit_specs(self) -> int:
@@ -338,7 +338,7 @@ class TunecacheAutotuner(Autotuner):
         ident = self._tc_identity
         if not hits or store is None or store.readonly or ident is None:
             return 0
-        captured = {t: [s for h, c in w.items() for s in _preload.capture(self.fn, c, h)] for t, w in hits.items()}
+        captured = {t: [s for h, c in w.items() for s in preload.capture(self.fn, c, h)] for t, w in hits.items()}
         if not any(captured.values()):
             return 0  # interpreted, or compiled for no stored winner
         try:
