@@ -98,7 +98,7 @@ def test_a_spec_built_with_options_a_launch_here_would_not_use_is_not_preloaded(
 def test_the_modules_a_first_launch_imports_are_imported_by_the_preload():
     probe = (
         "import json, sys, triton\n"
-        "from tunecache import preload\n"
+        "from tunecache.binaries import preload\n"
         "before = [n in sys.modules for n in preload.LAUNCH_IMPORTS]\n"
         "preload.import_launch_modules()\n"
         "print(json.dumps([before, [n in sys.modules for n in preload.LAUNCH_IMPORTS]]))"
