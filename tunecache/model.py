@@ -400,6 +400,18 @@ def binary_from_json(obj: Mapping[str, Any]) -> tuple[str, str, Binary]:
     return obj["kernel"], obj["source_hash"], b
 
 
+def miss_fields(p: Problem, reason: str) -> dict[str, Any]:
+    """What a recorded miss says of its problem (a ``misses`` row's, and a spooled miss's, fields)."""
+    return {
+        "digest": p.digest,
+        "reason": reason,
+        "kernel": p.kernel,
+        "source_hash": p.source_hash,
+        "target_digest": p.target.digest,
+        "key_json": p.key_json,
+    }
+
+
 def problem_row(p: Problem) -> dict[str, Any]:
     """A problem as a ``problems`` row: column -> value (datetimes as datetimes, the key as its JSON text)."""
     t = p.target

@@ -45,6 +45,7 @@ from tunecache.model import (
     Problem,
     binary_row,
     launch_spec_row,
+    miss_fields,
     new_config_row,
     new_problem_row,
     pick_winner,
@@ -491,12 +492,7 @@ class Store:
                 .values(count=misses.c.count + 1, last_seen=now)
             )
             row = {
-                "digest": problem.digest,
-                "reason": reason,
-                "kernel": problem.kernel,
-                "source_hash": problem.source_hash,
-                "target_digest": problem.target.digest,
-                "key_json": problem.key_json,
+                **miss_fields(problem, reason),
                 "count": 1,
                 "host": hostname(),
                 "first_seen": now,

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tunecache import settings
-from tunecache.model import Problem, utcnow
+from tunecache.model import Problem, miss_fields, utcnow
 from tunecache.target import hostname
 
 log = logging.getLogger("tunecache")
@@ -46,12 +46,7 @@ def append(problem: Problem, reason: str, store: str) -> bool:
     line = json.dumps(
         {
             "store": store,
-            "digest": problem.digest,
-            "reason": reason,
-            "kernel": problem.kernel,
-            "source_hash": problem.source_hash,
-            "target_digest": problem.target.digest,
-            "key_json": problem.key_json,
+            **miss_fields(problem, reason),
             "host": hostname(),
             "seen": utcnow().isoformat(),
         },
