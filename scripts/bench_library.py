@@ -354,7 +354,9 @@ def gpu_phases(out_dir: Path, timeout: float, only: set[str], profile: bool, rep
         "FLA_CACHE_RESULTS": "0",
         "TRITON_CACHE_DIR": str(triton_cache),
         "TUNECACHE_URL": f"sqlite:///{store}",
-        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
+        # The checkout last: where tunecache is installed (the GPU host's --target dir) that copy is
+        # used, with its tunecache.migrations and tunecache.kernels packages.
+        "PYTHONPATH": os.pathsep.join(p for p in (os.environ.get("PYTHONPATH", ""), str(ROOT)) if p),
         "TUNECACHE_INSTALL": "",
     }
     tc = {**base, "TUNECACHE_INSTALL": "1"}
