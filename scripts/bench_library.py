@@ -333,7 +333,7 @@ def _child(env: dict[str, str], timeout: float, library: str = "fla") -> dict:
         capture_output=True,
         text=True,
         timeout=timeout,
-        cwd=str(ROOT),
+        cwd=tempfile.gettempdir(),  # not the checkout: python -c puts its cwd first on sys.path
     )
     line = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
     if r.returncode != 0 or not line:
