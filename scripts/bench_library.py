@@ -387,6 +387,8 @@ def gpu_phases(out_dir: Path, timeout: float, only: set[str], profile: bool, rep
         starts.append(("tunecache-restart-floor-profiled", floor_env))
     if only:
         starts = [(n, e) for n, e in starts if n in only]
+        if "stock-cold" not in only:  # tunecache-first fills Triton's cache then: stock-restart has its cubins
+            starts.sort(key=lambda x: x[0] != "tunecache-first")
     # The restarts change nothing stored: with --repeat they run again in rounds, side by side, the
     # order reversed every other round.
     again = [(n, e) for n, e in starts if n.startswith(("tunecache-restart", "stock-pinned")) and "profiled" not in n]
