@@ -95,6 +95,51 @@ def test_a_spec_built_with_options_a_launch_here_would_not_use_is_not_preloaded(
     assert r["moved"]["hashes"] == [r["here"]] and r["moved"]["counts"] == [[1, 0], [0, 0]]
 
 
+def test_a_kernel_with_dtype_enum_and_none_constexprs_preloads_under_its_own_launch_key():
+    """A quantized-matmul library passes ``tl.float16``, enum members, ``None`` and strings as
+    constexprs: its launch keys hold their ``repr`` (``triton.language.float16``, ``<Mode.A: 1>``),
+    which no literal parser reads, and not one of its kernels was preloaded. Each now preloads, and
+    Triton's own launch finds it under the key it computes; a spec whose key names other constexprs
+    than its binary was built with (its hash honest) is never loaded."""
+    r = run_json(["preload_constexprs.py", "roundtrip"], timeout=600)
+    keys = r["keys"]
+    assert "triton.language.float16" in keys["fp16"] and "<Mode.PLAIN: 1>" in keys["fp16"]
+    assert "('constexpr', None)" in keys["fp16"] and "<Mode.DOUBLE: 2>" in keys["double"]
+    # bf16 for fp16, another enum member, 0.5 for None, another string: refused, nothing cached.
+    assert r["forged"] == {"bf16": [0, 1], "double": [0, 1], "bias": [0, 1], "first": [0, 1]}
+    assert r["cache_after_forged"] == 0
+    assert r["loaded"] == [5, 0]
+    assert r["found"] == {n: True for n in keys}  # the launch hits the preloaded binary, compiles nothing
+    assert r["cache_after_launches"] == 5
+    assert r["skips"] == {"key_mismatch": 4}
+
+
+def test_a_restart_with_many_unparseable_specs_prints_at_most_one_line():
+    """Each spec skipped was a warning of its own: 81 lines at every start of that library. Now one
+    summary line per process (logging as the library leaves it: Python's last resort, warnings up),
+    the reasons counted in ``tunecache.preload_skips()``."""
+    import os
+    import subprocess
+
+    from processes import HERE
+
+    p = subprocess.run(
+        [sys.executable, "-W", "ignore", "preload_constexprs.py", "quiet", "50"],  # Triton's own warnings off
+        cwd=str(HERE),
+        env=os.environ,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    assert r["counts"] == [[0, 50], [0, 50]]
+    assert r["skips"] == {"unparseable": 100} and r["stats"]["preload_skipped"] == 100
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert "100 launch specs not preloaded" in lines[0] and "100 unparseable" in lines[0]
+
+
 def test_the_modules_a_first_launch_imports_are_imported_by_the_preload():
     probe = (
         "import json, sys, triton\n"
