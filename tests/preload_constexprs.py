@@ -8,6 +8,8 @@ tests/test_preload.py.
 must find the preloaded binary under the key Triton computes. Specs whose key names other constexprs
 than their binary was built with (honest hashes) must not be loaded.
 
+``python preload_constexprs.py tuples``: the same for a nested tuple constexpr and a tuple argument.
+
 ``python preload_constexprs.py quiet N``: a restart meets N specs whose launch keys cannot be parsed,
 on two devices; stderr is what a user sees with logging as the library leaves it.
 """
@@ -48,6 +50,13 @@ def scale(X, Y, N, DT: tl.constexpr, MODE: tl.constexpr, BIAS: tl.constexpr, EVI
     if BIAS is not None:
         x = x + BIAS
     tl.store(Y + i, x.to(tl.float32), mask=m)
+
+
+@triton.jit
+def shift(X, N, SHAPE: tl.constexpr, OUT, BLOCK: tl.constexpr):  # OUT: a tuple argument, (pointer, None)
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = i < N
+    tl.store(OUT[0] + i, tl.load(X + i, mask=m) + SHAPE[0] + SHAPE[1][1], mask=m)
 
 
 WIN = triton.Config({"BLOCK": 128}, num_warps=2, num_stages=1)
@@ -122,6 +131,32 @@ def roundtrip() -> dict:
     }
 
 
+def tuples() -> dict:
+    """A nested tuple constexpr and a tuple argument holding a None: loaded where this Triton's preload
+    rebuilds the launch's binary (its hash says so), else skipped; a spec for other tuple values never."""
+    out = {}
+    caches = shift.device_caches[0][0]
+    for name, shape in {"shape": (1, (2, 3)), "other": (1, (2, 4))}.items():
+        kernel = shift.warmup(X, 100, shape, (Y, None), BLOCK=128, num_warps=2, num_stages=1, grid=(1,))
+        (key,) = [k for k, v in caches.items() if v is kernel]
+        (spec,) = preload.capture(shift, WIN, "h128")
+        out[name] = {"key": key, "spec": spec, "hash": str(kernel.hash)}
+        caches.clear()
+    tunecache.reset_stats()
+    forged = list(preload.load(shift, [with_key(out["other"]["spec"], out["shape"]["key"])], 0))
+    loaded = list(preload.load(shift, [out["shape"]["spec"]], 0))
+    preloaded = caches.get(out["shape"]["key"])
+    kernel = shift.warmup(X, 100, (1, (2, 3)), (Y, None), BLOCK=128, num_warps=2, num_stages=1, grid=(1,))
+    return {
+        "key": out["shape"]["key"],
+        "forged": forged,
+        "loaded": loaded,
+        "found": preloaded is not None and kernel is preloaded,
+        "same_hash": str(kernel.hash) == out["shape"]["hash"],
+        "skips": tunecache.preload_skips(),
+    }
+
+
 def quiet(n: int) -> dict:
     launch("fp16")
     (good,) = preload.capture(scale, WIN, "h128")
@@ -133,5 +168,6 @@ def quiet(n: int) -> dict:
 
 
 if __name__ == "__main__":
-    out = roundtrip() if sys.argv[1] == "roundtrip" else quiet(int(sys.argv[2]))
+    modes = {"roundtrip": roundtrip, "tuples": tuples}
+    out = quiet(int(sys.argv[2])) if sys.argv[1] == "quiet" else modes[sys.argv[1]]()
     print(json.dumps(out))

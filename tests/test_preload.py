@@ -114,6 +114,102 @@ def test_a_kernel_with_dtype_enum_and_none_constexprs_preloads_under_its_own_lau
     assert r["skips"] == {"key_mismatch": 4}
 
 
+def test_nested_tuple_constexprs_and_tuple_arguments_preload_where_triton_can_rebuild_them():
+    """A nested tuple constexpr and a tuple argument holding a pointer and a None: the key is read
+    and matched on every Triton; 3.9's preload rebuilds the launch's binary, which the launch then
+    finds; before 3.9 Triton's preload cannot (a tuple constexpr comes back a list), so the spec is
+    skipped without a compile and the launch builds its own. A spec for other tuple values: never."""
+    r = run_json(["preload_constexprs.py", "tuples"], timeout=600)
+    assert "('constexpr', (1, (2, 3)))" in r["key"] and "(('*fp32', 'constexpr'), ('D', None))" in r["key"]
+    assert r["forged"] == [0, 1] and r["same_hash"]
+    if tuple(int(x) for x in triton.__version__.split(".")[:2]) >= (3, 9):
+        assert r["loaded"] == [1, 0] and r["found"] and r["skips"] == {"key_mismatch": 1}
+    else:
+        assert r["loaded"] == [0, 1] and not r["found"] and r["skips"] == {"key_mismatch": 1, "unsupported": 1}
+
+
+@pytest.mark.parametrize(
+    ("text", "recorded", "same"),
+    [
+        ("triton.language.float16", "fp16", True),  # serialised as its name, decoded to tl.dtype
+        ("triton.language.bfloat16", "fp16", False),
+        ("'fp16'", "fp16", False),  # a string naming a dtype: the preload builds with the dtype
+        ("<Mode.A: 1>", 1, True),  # an IntEnum member is serialised as its value
+        ("<Mode.A: 1>", 2, False),
+        ("<Mode.A: 1>", True, False),  # the same value, another type
+        ("<Mode.A: 1>", 1.0, False),
+        ("<Mode.A: 1>", "1", False),
+        ("<Policy.LAST: 'evict_last'>", "evict_last", True),
+        ("<Policy.F: 'fp16'>", "fp16", False),  # decoded to a dtype, not the enum's str
+        ("<Mode.A: 1>, <Mode.B: 2>", 1, False),
+        ("<Mode.A: 01>", 1, False),  # not as repr writes it
+        ("None", None, True),
+        ("None", 0, False),
+        ("0", None, False),
+        ("1", True, False),
+        ("True", 1, False),
+        ("'evict_last'", "evict_last", True),
+        ("'evict_last'", "evict_first", False),
+        ("(1, (2, 'a'))", [1, [2, "a"]], True),  # JSON made the tuples lists
+        ("(1, (2, 'a'))", [1, [2, "b"]], False),
+        ("(1,)", [1], True),
+        ("(1)", [1], False),
+        ("0.5", 0.5, True),
+        ("0.5", 0.25, False),
+    ],
+)
+def test_a_constexpr_matches_only_the_constant_its_binary_is_built_with(text, recorded, same):
+    assert preload.constant_matches(text, recorded) is same
+
+
+def test_a_tl_constexpr_argument_matches_where_this_triton_decodes_it():
+    """``{"constexpr": v}`` is decoded by the preload from Triton 3.6 (3.4 never records it); elsewhere
+    it stays a dict, which no launch's key names."""
+    decodes = tuple(int(x) for x in triton.__version__.split(".")[:2]) >= (3, 6)
+    assert preload.constant_matches("constexpr[3]", {"constexpr": 3}) is decodes
+    assert not preload.constant_matches("constexpr[4]", {"constexpr": 3})
+
+
+def _spec_data(key: str, **changes) -> dict:
+    data = {
+        "signature": {"X": "*fp32", "N": "i32", "DT": "constexpr", "S": "constexpr"},
+        "constant_keys": [[2], [3]],
+        "constant_vals": ["fp16", "a,b)"],
+        "attrs_keys": [[0], [1], [2], [3]],
+        "attrs_vals": [[["tt.divisibility", 16]], [], [], []],
+        "options": {"num_warps": 4, "num_stages": 3},
+        "key": key,
+    }
+    return {**data, **changes}
+
+
+GOOD_KEY = (
+    "[('*fp32', 'D'), ('i32', ''), ('constexpr', triton.language.float16), ('constexpr', 'a,b)')]{'num_warps': 4}"
+)
+
+
+@pytest.mark.parametrize(
+    ("key", "changes", "reason"),
+    [
+        (GOOD_KEY, {}, None),
+        (GOOD_KEY.replace("'a,b)'", "'a,b'"), {}, "key_mismatch"),  # a comma in a string cuts nothing
+        (GOOD_KEY.replace("float16", "float32"), {}, "key_mismatch"),
+        (GOOD_KEY.replace("('*fp32', 'D')", "('*fp32', '')"), {}, "key_mismatch"),  # alignment
+        (GOOD_KEY.replace("'num_warps': 4", "'num_warps': 8"), {}, "key_mismatch"),
+        (GOOD_KEY, {"constant_keys": [[1], [2], [3]], "constant_vals": [7, "fp16", "a,b)"]}, "key_mismatch"),
+        (GOOD_KEY.replace("('i32', '')", "('constexpr', 7)"), {}, "key_mismatch"),  # i32 in the binary
+        (GOOD_KEY.replace("('*fp32', 'D'), ", "('*fp32', 'D'),"), {}, "unparseable"),  # not as str() writes it
+        (GOOD_KEY[:-1], {}, "unparseable"),
+        (GOOD_KEY.replace("'a,b)'", "<object at 0x1>"), {}, "key_mismatch"),
+        ("[('*fp32', 'D'), <Mode.A: 1]{}", {}, "unparseable"),
+        (GOOD_KEY.replace("'a,b)'", "'a,b' + ')'"), {}, "key_mismatch"),  # text, never evaluated
+    ],
+)
+def test_a_launch_key_is_read_by_its_text_and_matched_exactly(key, changes, reason):
+    why = preload.key_mismatch(_spec_data(key, **changes), 4)
+    assert (why[0] if why else None) == reason, why
+
+
 def test_a_restart_with_many_unparseable_specs_prints_at_most_one_line():
     """Each spec skipped was a warning of its own: 81 lines at every start of that library. Now one
     summary line per process (logging as the library leaves it: Python's last resort, warnings up),

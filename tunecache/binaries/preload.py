@@ -126,6 +126,7 @@ SKIP_REASONS = {
     "key_mismatch": "key names another binary",
     "options": "built with other compile options than a launch here",
     "rebuilt_differs": "rebuilt binary differs from the record",
+    "unsupported": "this Triton's preload cannot rebuild it (tuples before 3.9)",
     "error": "preload failed",
 }
 
@@ -170,6 +171,8 @@ def load(fn: Any, specs: Iterable[LaunchSpec], device: int) -> tuple[int, int]:
                     if why is None:
                         options = options_mismatch(data, backend, jf.arg_names)
                         why = ("options", options) if options is not None else None
+                    if why is None and not rebuildable(data):
+                        why = "unsupported", f"Triton {version}'s preload rebuilds no tuple argument or constexpr"
                     if why is None:
                         kernel = jf.preload(s.spec_json)
                         if kernel is None or str(getattr(kernel, "hash", "")) != s.kernel_hash:
@@ -231,6 +234,20 @@ def summarise_skips() -> str | None:
     else:
         log.info("%s (they load at their first launch)", line)
     return line
+
+
+def rebuildable(data: dict[str, Any]) -> bool:
+    """Can this Triton's ``JITFunction.preload`` rebuild the spec's binary at all? Before 3.9 it hands
+    a tuple constexpr (a JSON list) to the compiler as a list, which builds another binary than the
+    launch's tuple (seen on 3.6; 3.4 also keeps a tuple argument's signature a list, and fails). Known here, such a
+    spec costs no compile that the hash check would throw away."""
+    version = _triton_minor()
+    if version >= (3, 9):
+        return True
+    vals = [v["constexpr"] if isinstance(v, dict) and "constexpr" in v else v for v in data.get("constant_vals", [])]
+    if any(isinstance(v, list) for v in vals):
+        return False
+    return version >= (3, 6) or not any(isinstance(v, list) for v in data.get("signature", {}).values())
 
 
 #: What Triton's launch path imports at a process's first launch (the argument specialisation: in
