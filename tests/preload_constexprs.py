@@ -10,6 +10,8 @@ than their binary was built with (honest hashes) must not be loaded.
 
 ``python preload_constexprs.py tuples``: the same for a nested tuple constexpr and a tuple argument.
 
+``python preload_constexprs.py functions``: the same for a @triton.jit function passed as a constexpr.
+
 ``python preload_constexprs.py quiet N``: a restart meets N specs whose launch keys cannot be parsed,
 on two devices; stderr is what a user sees with logging as the library leaves it.
 """
@@ -57,6 +59,23 @@ def shift(X, N, SHAPE: tl.constexpr, OUT, BLOCK: tl.constexpr):  # OUT: a tuple 
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = i < N
     tl.store(OUT[0] + i, tl.load(X + i, mask=m) + SHAPE[0] + SHAPE[1][1], mask=m)
+
+
+@triton.jit
+def plus_one(x):
+    return x + 1
+
+
+@triton.jit
+def plus_two(x):
+    return x + 2
+
+
+@triton.jit
+def apply(X, Y, N, FN: tl.constexpr, BLOCK: tl.constexpr):  # FN: a @triton.jit function
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = i < N
+    tl.store(Y + i, FN(tl.load(X + i, mask=m)), mask=m)
 
 
 WIN = triton.Config({"BLOCK": 128}, num_warps=2, num_stages=1)
@@ -157,6 +176,32 @@ def tuples() -> dict:
     }
 
 
+def functions() -> dict:
+    """A @triton.jit function as a constexpr: Triton 3.9 records it by name and keys the launch by
+    its ``cache_key``; earlier Tritons record no spec of it."""
+    caches = apply.device_caches[0][0]
+    keys, specs = {}, {}
+    for name, fn in {"one": plus_one, "two": plus_two}.items():
+        kernel = apply.warmup(X, Y, 100, fn, BLOCK=128, num_warps=2, num_stages=1, grid=(1,))
+        (keys[name],) = [k for k, v in caches.items() if v is kernel]
+        specs[name] = preload.capture(apply, WIN, "h128")
+        caches.clear()
+    if not specs["one"]:
+        return {"recorded": False}
+    tunecache.reset_stats()
+    forged = list(preload.load(apply, [with_key(specs["two"][0], keys["one"])], 0))
+    loaded = list(preload.load(apply, specs["one"], 0))
+    preloaded = caches.get(keys["one"])
+    kernel = apply.warmup(X, Y, 100, plus_one, BLOCK=128, num_warps=2, num_stages=1, grid=(1,))
+    return {
+        "recorded": True,
+        "forged": forged,
+        "loaded": loaded,
+        "found": preloaded is not None and kernel is preloaded,
+        "skips": tunecache.preload_skips(),
+    }
+
+
 def quiet(n: int) -> dict:
     launch("fp16")
     (good,) = preload.capture(scale, WIN, "h128")
@@ -168,6 +213,6 @@ def quiet(n: int) -> dict:
 
 
 if __name__ == "__main__":
-    modes = {"roundtrip": roundtrip, "tuples": tuples}
+    modes = {"roundtrip": roundtrip, "tuples": tuples, "functions": functions}
     out = quiet(int(sys.argv[2])) if sys.argv[1] == "quiet" else modes[sys.argv[1]]()
     print(json.dumps(out))

@@ -8,6 +8,7 @@ context does, and is checked on the H200 in tests/test_gpu.py.
 from __future__ import annotations
 
 import json
+import logging
 import multiprocessing
 import sys
 import time
@@ -128,6 +129,19 @@ def test_nested_tuple_constexprs_and_tuple_arguments_preload_where_triton_can_re
         assert r["loaded"] == [0, 1] and not r["found"] and r["skips"] == {"key_mismatch": 1, "unsupported": 1}
 
 
+def test_a_jit_function_constexpr_preloads_under_its_cache_key_on_triton_39():
+    """Triton 3.9 records a @triton.jit function constexpr by name and keys its launch by the
+    function's ``cache_key``: the spec preloads (the function looked up among those this process
+    defined, nothing imported), and one built with another function is refused. Earlier Tritons
+    cannot serialise it: nothing is recorded."""
+    r = run_json(["preload_constexprs.py", "functions"], timeout=600)
+    if tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 9):
+        assert r == {"recorded": False}
+        return
+    assert r["forged"] == [0, 1] and r["loaded"] == [1, 0] and r["found"]
+    assert r["skips"] == {"key_mismatch": 1}
+
+
 @pytest.mark.parametrize(
     ("text", "recorded", "same"),
     [
@@ -234,6 +248,36 @@ def test_a_restart_with_many_unparseable_specs_prints_at_most_one_line():
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1, lines
     assert "100 launch specs not preloaded" in lines[0] and "100 unparseable" in lines[0]
+
+
+def test_the_skip_summary_is_one_line_a_warning_only_for_what_a_user_should_act_on(caplog):
+    """Specs of another Triton, built with other host options or whose binary no longer rebuilds
+    load at their launch as without tunecache, by design of a mixed fleet: said at info level. A key
+    tunecache cannot read or match, or a failed preload, is a warning. Either way once per process."""
+    from tunecache import counters
+
+    def summary(*reasons: str) -> list[tuple[int, str]]:
+        tunecache.reset_stats()
+        counters.reset_warnings()
+        for r in reasons:
+            counters.preload_skipped(r)
+        caplog.clear()
+        with caplog.at_level(logging.DEBUG, logger="tunecache"):
+            first, again = preload.summarise_skips(), preload.summarise_skips()
+        assert again is None and (first is None) == (not reasons)
+        return [(r.levelno, r.getMessage()) for r in caplog.records]
+
+    assert summary() == []
+    ((level, line),) = summary("other_triton", "options", "options", "rebuilt_differs", "unsupported")
+    assert level == logging.INFO and "5 launch specs not preloaded: 2 options, 1 other_triton" in line
+    for actionable in preload.ACTIONABLE:
+        ((level, line),) = summary("other_triton", actionable)
+        assert level == logging.WARNING and f"1 {actionable}" in line
+    assert tunecache.preload_skips() == {"other_triton": 1, "error": 1}
+    assert tunecache.stats()["preload_skipped"] == 2
+    assert set(preload.ACTIONABLE) < set(preload.SKIP_REASONS)
+    tunecache.reset_stats()
+    counters.reset_warnings()
 
 
 def test_the_modules_a_first_launch_imports_are_imported_by_the_preload():

@@ -127,6 +127,16 @@ def warn_once(kernel: str, what: str, msg: str, *args: Any) -> None:
     log.warning(msg, *args)
 
 
+def first_time(what: str, key: str) -> bool:
+    """True the first time this process asks for (``what``, ``key``): for what is said once per
+    process, such as a spec named in the log or a summary line (cleared by :func:`reset_warnings`)."""
+    with _warned_lock:
+        if (key, what) in _warned:
+            return False
+        _warned.add((key, what))
+    return True
+
+
 def reset_warnings() -> None:
     """Warn again about what was warned about already (for tests)."""
     with _warned_lock:

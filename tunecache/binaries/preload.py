@@ -29,7 +29,6 @@ import json
 import logging
 import re
 import sys
-import threading
 import tokenize
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -195,19 +194,10 @@ def load(fn: Any, specs: Iterable[LaunchSpec], device: int) -> tuple[int, int]:
     return loaded, skipped
 
 
-#: Specs already named in the log (a restart meets each on every device: said once).
-_named: set[str] = set()
-_named_lock = threading.Lock()
-_summarised = False  # the one summary line of this process was logged
-
-
 def _skipped(s: LaunchSpec, reason: str, why: str) -> None:
     counters.preload_skipped(reason)
-    with _named_lock:
-        if s.spec_hash in _named:
-            return
-        _named.add(s.spec_hash)
-    log.debug("tunecache: launch spec %s not preloaded (%s): %s", s.spec_hash[:12], reason, why)
+    if counters.first_time("preload_named", s.spec_hash):  # a restart meets it on every device: said once
+        log.debug("tunecache: launch spec %s not preloaded (%s): %s", s.spec_hash[:12], reason, why)
 
 
 def summarise_skips() -> str | None:
@@ -219,14 +209,9 @@ def summarise_skips() -> str | None:
     load at their first launch as without tunecache and nothing is to be done. Later skips are
     counted in ``tunecache.preload_skips()`` (and ``stats()["preload_skipped"]``), not logged again.
     """
-    global _summarised
     skips = counters.preload_skips()
-    if not skips:
+    if not skips or not counters.first_time("preload_summary", ""):
         return None
-    with _named_lock:
-        if _summarised:
-            return None
-        _summarised = True
     parts = ", ".join(f"{n} {r}" for r, n in sorted(skips.items(), key=lambda kv: (-kv[1], kv[0])))
     line = f"tunecache: {sum(skips.values())} launch specs not preloaded: {parts}"
     if any(r in ACTIONABLE for r in skips):
