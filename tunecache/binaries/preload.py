@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import functools
 import hashlib
 import importlib
 import inspect
@@ -222,10 +223,10 @@ def summarise_skips() -> str | None:
 
 
 def rebuildable(data: dict[str, Any]) -> bool:
-    """Can this Triton's ``JITFunction.preload`` rebuild the spec's binary at all? Before 3.9 it hands
-    a tuple constexpr (a JSON list) to the compiler as a list, which builds another binary than the
-    launch's tuple (seen on 3.6; 3.4 also keeps a tuple argument's signature a list, and fails). Known here, such a
-    spec costs no compile that the hash check would throw away."""
+    """Can this Triton's ``JITFunction.preload`` rebuild the spec's binary at all? Before 3.9 it
+    hands a tuple constexpr (a JSON list) to the compiler as a list, which builds another binary than
+    the launch's tuple (seen on 3.6; 3.4 also keeps a tuple argument's signature a list, and fails).
+    Known here, such a spec costs no compile that the hash check would throw away."""
     version = _triton_minor()
     if version >= (3, 9):
         return True
@@ -341,6 +342,7 @@ def _as_tuple(v: Any) -> Any:
     return tuple(_as_tuple(x) for x in v) if isinstance(v, list) else v
 
 
+@functools.cache
 def _triton_minor() -> tuple[int, int]:
     m = re.match(r"(\d+)\.(\d+)", triton_version())
     return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
@@ -401,7 +403,12 @@ def constant_matches(text: str, value: Any) -> bool:
     answers: :func:`load` keeps a preloaded binary only if its hash equals the recorded one, which
     the launch under this very key compiled. The key check makes sure the key names this constant
     (``<Mode.B: 2>`` never takes the binary of ``1``); the hash check, that the binary is the one
-    the launch built. A member of a plain ``Enum`` is not serialisable: never recorded.
+    the launch built. Triton's identity hashes each constant's ``str``: an ``IntEnum`` or ``StrEnum``
+    member whose ``str`` is its value (Python 3.11+) rebuilds the launch's binary and loads; a
+    ``(str, Enum)`` member, or any enum on Python 3.10, does not and is skipped (``rebuilt_differs``).
+    This rests on the recorded hash being the launch's, as the capture records it; a spec is code
+    that only a trusted key vouches for. A member of a plain ``Enum`` is not serialisable: never
+    recorded.
     """
     decoded = _decode_constant(value)
     if decoded is _UNDECODED:
