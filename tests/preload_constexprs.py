@@ -12,6 +12,8 @@ than their binary was built with (honest hashes) must not be loaded.
 
 ``python preload_constexprs.py functions``: the same for a @triton.jit function passed as a constexpr.
 
+``python preload_constexprs.py all``: the three above in one process, by name.
+
 ``python preload_constexprs.py quiet N``: a restart meets N specs whose launch keys cannot be parsed,
 on two devices; stderr is what a user sees with logging as the library leaves it.
 """
@@ -214,5 +216,10 @@ def quiet(n: int) -> dict:
 
 if __name__ == "__main__":
     modes = {"roundtrip": roundtrip, "tuples": tuples, "functions": functions}
-    out = quiet(int(sys.argv[2])) if sys.argv[1] == "quiet" else modes[sys.argv[1]]()
+    if sys.argv[1] == "quiet":
+        out = quiet(int(sys.argv[2]))
+    elif sys.argv[1] == "all":  # one process for the three (each start imports torch and Triton)
+        out = {name: mode() for name, mode in modes.items()}
+    else:
+        out = modes[sys.argv[1]]()
     print(json.dumps(out))

@@ -96,13 +96,19 @@ def test_a_spec_built_with_options_a_launch_here_would_not_use_is_not_preloaded(
     assert r["moved"]["hashes"] == [r["here"]] and r["moved"]["counts"] == [[1, 0], [0, 0]]
 
 
-def test_a_kernel_with_dtype_enum_and_none_constexprs_preloads_under_its_own_launch_key():
+@pytest.fixture(scope="module")
+def constexpr_runs() -> dict:
+    """tests/preload_constexprs.py's round trips (dtype/enum/None/str, tuples, JIT functions), one process."""
+    return run_json(["preload_constexprs.py", "all"], timeout=600)
+
+
+def test_a_kernel_with_dtype_enum_and_none_constexprs_preloads_under_its_own_launch_key(constexpr_runs):
     """A quantized-matmul library passes ``tl.float16``, enum members, ``None`` and strings as
     constexprs: its launch keys hold their ``repr`` (``triton.language.float16``, ``<Mode.A: 1>``),
     which no literal parser reads, and not one of its kernels was preloaded. Each now preloads, and
     Triton's own launch finds it under the key it computes; a spec whose key names other constexprs
     than its binary was built with (its hash honest) is never loaded."""
-    r = run_json(["preload_constexprs.py", "roundtrip"], timeout=600)
+    r = constexpr_runs["roundtrip"]
     keys = r["keys"]
     assert "triton.language.float16" in keys["fp16"] and "<Mode.PLAIN: 1>" in keys["fp16"]
     assert "('constexpr', None)" in keys["fp16"] and "<Mode.DOUBLE: 2>" in keys["double"]
@@ -115,12 +121,12 @@ def test_a_kernel_with_dtype_enum_and_none_constexprs_preloads_under_its_own_lau
     assert r["skips"] == {"key_mismatch": 4}
 
 
-def test_nested_tuple_constexprs_and_tuple_arguments_preload_where_triton_can_rebuild_them():
+def test_nested_tuple_constexprs_and_tuple_arguments_preload_where_triton_can_rebuild_them(constexpr_runs):
     """A nested tuple constexpr and a tuple argument holding a pointer and a None: the key is read
     and matched on every Triton; 3.9's preload rebuilds the launch's binary, which the launch then
     finds; before 3.9 Triton's preload cannot (a tuple constexpr comes back a list), so the spec is
     skipped without a compile and the launch builds its own. A spec for other tuple values: never."""
-    r = run_json(["preload_constexprs.py", "tuples"], timeout=600)
+    r = constexpr_runs["tuples"]
     assert "('constexpr', (1, (2, 3)))" in r["key"] and "(('*fp32', 'constexpr'), ('D', None))" in r["key"]
     assert r["forged"] == [0, 1] and r["same_hash"]
     if tuple(int(x) for x in triton.__version__.split(".")[:2]) >= (3, 9):
@@ -129,12 +135,12 @@ def test_nested_tuple_constexprs_and_tuple_arguments_preload_where_triton_can_re
         assert r["loaded"] == [0, 1] and not r["found"] and r["skips"] == {"key_mismatch": 1, "unsupported": 1}
 
 
-def test_a_jit_function_constexpr_preloads_under_its_cache_key_on_triton_39():
+def test_a_jit_function_constexpr_preloads_under_its_cache_key_on_triton_39(constexpr_runs):
     """Triton 3.9 records a @triton.jit function constexpr by name and keys its launch by the
     function's ``cache_key``: the spec preloads (the function looked up among those this process
     defined, nothing imported), and one built with another function is refused. Earlier Tritons
     cannot serialise it: nothing is recorded."""
-    r = run_json(["preload_constexprs.py", "functions"], timeout=600)
+    r = constexpr_runs["functions"]
     if tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 9):
         assert r == {"recorded": False}
         return
