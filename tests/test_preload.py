@@ -8,6 +8,7 @@ context does, and is checked on the H200 in tests/test_gpu.py.
 from __future__ import annotations
 
 import json
+import logging
 import multiprocessing
 import sys
 import time
@@ -93,6 +94,196 @@ def test_a_spec_built_with_options_a_launch_here_would_not_use_is_not_preloaded(
     # libdevice at another path is the same option to Triton.
     assert shown(r["asked"]) == {"counts": [[1, 0], [0, 0]], "cached": ["no_fusion"], "warnings": [], "named": []}
     assert r["moved"]["hashes"] == [r["here"]] and r["moved"]["counts"] == [[1, 0], [0, 0]]
+
+
+@pytest.fixture(scope="module")
+def constexpr_runs() -> dict:
+    """tests/preload_constexprs.py's round trips (dtype/enum/None/str, tuples, JIT functions), one process."""
+    return run_json(["preload_constexprs.py", "all"], timeout=600)
+
+
+def test_a_kernel_with_dtype_enum_and_none_constexprs_preloads_under_its_own_launch_key(constexpr_runs):
+    """A quantized-matmul library passes ``tl.float16``, enum members, ``None`` and strings as
+    constexprs: its launch keys hold their ``repr`` (``triton.language.float16``, ``<Mode.A: 1>``),
+    which no literal parser reads, and not one of its kernels was preloaded. Each now preloads, and
+    Triton's own launch finds it under the key it computes; a spec whose key names other constexprs
+    than its binary was built with (its hash honest) is never loaded."""
+    r = constexpr_runs["roundtrip"]
+    keys = r["keys"]
+    assert "triton.language.float16" in keys["fp16"] and "<Mode.PLAIN: 1>" in keys["fp16"]
+    assert "('constexpr', None)" in keys["fp16"] and "<Mode.DOUBLE: 2>" in keys["double"]
+    # bf16 for fp16, another enum member, 0.5 for None, another string: refused, nothing cached.
+    assert r["forged"] == {"bf16": [0, 1], "double": [0, 1], "bias": [0, 1], "first": [0, 1]}
+    assert r["cache_after_forged"] == 0
+    assert r["loaded"] == [5, 0]
+    assert r["found"] == {n: True for n in keys}  # the launch hits the preloaded binary, compiles nothing
+    assert r["cache_after_launches"] == 5
+    assert r["skips"] == {"key_mismatch": 4}
+
+
+def test_nested_tuple_constexprs_and_tuple_arguments_preload_where_triton_can_rebuild_them(constexpr_runs):
+    """A nested tuple constexpr and a tuple argument holding a pointer and a None: the key is read
+    and matched on every Triton; 3.9's preload rebuilds the launch's binary, which the launch then
+    finds; before 3.9 Triton's preload cannot (a tuple constexpr comes back a list), so the spec is
+    skipped without a compile and the launch builds its own. A spec for other tuple values: never."""
+    r = constexpr_runs["tuples"]
+    assert "('constexpr', (1, (2, 3)))" in r["key"] and "(('*fp32', 'constexpr'), ('D', None))" in r["key"]
+    assert r["forged"] == [0, 1] and r["same_hash"]
+    if tuple(int(x) for x in triton.__version__.split(".")[:2]) >= (3, 9):
+        assert r["loaded"] == [1, 0] and r["found"] and r["skips"] == {"key_mismatch": 1}
+    else:
+        assert r["loaded"] == [0, 1] and not r["found"] and r["skips"] == {"key_mismatch": 1, "unsupported": 1}
+
+
+def test_a_jit_function_constexpr_preloads_under_its_cache_key_on_triton_39(constexpr_runs):
+    """Triton 3.9 records a @triton.jit function constexpr by name and keys its launch by the
+    function's ``cache_key``: the spec preloads (the function looked up among those this process
+    defined, nothing imported), and one built with another function is refused. Earlier Tritons
+    cannot serialise it: nothing is recorded."""
+    r = constexpr_runs["functions"]
+    if tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 9):
+        assert r == {"recorded": False}
+        return
+    assert r["forged"] == [0, 1] and r["loaded"] == [1, 0] and r["found"]
+    assert r["skips"] == {"key_mismatch": 1}
+
+
+@pytest.mark.parametrize(
+    ("text", "recorded", "same"),
+    [
+        ("triton.language.float16", "fp16", True),  # serialised as its name, decoded to tl.dtype
+        ("triton.language.bfloat16", "fp16", False),
+        ("'fp16'", "fp16", False),  # a string naming a dtype: the preload builds with the dtype
+        ("<Mode.A: 1>", 1, True),  # an IntEnum member is serialised as its value
+        ("<Mode.A: 1>", 2, False),
+        ("<Mode.A: 1>", True, False),  # the same value, another type
+        ("<Mode.A: 1>", 1.0, False),
+        ("<Mode.A: 1>", "1", False),
+        ("<Policy.LAST: 'evict_last'>", "evict_last", True),
+        ("<Policy.F: 'fp16'>", "fp16", False),  # decoded to a dtype, not the enum's str
+        ("<Mode.A: 1>, <Mode.B: 2>", 1, False),
+        ("<Mode.A: 01>", 1, False),  # not as repr writes it
+        ("None", None, True),
+        ("None", 0, False),
+        ("0", None, False),
+        ("1", True, False),
+        ("True", 1, False),
+        ("'evict_last'", "evict_last", True),
+        ("'evict_last'", "evict_first", False),
+        ("(1, (2, 'a'))", [1, [2, "a"]], True),  # JSON made the tuples lists
+        ("(1, (2, 'a'))", [1, [2, "b"]], False),
+        ("(1,)", [1], True),
+        ("(1)", [1], False),
+        ("0.5", 0.5, True),
+        ("0.5", 0.25, False),
+    ],
+)
+def test_a_constexpr_matches_only_the_constant_its_binary_is_built_with(text, recorded, same):
+    assert preload.constant_matches(text, recorded) is same
+
+
+def test_a_tl_constexpr_argument_matches_where_this_triton_decodes_it():
+    """``{"constexpr": v}`` is decoded by the preload from Triton 3.6 (3.4 never records it); elsewhere
+    it stays a dict, which no launch's key names."""
+    decodes = tuple(int(x) for x in triton.__version__.split(".")[:2]) >= (3, 6)
+    assert preload.constant_matches("constexpr[3]", {"constexpr": 3}) is decodes
+    assert not preload.constant_matches("constexpr[4]", {"constexpr": 3})
+
+
+def _spec_data(key: str, **changes) -> dict:
+    data = {
+        "signature": {"X": "*fp32", "N": "i32", "DT": "constexpr", "S": "constexpr"},
+        "constant_keys": [[2], [3]],
+        "constant_vals": ["fp16", "a,b)"],
+        "attrs_keys": [[0], [1], [2], [3]],
+        "attrs_vals": [[["tt.divisibility", 16]], [], [], []],
+        "options": {"num_warps": 4, "num_stages": 3},
+        "key": key,
+    }
+    return {**data, **changes}
+
+
+GOOD_KEY = (
+    "[('*fp32', 'D'), ('i32', ''), ('constexpr', triton.language.float16), ('constexpr', 'a,b)')]{'num_warps': 4}"
+)
+
+
+@pytest.mark.parametrize(
+    ("key", "changes", "reason"),
+    [
+        (GOOD_KEY, {}, None),
+        (GOOD_KEY.replace("'a,b)'", "'a,b'"), {}, "key_mismatch"),  # a comma in a string cuts nothing
+        (GOOD_KEY.replace("float16", "float32"), {}, "key_mismatch"),
+        (GOOD_KEY.replace("('*fp32', 'D')", "('*fp32', '')"), {}, "key_mismatch"),  # alignment
+        (GOOD_KEY.replace("'num_warps': 4", "'num_warps': 8"), {}, "key_mismatch"),
+        (GOOD_KEY, {"constant_keys": [[1], [2], [3]], "constant_vals": [7, "fp16", "a,b)"]}, "key_mismatch"),
+        (GOOD_KEY.replace("('i32', '')", "('constexpr', 7)"), {}, "key_mismatch"),  # i32 in the binary
+        (GOOD_KEY.replace("('*fp32', 'D'), ", "('*fp32', 'D'),"), {}, "unparseable"),  # not as str() writes it
+        (GOOD_KEY[:-1], {}, "unparseable"),
+        (GOOD_KEY.replace("'a,b)'", "<object at 0x1>"), {}, "key_mismatch"),
+        ("[('*fp32', 'D'), <Mode.A: 1]{}", {}, "unparseable"),
+        (GOOD_KEY.replace("'a,b)'", "'a,b' + ')'"), {}, "key_mismatch"),  # text, never evaluated
+    ],
+)
+def test_a_launch_key_is_read_by_its_text_and_matched_exactly(key, changes, reason):
+    why = preload.key_mismatch(_spec_data(key, **changes), 4)
+    assert (why[0] if why else None) == reason, why
+
+
+def test_a_restart_with_many_unparseable_specs_prints_at_most_one_line():
+    """Each spec skipped was a warning of its own: 81 lines at every start of that library. Now one
+    summary line per process (logging as the library leaves it: Python's last resort, warnings up),
+    the reasons counted in ``tunecache.preload_skips()``."""
+    import os
+    import subprocess
+
+    from processes import HERE
+
+    p = subprocess.run(
+        [sys.executable, "-W", "ignore", "preload_constexprs.py", "quiet", "50"],  # Triton's own warnings off
+        cwd=str(HERE),
+        env=os.environ,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    assert r["counts"] == [[0, 50], [0, 50]]
+    assert r["skips"] == {"unparseable": 100} and r["stats"]["preload_skipped"] == 100
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert "100 launch specs not preloaded" in lines[0] and "100 unparseable" in lines[0]
+
+
+def test_the_skip_summary_is_one_line_a_warning_only_for_what_a_user_should_act_on(caplog):
+    """Specs of another Triton, built with other host options or whose binary no longer rebuilds
+    load at their launch as without tunecache, by design of a mixed fleet: said at info level. A key
+    tunecache cannot read or match, or a failed preload, is a warning. Either way once per process."""
+    from tunecache import counters
+
+    def summary(*reasons: str) -> list[tuple[int, str]]:
+        tunecache.reset_stats()
+        counters.reset_warnings()
+        for r in reasons:
+            counters.preload_skipped(r)
+        caplog.clear()
+        with caplog.at_level(logging.DEBUG, logger="tunecache"):
+            first, again = preload.summarise_skips(), preload.summarise_skips()
+        assert again is None and (first is None) == (not reasons)
+        return [(r.levelno, r.getMessage()) for r in caplog.records]
+
+    assert summary() == []
+    ((level, line),) = summary("other_triton", "options", "options", "rebuilt_differs", "unsupported")
+    assert level == logging.INFO and "5 launch specs not preloaded: 2 options, 1 other_triton" in line
+    for actionable in preload.ACTIONABLE:
+        ((level, line),) = summary("other_triton", actionable)
+        assert level == logging.WARNING and f"1 {actionable}" in line
+    assert tunecache.preload_skips() == {"other_triton": 1, "error": 1}
+    assert tunecache.stats()["preload_skipped"] == 2
+    assert set(preload.ACTIONABLE) < set(preload.SKIP_REASONS)
+    tunecache.reset_stats()
+    counters.reset_warnings()
 
 
 def test_the_modules_a_first_launch_imports_are_imported_by_the_preload():

@@ -14,7 +14,7 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from tunecache import buckets
-from tunecache.counters import coverage, reset_stats, stats
+from tunecache.counters import coverage, preload_skips, reset_stats, stats
 from tunecache.errors import (
     CaptureMissError,
     ConfigurationError,
@@ -37,6 +37,7 @@ __all__ = [
     "open_store",
     "stats",
     "coverage",
+    "preload_skips",
     "reset_stats",
     "flush",
     "buckets",

@@ -47,6 +47,7 @@ _counters: Counter[str] = Counter()
 _warned: set[tuple[str, str]] = set()
 _warned_lock = threading.Lock()
 _coverage: dict[str, dict[str, Any]] = {}  # kernel -> its class, covered, why not (see coverage())
+_skips: Counter[str] = Counter()  # why launch specs were not preloaded (see preload_skips())
 #: Where the persisted counters go: (store, kernel, deltas); set by tunecache.tuner.writeback at import.
 _persist: Callable[[Any, str, Mapping[str, float]], None] | None = None
 
@@ -68,6 +69,7 @@ def reset_stats() -> None:
     with _lock:
         _counters.clear()
         _coverage.clear()
+        _skips.clear()
 
 
 def count(kernel: str | None, store: Any, **deltas: float) -> None:
@@ -100,6 +102,21 @@ def coverage() -> dict[str, dict[str, Any]]:
         return {k: dict(v) for k, v in _coverage.items()}
 
 
+def preload_skipped(reason: str, n: int = 1) -> None:
+    """``n`` launch specs not preloaded for ``reason`` (a short stable name, see
+    :data:`tunecache.binaries.preload.SKIP_REASONS`): counted in ``preload_skipped`` and by reason."""
+    with _lock:
+        _counters["preload_skipped"] += n
+        _skips[reason] += n
+
+
+def preload_skips() -> dict[str, int]:
+    """Why this process's launch specs were not preloaded: ``{reason: count}`` (reasons counted at
+    least once; the counts sum to ``stats()["preload_skipped"]``)."""
+    with _lock:
+        return dict(_skips)
+
+
 def warn_once(kernel: str, what: str, msg: str, *args: Any) -> None:
     """Log a warning once per process for each (kernel, kind): an outage or a capture miss would
     otherwise repeat it at every launch."""
@@ -108,6 +125,16 @@ def warn_once(kernel: str, what: str, msg: str, *args: Any) -> None:
             return
         _warned.add((kernel, what))
     log.warning(msg, *args)
+
+
+def first_time(what: str, key: str) -> bool:
+    """True the first time this process asks for (``what``, ``key``): for what is said once per
+    process, such as a spec named in the log or a summary line (cleared by :func:`reset_warnings`)."""
+    with _warned_lock:
+        if (key, what) in _warned:
+            return False
+        _warned.add((key, what))
+    return True
 
 
 def reset_warnings() -> None:

@@ -21,16 +21,20 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import functools
 import hashlib
 import importlib
 import inspect
+import io
 import json
 import logging
+import re
 import sys
+import tokenize
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from tunecache import tritoncompat
+from tunecache import counters, tritoncompat
 from tunecache.identity import wrappers
 from tunecache.model import LaunchSpec
 
@@ -114,12 +118,33 @@ def capture(fn: Any, config: Any, config_hash: str) -> list[LaunchSpec]:
     return out
 
 
+#: Why a launch spec was not preloaded: the short, stable names counted by reason
+#: (``tunecache.preload_skips()``), with what each means.
+SKIP_REASONS = {
+    "other_triton": "recorded by another Triton version",
+    "unparseable": "launch key not read",
+    "key_mismatch": "key names another binary",
+    "options": "built with other compile options than a launch here",
+    "rebuilt_differs": "rebuilt binary differs from the record",
+    "unsupported": "this Triton's preload cannot rebuild it (tuples before 3.9)",
+    "error": "preload failed",
+}
+
+#: The reasons a user should act on: tunecache could not read or match a key Triton made (a case
+#: to report), the store holds a spec inconsistent with itself, or the preload failed. The others are
+#: what a fleet of mixed Triton versions or host settings, or an edited kernel, meets by design: the
+#: launch compiles or loads those kernels as before.
+ACTIONABLE = ("unparseable", "key_mismatch", "error")
+
+
 def load(fn: Any, specs: Iterable[LaunchSpec], device: int) -> tuple[int, int]:
     """Preload ``specs`` onto ``device``; returns (loaded, skipped).
 
     A spec from another Triton build is skipped. A preload that yields another binary than the
     recorded one (the specialisation no longer round-trips) is dropped from Triton's cache, so a
-    launch never runs a kernel other than the one it would have compiled.
+    launch never runs a kernel other than the one it would have compiled. Each spec skipped is
+    counted by reason (``tunecache.preload_skips()``) and named at debug level once; a process
+    summarises them in one line (:func:`summarise_skips`).
     """
     jf = jit_function(fn)
     if jf is None:
@@ -133,42 +158,82 @@ def load(fn: Any, specs: Iterable[LaunchSpec], device: int) -> tuple[int, int]:
         entry = jf.device_caches[device]
         cache, backend = entry[0], entry[-2]
         for s in specs:
+            why: tuple[str, str] | None = None
             try:
                 if s.triton_version != version:
-                    skipped += 1
-                    continue
-                data = json.loads(s.spec_json)
-                key = data["key"]
-                if cache.get(key) is not None:  # launched or preloaded already
-                    continue
-                why = key_mismatch(data, len(jf.arg_names))
-                if why is not None:
-                    skipped += 1
-                    log.warning("tunecache: launch spec %s not preloaded: %s", s.spec_hash[:12], why)
-                    continue
-                why = options_mismatch(data, backend, jf.arg_names)
-                if why is not None:
-                    skipped += 1
-                    if s.spec_hash not in _options_named:  # a restart tries it on every device: say it once
-                        _options_named.add(s.spec_hash)
-                        log.debug("tunecache: launch spec %s not preloaded: %s", s.spec_hash[:12], why)
-                    continue
-                kernel = jf.preload(s.spec_json)
-                if kernel is None or str(getattr(kernel, "hash", "")) != s.kernel_hash:
-                    if cache.get(key) is kernel:
-                        cache.pop(key, None)
-                    skipped += 1
-                    continue
-                init = getattr(kernel, "_init_handles", None)
-                if init is not None:
-                    init()  # cuModuleLoad and the launcher: the part worth doing early
-                loaded += 1
+                    why = "other_triton", f"recorded by Triton {s.triton_version}, this is {version}"
+                else:
+                    data = json.loads(s.spec_json)
+                    key = data["key"]
+                    if cache.get(key) is not None:  # launched or preloaded already
+                        continue
+                    why = key_mismatch(data, len(jf.arg_names))
+                    if why is None:
+                        options = options_mismatch(data, backend, jf.arg_names)
+                        why = ("options", options) if options is not None else None
+                    if why is None and not rebuildable(data):
+                        why = "unsupported", f"Triton {version}'s preload rebuilds no tuple argument or constexpr"
+                    if why is None:
+                        kernel = jf.preload(s.spec_json)
+                        if kernel is None or str(getattr(kernel, "hash", "")) != s.kernel_hash:
+                            if cache.get(key) is kernel:
+                                cache.pop(key, None)
+                            built = getattr(kernel, "hash", None)
+                            why = "rebuilt_differs", f"it builds binary {built}, not the recorded one"
+                        else:
+                            init = getattr(kernel, "_init_handles", None)
+                            if init is not None:
+                                init()  # cuModuleLoad and the launcher: the part worth doing early
+                            loaded += 1
             except Exception as e:  # noqa: BLE001 - best effort: the launch loads it as before
+                why = "error", f"its preload failed: {e!r}"
+            if why is not None:
                 skipped += 1
-                log.debug("tunecache: preload of %s failed: %r", s.spec_hash[:12], e)
+                _skipped(s, *why)
     if loaded:
         import_launch_modules()
     return loaded, skipped
+
+
+def _skipped(s: LaunchSpec, reason: str, why: str) -> None:
+    counters.preload_skipped(reason)
+    if counters.first_time("preload_named", s.spec_hash):  # a restart meets it on every device: said once
+        log.debug("tunecache: launch spec %s not preloaded (%s): %s", s.spec_hash[:12], reason, why)
+
+
+def summarise_skips() -> str | None:
+    """Log, once per process, how many launch specs were not preloaded and why (called where a
+    preload pass ends); the line, or None if there is nothing to say or it was said.
+
+    One line, not one per spec: a library's 81 specs were 81 warnings at every start. A warning
+    only where a reason in :data:`ACTIONABLE` was counted; else at info level, since those kernels
+    load at their first launch as without tunecache and nothing is to be done. Later skips are
+    counted in ``tunecache.preload_skips()`` (and ``stats()["preload_skipped"]``), not logged again.
+    """
+    skips = counters.preload_skips()
+    if not skips or not counters.first_time("preload_summary", ""):
+        return None
+    parts = ", ".join(f"{n} {r}" for r, n in sorted(skips.items(), key=lambda kv: (-kv[1], kv[0])))
+    line = f"tunecache: {sum(skips.values())} launch specs not preloaded: {parts}"
+    if any(r in ACTIONABLE for r in skips):
+        log.warning("%s (they load at their first launch; logger 'tunecache' at debug level names each)", line)
+    else:
+        log.info("%s (they load at their first launch)", line)
+    return line
+
+
+def rebuildable(data: dict[str, Any]) -> bool:
+    """Can this Triton's ``JITFunction.preload`` rebuild the spec's binary at all? Before 3.9 it
+    hands a tuple constexpr (a JSON list) to the compiler as a list, which builds another binary than
+    the launch's tuple (seen on 3.6; 3.4 also keeps a tuple argument's signature a list, and fails).
+    Known here, such a spec costs no compile that the hash check would throw away."""
+    version = _triton_minor()
+    if version >= (3, 9):
+        return True
+    vals = [v["constexpr"] if isinstance(v, dict) and "constexpr" in v else v for v in data.get("constant_vals", [])]
+    if any(isinstance(v, list) for v in vals):
+        return False
+    return version >= (3, 6) or not any(isinstance(v, list) for v in data.get("signature", {}).values())
 
 
 #: What Triton's launch path imports at a process's first launch (the argument specialisation: in
@@ -188,58 +253,249 @@ def import_launch_modules() -> None:
                 log.debug("tunecache: %s not imported: %r", name, e)
 
 
-def _split_key(key: str) -> tuple[list[Any], dict[str, Any]] | None:
-    """Triton's launch key is ``str(specialization) + str(launch options)``: a list of
-    ``(type, specialisation)`` tuples, then a dict. Parsed, never evaluated; None if it is not that."""
-    for i in (i for i, ch in enumerate(key) if ch == "{"):
-        try:
-            spec = ast.literal_eval(key[:i])
-            opts = ast.literal_eval(key[i:])
-        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-            continue
-        if isinstance(spec, list) and isinstance(opts, dict):
-            return spec, opts
+#: Python's tokens that carry no text of a key's value (line structure).
+_LAYOUT = (tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER, tokenize.COMMENT)
+
+
+def _tokens(text: str) -> list[tuple[str, int, int]] | None:
+    """``text``'s tokens as Python's tokenizer reads them, with their offsets: quoted strings are one
+    token (their commas and brackets split nothing). Tokenized, never evaluated; None if refused."""
+    starts, pos = [], 0
+    for line in io.StringIO(text):
+        starts.append(pos)
+        pos += len(line)
+    out = []
+    try:
+        for t in tokenize.generate_tokens(io.StringIO(text).readline):
+            if t.type not in _LAYOUT:
+                out.append((t.string, starts[t.start[0] - 1] + t.start[1], starts[t.end[0] - 1] + t.end[1]))
+    except (tokenize.TokenError, SyntaxError, ValueError, IndexError):
+        return None
+    return out
+
+
+def _group_end(toks: list[tuple[str, int, int]]) -> int | None:
+    """The offset just past the bracket group that ``toks`` starts with; None if unbalanced."""
+    depth = 0
+    for tok, _, end in toks:
+        if tok in ("(", "[", "{"):
+            depth += 1
+        elif tok in (")", "]", "}"):
+            depth -= 1
+            if depth < 0:
+                return None
+            if depth == 0:
+                return end
     return None
+
+
+def _items(text: str) -> list[str] | None:
+    """The items of ``text`` if it is one tuple or list written as ``repr`` writes one (items joined by
+    ``", "``, a 1-tuple with its trailing comma), each item's own text; None otherwise. Items are cut
+    at the group's own commas only (a comma in a quoted string or a nested group cuts nothing)."""
+    toks = _tokens(text)
+    if not toks or toks[0][0] not in ("(", "[") or toks[0][1] != 0 or _group_end(toks) != len(text):
+        return None
+    depth, cuts = 0, []
+    for tok, start, _ in toks:
+        depth += tok in ("(", "[", "{")
+        depth -= tok in (")", "]", "}")
+        if tok == "," and depth == 1:
+            cuts.append(start)
+    bounds = [0, *cuts, len(text) - 1]
+    items = [text[a + 1 : b].strip() for a, b in zip(bounds, bounds[1:])]
+    if items == [""]:
+        items = []
+    elif toks[0][0] == "(" and len(items) == 2 and items[1] == "":
+        items = items[:1]
+    trailing = "," if toks[0][0] == "(" and len(items) == 1 else ""
+    close = ")" if toks[0][0] == "(" else "]"
+    return items if f"{toks[0][0]}{', '.join(items)}{trailing}{close}" == text else None
+
+
+def _literal(text: str) -> tuple[bool, Any]:
+    """(True, value) if ``text`` is a Python literal written exactly as ``repr`` writes its value."""
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return False, None
+    return repr(value) == text, value
+
+
+def _split_key(key: str) -> tuple[list[str], dict[str, Any]] | None:
+    """Triton's launch key is ``str(specialization) + str(launch options)``: a list of ``(type,
+    specialisation)`` tuples, then a dict. Returns each argument's entry as its own text (what
+    Triton wrote, constexpr values as their ``repr``) and the options; None if it is not that.
+    Tokenized, never evaluated."""
+    toks = _tokens(key)
+    end = _group_end(toks) if toks and toks[0][0] == "[" else None
+    if end is None:
+        return None
+    entries = _items(key[:end])
+    ok, opts = _literal(key[end:])
+    if entries is None or not ok or not isinstance(opts, dict):
+        return None
+    return entries, opts
 
 
 def _as_tuple(v: Any) -> Any:
     return tuple(_as_tuple(x) for x in v) if isinstance(v, list) else v
 
 
-def key_mismatch(data: dict[str, Any], n_params: int) -> str | None:
-    """Why the binary a spec describes is not the one a launch under its key would compile; None if
-    it is. A preload files the compiled binary under the spec's ``key``, which nothing in Triton
-    checks against the spec's own signature, constants, alignment and options."""
+@functools.cache
+def _triton_minor() -> tuple[int, int]:
+    m = re.match(r"(\d+)\.(\d+)", triton_version())
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+
+_UNDECODED = object()  # a constant this Triton's preload could not decode: it raises, nothing matches
+
+
+def _decode_constant(value: Any) -> Any:
+    """A spec's constant as this Triton's ``JITFunction.preload`` decodes it, the value its binary is
+    built with: a dtype's name -> ``tl.dtype`` (3.4+); ``{"constexpr": v}`` -> ``tl.constexpr(v)``
+    (3.6+); ``{"jit_function": "module:name"}`` -> that JITFunction, looked up among the ones this
+    process defined, never imported (3.9+); JSON lists -> tuples (3.9+). Anything else as it is."""
+    import triton.language as tl
+
+    version = _triton_minor()
+    if tl.dtype.is_dtype(value):
+        return tl.dtype(value)
+    if isinstance(value, dict) and "constexpr" in value and version >= (3, 6):
+        inner = value["constexpr"]
+        return tl.constexpr(_as_tuple(inner) if version >= (3, 9) else inner)
+    if isinstance(value, dict) and "jit_function" in value and version >= (3, 9):
+        import triton.runtime.jit as jit
+
+        registry = getattr(jit, "_triton_jit_function_registry", {})
+        return registry.get(value["jit_function"], _UNDECODED)
+    return _as_tuple(value) if version >= (3, 9) else value
+
+
+def _render(value: Any) -> str:
+    """``value`` written as a launch writes it in its key: ``repr``, a JITFunction by its
+    ``cache_key`` (3.6+ replaces JITCallables so), a tuple as a tuple (JSON made every tuple a list,
+    and Triton accepts no list as an argument)."""
+    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+        items = [_render(x) for x in value]
+        return f"({', '.join(items)}{',' if len(items) == 1 else ''})"
+    if hasattr(value, "cache_key") and hasattr(value, "preload") and _triton_minor() >= (3, 6):
+        return repr(value.cache_key)
+    return repr(value)
+
+
+#: An enum member as ``repr`` writes it: ``<Mode.A: 1>``, ``<Policy.LAST: 'evict_last'>``.
+_ENUM = re.compile(r"<[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+: (.+)>\Z", re.S)
+
+
+def constant_matches(text: str, value: Any) -> bool:
+    """Does a launch whose key says ``text`` for a constexpr build what a preload builds from the
+    spec's recorded constant ``value``?
+
+    The rule, exact: ``text`` must be the constant decoded as this Triton's preload decodes it
+    (:func:`_decode_constant`) and written as a launch writes it (:func:`_render`), character for
+    character; or, for an int or str enum member (``<Mode.A: 1>``), its literal value must equal the
+    decoded constant and have its very type (``int``/``str``: not ``True``, not ``1.0``, not a dtype).
+
+    Why the enum exception: Triton's serialiser stores an ``IntEnum``/``StrEnum`` member as its value
+    (JSON has no enums), so a preload builds with ``1`` where the launch built with ``Mode.A``, and no
+    spec can say otherwise. Whether those build the same binary is what Triton's own compile identity
+    answers: :func:`load` keeps a preloaded binary only if its hash equals the recorded one, which
+    the launch under this very key compiled. The key check makes sure the key names this constant
+    (``<Mode.B: 2>`` never takes the binary of ``1``); the hash check, that the binary is the one
+    the launch built. Triton's identity hashes each constant's ``str``: an ``IntEnum`` or ``StrEnum``
+    member whose ``str`` is its value (Python 3.11+) rebuilds the launch's binary and loads; a
+    ``(str, Enum)`` member, or any enum on Python 3.10, does not and is skipped (``rebuilt_differs``).
+    This rests on the recorded hash being the launch's, as the capture records it; a spec is code
+    that only a trusted key vouches for. A member of a plain ``Enum`` is not serialisable: never
+    recorded.
+    """
+    decoded = _decode_constant(value)
+    if decoded is _UNDECODED:
+        return False
+    if text == _render(decoded):
+        return True
+    m = _ENUM.match(text)
+    if m is None:
+        return False
+    ok, literal = _literal(m.group(1))
+    return ok and type(literal) in (int, str) and type(decoded) is type(literal) and decoded == literal
+
+
+def key_mismatch(data: dict[str, Any], n_params: int) -> tuple[str, str] | None:
+    """Why the binary a spec describes is not the one a launch under its key would compile, as
+    (reason, message) with reason ``unparseable`` or ``key_mismatch``; None if it is. A preload files
+    the compiled binary under the spec's ``key``, which nothing in Triton checks against the spec's
+    own signature, constants, alignment and options.
+
+    Compares what Triton compares, the key's text: each argument's entry as the launch wrote it,
+    non-constexpr ones by type and alignment, constexpr ones by :func:`constant_matches`, and every
+    constant the binary is built with must be one the key names."""
     parts = _split_key(str(data.get("key", "")))
     if parts is None:
-        return "its launch key cannot be parsed"
-    spec, opts = parts
+        return "unparseable", "its launch key cannot be parsed"
+    entries, opts = parts
+    pairs = []
+    for i, entry in enumerate(entries):
+        pair = _items(entry)
+        ok, kind = _literal(pair[0]) if pair is not None and len(pair) == 2 else (False, None)
+        if not ok or not _is_kind(kind):
+            return "unparseable", f"argument {i}: {entry} is not a (type, specialisation) pair"
+        pairs.append((kind, pair[1]))
     names = list(data.get("signature", {}))
-    if len(spec) != n_params or len(names) != n_params:
-        return f"its launch key has {len(spec)} arguments, the kernel {n_params}"
+    if len(pairs) != n_params or len(names) != n_params:
+        return "key_mismatch", f"its launch key has {len(pairs)} arguments, the kernel {n_params}"
     consts = {tuple(k): v for k, v in zip(data.get("constant_keys", []), data.get("constant_vals", []))}
     attrs = {tuple(k): v for k, v in zip(data.get("attrs_keys", []), data.get("attrs_vals", []))}
-    for i, (name, entry) in enumerate(zip(names, spec)):
-        if not (isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[0], str)):
-            return f"argument {name}: {entry!r} is not a plain (type, specialisation) pair"
-        kind, value = entry
-        sig = data["signature"][name]
-        if kind == "constexpr":
-            if sig != "constexpr" or (i,) not in consts or _as_tuple(consts[(i,)]) != value:
-                return f"argument {name}: the key says constexpr {value!r}, the binary {sig} {consts.get((i,))!r}"
-            continue
-        aligned = any(isinstance(a, list) and a == ["tt.divisibility", 16] for a in attrs.get((i,), []))
-        if sig != kind or aligned != (value == "D"):
-            return f"argument {name}: the key says {kind} {value!r}, the binary {sig} aligned={aligned}"
+    named: set[tuple[int, ...]] = set()
+    for i, (name, (kind, text)) in enumerate(zip(names, pairs)):
+        why = _entry_mismatch((i,), kind, text, _as_tuple(data["signature"][name]), consts, attrs, named)
+        if why is not None:
+            return "key_mismatch", f"argument {name}: {why}"
+    if set(consts) != named:
+        return "key_mismatch", f"the binary is built with constants {sorted(set(consts) - named)} the key does not name"
     options = data.get("options", {})
     for k, v in opts.items():
         if k in options and _as_tuple(options[k]) != _as_tuple(v):
-            return f"option {k}: the key says {v!r}, the binary {options[k]!r}"
+            return "key_mismatch", f"option {k}: the key says {v!r}, the binary {options[k]!r}"
     return None
 
 
-#: Specs already named in the log as built with other options (a restart meets them on every device).
-_options_named: set[str] = set()
+def _is_kind(kind: Any) -> bool:
+    return isinstance(kind, str) or (isinstance(kind, tuple) and all(map(_is_kind, kind)))
+
+
+def _entry_mismatch(
+    path: tuple[int, ...],
+    kind: Any,
+    text: str,
+    sig: Any,
+    consts: dict[tuple[int, ...], Any],
+    attrs: dict[tuple[int, ...], Any],
+    named: set[tuple[int, ...]],
+) -> str | None:
+    """Why the key's entry (``kind``, the specialisation ``text``) at ``path`` is not what the spec's
+    binary was built with (signature ``sig``); a tuple argument entry by entry. Adds the constexpr
+    paths met to ``named``."""
+    if isinstance(kind, tuple):
+        items = _items(text)
+        if not isinstance(sig, tuple) or len(sig) != len(kind) or items is None or len(items) != len(kind):
+            return f"the key says {kind!r} {text}, the binary {sig!r}"
+        for j, (k, t, s) in enumerate(zip(kind, items, sig)):
+            why = _entry_mismatch((*path, j), k, t, s, consts, attrs, named)
+            if why is not None:
+                return why
+        return None
+    if kind == "constexpr":
+        named.add(path)
+        if sig != "constexpr" or path not in consts or not constant_matches(text, consts[path]):
+            return f"the key says constexpr {text}, the binary {sig} {consts.get(path)!r}"
+        return None
+    ok, value = _literal(text)
+    aligned = any(isinstance(a, list) and a == ["tt.divisibility", 16] for a in attrs.get(path, []))
+    if not ok or sig != kind or aligned != (value == "D"):
+        return f"the key says {kind} {text}, the binary {sig} aligned={aligned}"
+    return None
 
 
 def options_mismatch(data: dict[str, Any], backend: Any, arg_names: list[str]) -> str | None:

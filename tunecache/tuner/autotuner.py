@@ -301,7 +301,7 @@ class TunecacheAutotuner(Autotuner):
         except Exception as e:  # noqa: BLE001 - best effort: launches load their kernels as before
             log.debug("tunecache: %s: preload failed: %r", self._tc_name, e)
             return 0
-        counters.count(None, None, preloaded=loaded, preload_skipped=skipped)
+        counters.count(None, None, preloaded=loaded)  # skips: counted by reason in preload.load
         if loaded or skipped:
             log.debug(
                 "tunecache: %s: preloaded %d binaries (%d skipped) in %.3f s",

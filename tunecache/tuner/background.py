@@ -111,6 +111,8 @@ def _load_when_cuda_is_up() -> None:
 
     def load_ready() -> bool:  # on the worker, whose current device is that one
         todo[:] = [t for t in todo if t in _tuners and not _loaded_if_ready(t)]  # not released by uninstall()
+        if not todo:
+            preload.summarise_skips()  # the pass is over: one line for what it skipped
         return not todo
 
     retry(load_ready, first_delay=0.0)

@@ -199,9 +199,9 @@ def load(specs: Iterable[LaunchSpec], device: int) -> tuple[int, int]:
 
 
 def _load_later(waiting: dict[str, list[LaunchSpec]], device: int) -> bool:
-    loaded, skipped, still = _load(waiting, device)
-    if loaded or skipped:
-        counters.count(None, None, preloaded=loaded, preload_skipped=skipped)
+    loaded, _, still = _load(waiting, device)
+    if loaded:
+        counters.count(None, None, preloaded=loaded)  # skips: counted by reason in preload.load
     waiting.clear()
     waiting.update(still)
     return not waiting

@@ -11,6 +11,7 @@ from typing import Any
 from triton.runtime.autotuner import Autotuner
 
 from tunecache import settings
+from tunecache.binaries import preload
 from tunecache.settings import current_mode
 from tunecache.store.store import Store
 from tunecache.tuner import background, basepatch
@@ -69,7 +70,9 @@ def load_winners(device: int | None = None) -> int:
     process that sees several GPUs calls it after ``torch.cuda.set_device`` (it may run in a
     thread while weights load). Never raises: whatever is not loaded here loads at its launch.
     """
-    return sum(t.load_winners(device) for t in background.tuners())
+    loaded = sum(t.load_winners(device) for t in background.tuners())
+    preload.summarise_skips()  # once per process: what was not preloaded, and why
+    return loaded
 
 
 def install() -> None:
