@@ -29,7 +29,11 @@ def fleet_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         [
             click.option("--kernel", help="Kernel name (full module.qualname, or its last part)."),
             click.option("--target", help="Target: arch (sm90), device name ('NVIDIA H200') or target digest."),
-            click.option("--since", type=AGE, help=f"Only problems updated since then: {AGE_HELP}."),
+            click.option(
+                "--since",
+                type=AGE,
+                help=f"Only problems updated since then (the fleet: timings measured since then): {AGE_HELP}.",
+            ),
             click.option(
                 "--threshold",
                 type=click.FloatRange(min=0),

@@ -42,17 +42,21 @@ def clauses(filters: ReportFilters, t: sa.Table = problems, *, dated: bool = Tru
 
 def fleet_batch(
     store: Store, filters: ReportFilters, after: str, limit: int
-) -> tuple[list[str], dict[str, Row], dict[str, list[tuple[str, str, float]]]]:
+) -> tuple[list[str], dict[str, Row], dict[str, list[tuple[str, str, float, dt.datetime]]]]:
     """The next ``limit`` digests after ``after`` that more than one host measured, their problems'
     rows (digest, kernel, key_json, device_name, arch, driver_version) and ``{digest: [(host,
-    config_hash, median_ms)]}``."""
+    config_hash, median_ms, measured_at)]}``.
+
+    ``filters.since`` applies to the timings (``measured_at``), not to the problems: a host's old
+    timings of a problem that another host re-tuned today must not count as recent evidence."""
     m, p = measurements.c, problems.c
+    recent = [m.measured_at >= filters.since] if filters.since else []
     with store.snapshot("fleet") as conn:
         ids = (
             conn.execute(
                 sa.select(m.digest)
                 .join(problems, p.digest == m.digest)
-                .where(*clauses(filters), m.digest > after)
+                .where(*clauses(filters, dated=False), *recent, m.digest > after)
                 .group_by(m.digest)
                 .having(sa.func.count(sa.distinct(m.host)) > 1)
                 .order_by(m.digest)
@@ -71,10 +75,10 @@ def fleet_batch(
                 )
             )
         }
-        rows: dict[str, list[tuple[str, str, float]]] = {}
-        q = sa.select(m.digest, m.host, m.config_hash, m.median_ms).where(m.digest.in_(ids))
-        for d, host, ch, ms in conn.execute(q):
-            rows.setdefault(d, []).append((host, ch, ms))
+        rows: dict[str, list[tuple[str, str, float, dt.datetime]]] = {}
+        q = sa.select(m.digest, m.host, m.config_hash, m.median_ms, m.measured_at).where(m.digest.in_(ids), *recent)
+        for d, host, ch, ms, when in conn.execute(q):
+            rows.setdefault(d, []).append((host, ch, ms, when))
     return list(ids), meta, rows
 
 
