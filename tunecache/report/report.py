@@ -22,7 +22,7 @@ from typing import Any
 import orjson
 
 from tunecache.model import FAILED_STATUSES, utcnow
-from tunecache.report import fleet
+from tunecache.report import compare, fleet
 from tunecache.store import reports
 from tunecache.store.store import Store
 
@@ -428,8 +428,10 @@ def render(
     threshold: float = fleet.DEFAULT_THRESHOLD,
     min_keys: int = fleet.DEFAULT_MIN_KEYS,
     title: str | None = None,
+    comparison: compare.Comparison | None = None,
 ) -> str:
-    """The report page as one HTML string."""
+    """The report page as one HTML string; with ``comparison`` (:func:`tunecache.report.compare.compare`),
+    its section."""
     from tunecache.report import plots
 
     filters = filters or Filters()
@@ -441,6 +443,8 @@ def render(
         f"<p>Store <code>{_e(store.masked_url)}</code>, {now:%Y-%m-%d %H:%M} UTC. "
         f"Filters: {_e(filters.describe())}.</p>"
     )
+    if comparison is not None:
+        body.append('<h2 id="compare">Compared with another store</h2>' + compare.to_html(comparison))
     body.append("<h2>Fleet: hosts against their peers</h2>" + _fleet_section(analysis, plots, MAX_FLEET_KEYS))
     body.append("<h2>Configs x keys, per kernel and target</h2>")
     body.append(
@@ -475,11 +479,12 @@ def write_report(
     threshold: float = fleet.DEFAULT_THRESHOLD,
     min_keys: int = fleet.DEFAULT_MIN_KEYS,
     title: str | None = None,
+    comparison: compare.Comparison | None = None,
 ) -> dict[str, Any]:
     """Write the page to ``path``; returns what the CLI prints (path, bytes, plots)."""
     from pathlib import Path
 
-    page = render(store, filters, threshold, min_keys, title)
+    page = render(store, filters, threshold, min_keys, title, comparison)
     out = Path(path)
     out.write_text(page, encoding="utf-8")
     return {"path": str(out), "bytes": len(page.encode()), "plots": page.count('<figure class="plot"')}

@@ -155,3 +155,33 @@ def missed(store: Store, filters: ReportFilters, limit: int) -> tuple[int, list[
             .limit(limit)
         ).all()
     return total, rows
+
+
+def winners_batch(store: Store, filters: ReportFilters, after: str, limit: int, *, dated: bool = True) -> list[Row]:
+    """The next ``limit`` problems after digest ``after`` (``tunecache report --compare``): digest,
+    kernel, key_json, device_name, arch, driver_version, triton_version, updated_at, winner_config_hash,
+    winner_ms and the winner's config_json (None without a winner). ``dated=False`` ignores
+    ``filters.since`` (the store compared with keeps its older keys)."""
+    p, c = problems.c, configs.c
+    win = sa.and_(c.digest == p.digest, c.config_hash == p.winner_config_hash)
+    q = (
+        sa.select(
+            p.digest,
+            p.kernel,
+            p.key_json,
+            p.device_name,
+            p.arch,
+            p.driver_version,
+            p.triton_version,
+            p.updated_at,
+            p.winner_config_hash,
+            p.winner_ms,
+            c.config_json,
+        )
+        .select_from(problems.outerjoin(configs, win))
+        .where(*clauses(filters, dated=dated), p.digest > after)
+        .order_by(p.digest)
+        .limit(limit)
+    )
+    with store.snapshot("compare") as conn:
+        return conn.execute(q).all()
