@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import datetime as dt
 import heapq
+import math
 import statistics
+from array import array
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -142,9 +144,14 @@ class _Worst:
     def __init__(self) -> None:
         self.heap: list[tuple[float, str, Evidence]] = []
 
+    def wants(self, ratio: float) -> bool:
+        """Whether a key of this ratio would be kept (checked before building its evidence)."""
+        # a key where the host was as fast or faster is no evidence of slowness
+        return ratio > 1.0 and (len(self.heap) < EVIDENCE_KEYS or ratio >= self.heap[0][0])
+
     def add(self, e: Evidence) -> None:
-        if e.ratio <= 1.0:
-            return  # a key where the host was as fast or faster is no evidence of slowness
+        if not self.wants(e.ratio):
+            return
         item = (e.ratio, e.digest, e)
         if len(self.heap) < EVIDENCE_KEYS:
             heapq.heappush(self.heap, item)
@@ -261,42 +268,102 @@ class FleetAnalysis:
         }
 
 
-def compare_key(
-    timings: Iterable[Timing], exclude: Iterable[str] = ()
-) -> tuple[dict[str, float], dict[str, float], dict[str, float], dict[str, tuple[dt.datetime, dt.datetime]]]:
-    """Each host's time, its peers' and its ratio on one key, from ``(host, config_hash, median_ms[,
-    measured_at])`` rows.
+def _median(xs: list[float]) -> float:
+    """statistics.median, without its generality (the hot loop of a 100k-key analysis)."""
+    n = len(xs)
+    if n == 1:
+        return xs[0]
+    if n == 2:
+        return (xs[0] + xs[1]) / 2
+    s = sorted(xs)
+    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
+
+
+@dataclass(frozen=True, slots=True)
+class KeyTimings:
+    """One key's timings, compact (a flat array, host names shared): the analysis holds every key
+    for its second pass (:func:`judge`) without reading the store twice."""
+
+    digest: str
+    kernel: str
+    key_json: str
+    target: str
+    device: str
+    hosts: tuple[str, ...]
+    values: array  # 'd', config-major: values[c * len(hosts) + i] is host i's time of config c; NaN: not timed
+
+
+def pack(meta: Mapping[str, Any], rows: Iterable[Timing], shared: dict[Any, Any] | None = None) -> KeyTimings:
+    """A :class:`KeyTimings` from one problem's fields and its ``(host, config_hash, median_ms)``
+    rows; ``shared`` interns the strings and host tuples that repeat from key to key."""
+    shared = {} if shared is None else shared
+    by_config: dict[str, dict[str, float]] = {}
+    for row in rows:
+        ms = row[2]
+        if ms is not None and ms > 0:
+            by_config.setdefault(row[1], {})[row[0]] = ms
+    names = sorted({h for hosts in by_config.values() for h in hosts})
+    hosts = shared.setdefault(tuple(names), tuple(names))
+    nan = math.nan
+    values = array("d", [t.get(h, nan) for t in by_config.values() for h in hosts])
+
+    def one(v: str) -> str:
+        return shared.setdefault(v, v)
+
+    return KeyTimings(
+        meta["digest"],
+        one(meta["kernel"]),
+        meta["key_json"],
+        one(meta["target"]),
+        one(meta.get("device", "")),
+        hosts,
+        values,
+    )
+
+
+def compare(k: KeyTimings, exclude: Iterable[str] = ()) -> KeyComparison:
+    """Each host's time, its peers' and its ratio on one key.
 
     Per config timed by two hosts or more, a host's peers are the other hosts that timed it, less
     ``exclude`` (hosts already flagged) unless that leaves none. Per host, its median time and its
     peers' median time over those configs; the ratio is one over the other. A config only one host
-    timed says nothing about hosts. Returns (ratios, times, peers, measured: host -> (first, last)).
+    timed says nothing about hosts.
     """
-    skip = set(exclude)
-    by_config: dict[str, dict[str, float]] = {}
-    measured: dict[str, tuple[dt.datetime, dt.datetime]] = {}
-    for row in timings:
-        host, config_hash, ms = row[0], row[1], row[2]
-        if ms is not None and ms > 0:
-            by_config.setdefault(config_hash, {})[host] = ms
-            when = row[3] if len(row) > 3 else None
-            if when is not None:
-                lo, hi = measured.get(host, (when, when))
-                measured[host] = (min(lo, when), max(hi, when))
-    own: dict[str, list[float]] = {}
-    base: dict[str, list[float]] = {}
-    for hosts in by_config.values():
-        if len(hosts) < 2:
+    hosts, values, nh = k.hosts, k.values, len(k.hosts)
+    skip = {i for i, h in enumerate(hosts) if h in exclude} if exclude else set()
+    own: list[list[float]] = [[] for _ in hosts]
+    base: list[list[float]] = [[] for _ in hosts]
+    for c in range(0, len(values), nh):
+        row = values[c : c + nh]
+        present = [(i, v) for i, v in enumerate(row) if v == v]  # NaN: not timed
+        if len(present) < 2:
             continue
-        for host, ms in hosts.items():
-            others = [t for h, t in hosts.items() if h != host and h not in skip]
-            others = others or [t for h, t in hosts.items() if h != host]
-            own.setdefault(host, []).append(ms)
-            base.setdefault(host, []).append(statistics.median(others))
-    times = {h: statistics.median(t) for h, t in own.items()}
-    peers = {h: statistics.median(t) for h, t in base.items()}
+        for i, v in present:
+            others = [w for j, w in present if j != i and j not in skip] if skip else []
+            others = others or [w for j, w in present if j != i]
+            own[i].append(v)
+            base[i].append(_median(others))
+    times = {hosts[i]: _median(t) for i, t in enumerate(own) if t}
+    peers = {hosts[i]: _median(t) for i, t in enumerate(base) if t}
     ratios = {h: times[h] / peers[h] for h in times}
-    return ratios, times, peers, {h: measured[h] for h in times if h in measured}
+    return KeyComparison(k.digest, k.kernel, k.key_json, k.target, ratios, times, peers, k.device)
+
+
+def compare_key(
+    timings: Iterable[Timing], exclude: Iterable[str] = ()
+) -> tuple[dict[str, float], dict[str, float], dict[str, float], dict[str, tuple[dt.datetime, dt.datetime]]]:
+    """:func:`compare` of ``(host, config_hash, median_ms[, measured_at])`` rows: (ratios, times,
+    peers, measured: host -> (first, last)), each by host."""
+    rows = list(timings)
+    measured: dict[str, tuple[dt.datetime, dt.datetime]] = {}
+    for row in rows:
+        when = row[3] if len(row) > 3 else None
+        if when is not None and row[2] is not None and row[2] > 0:
+            lo, hi = measured.get(row[0], (when, when))
+            measured[row[0]] = (min(lo, when), max(hi, when))
+    meta = {"digest": "", "kernel": "", "key_json": "", "target": ""}
+    c = compare(pack(meta, rows), set(exclude))
+    return c.ratios, c.times, c.peers, {h: measured[h] for h in c.times if h in measured}
 
 
 @dataclass
@@ -311,15 +378,16 @@ class _Acc:
     worst: _Worst = field(default_factory=_Worst)
 
     def add(self, k: KeyComparison, host: str) -> None:
-        self.ratios.append(k.ratios[host])
+        ratio = k.ratios[host]
+        self.ratios.append(ratio)
         self.times.append(k.times[host])
         self.peers.append(k.peers[host])
-        if host in k.measured:
-            lo, hi = k.measured[host]
-            self.first = lo if self.first is None else min(self.first, lo)
-            self.last = hi if self.last is None else max(self.last, hi)
-        e = Evidence(k.digest, k.kernel, k.key_json, k.target, k.ratios[host], k.times[host], k.peers[host])
-        self.worst.add(e)
+        when = k.measured.get(host)
+        if when is not None:
+            self.first = when[0] if self.first is None or when[0] < self.first else self.first
+            self.last = when[1] if self.last is None or when[1] > self.last else self.last
+        if self.worst.wants(ratio):
+            self.worst.add(Evidence(k.digest, k.kernel, k.key_json, k.target, ratio, k.times[host], k.peers[host]))
 
 
 def analyse(
@@ -327,13 +395,14 @@ def analyse(
     threshold: float = DEFAULT_THRESHOLD,
     min_keys: int = DEFAULT_MIN_KEYS,
     excluded: Flagged | None = None,
+    dates: Mapping[tuple[str, str], tuple[dt.datetime, dt.datetime]] | None = None,
 ) -> FleetAnalysis:
     """Summarise each host, overall and per kernel, with :func:`verdict`. ``excluded`` only records
-    which hosts the keys' baselines left out (see :func:`flagged`)."""
+    which hosts the keys' baselines left out (see :func:`flagged`); ``dates``: ``{(host, kernel):
+    (first, last measured)}`` from the store, else the keys' own ``measured``."""
     if threshold < 0:
         raise ValueError(f"threshold must be >= 0, got {threshold}")
-    overall: dict[str, _Acc] = {}
-    per_kernel: dict[str, dict[str, _Acc]] = {}
+    per_kernel: dict[str, dict[str, _Acc]] = {}  # host -> kernel -> figures; a host's are their union
     gpus: dict[str, set[str]] = {}
     n = 0
     for k in keys:
@@ -341,24 +410,44 @@ def analyse(
             continue
         n += 1
         for host in k.ratios:
-            overall.setdefault(host, _Acc()).add(k, host)
-            per_kernel.setdefault(host, {}).setdefault(k.kernel, _Acc()).add(k, host)
-            if k.device:
-                gpus.setdefault(host, set()).add(k.device)
+            mine = per_kernel.get(host)
+            if mine is None:
+                mine = per_kernel[host] = {}
+                gpus[host] = set()
+            acc = mine.get(k.kernel)
+            if acc is None:
+                acc = mine[k.kernel] = _Acc()
+            acc.add(k, host)
+            gpus[host].add(k.device)
+    for (host, kernel), (lo, hi) in (dates or {}).items():
+        acc = per_kernel.get(host, {}).get(kernel)
+        if acc is not None:
+            acc.first = lo if acc.first is None or lo < acc.first else acc.first
+            acc.last = hi if acc.last is None or hi > acc.last else acc.last
     summaries = []
-    for host, acc in overall.items():
+    overall: dict[str, _Acc] = {}
+    for host, mine in per_kernel.items():
+        acc = overall[host] = _Acc()
+        for a in mine.values():
+            acc.ratios += a.ratios
+            acc.times += a.times
+            acc.peers += a.peers
+            for _, _, e in a.worst.heap:
+                acc.worst.add(e)
+            firsts = [d for d in (acc.first, a.first) if d is not None]
+            lasts = [d for d in (acc.last, a.last) if d is not None]
+            acc.first, acc.last = min(firsts, default=None), max(lasts, default=None)
         kernels = [
             KernelSummary(
                 kernel, verdict(a.ratios, a.times, a.peers, threshold, min_keys), a.first, a.last, a.worst.sorted()
             )
-            for kernel, a in sorted(per_kernel[host].items())
+            for kernel, a in sorted(mine.items())
         ]
         kernels.sort(key=lambda ks: (ks.verdict.status != OUTLIER, -ks.verdict.ratio, ks.kernel))
         slower = sum(r > 1.0 + threshold for r in acc.ratios) / len(acc.ratios)
         v = verdict(acc.ratios, acc.times, acc.peers, threshold, min_keys)
-        summaries.append(
-            HostSummary(host, v, slower, sorted(gpus.get(host, ())), acc.first, acc.last, kernels, acc.worst.sorted())
-        )
+        devices = sorted(d for d in gpus[host] if d)
+        summaries.append(HostSummary(host, v, slower, devices, acc.first, acc.last, kernels, acc.worst.sorted()))
     summaries.sort(key=lambda h: (not h.flagged, -h.median_ratio, h.host))
     ratios_by_host = {h.host: overall[h.host].ratios for h in summaries}
     shown = {h: (sorted(ks) if ks is not None else None) for h, ks in (excluded or {}).items()}
@@ -469,3 +558,21 @@ def key_from_rows(meta: Mapping[str, Any], rows: Iterable[Timing], exclude: Iter
         meta.get("device", ""),
         measured,
     )
+
+
+def judge(
+    keys: Iterable[KeyTimings],
+    threshold: float = DEFAULT_THRESHOLD,
+    min_keys: int = DEFAULT_MIN_KEYS,
+    dates: Mapping[tuple[str, str], tuple[dt.datetime, dt.datetime]] | None = None,
+) -> FleetAnalysis:
+    """The fleet's verdicts: :func:`analyse` the keys; when a host is flagged (overall or on a
+    kernel), analyse again with it left out of the other hosts' baselines (a slow peer would make
+    healthy hosts look fast, and hide a second slow host), from the keys held in memory."""
+    held = list(keys)
+    first = analyse((compare(k) for k in held), threshold, min_keys, dates=dates)
+    flags = flagged(first)
+    if not flags:
+        return first
+    again = (compare(k, excluded_for(flags, k.kernel)) for k in held)
+    return analyse(again, threshold, min_keys, flags, dates)

@@ -59,13 +59,10 @@ def _target_label(device: str, arch: str, driver: str) -> str:
     return f"{device} ({arch}, driver {driver})" if driver else f"{device} ({arch})"
 
 
-def iter_fleet_keys(
-    store: Store, filters: Filters, max_keys: int = MAX_FLEET_KEYS, exclude: fleet.Flagged | None = None
-) -> Iterator[fleet.KeyComparison]:
+def iter_fleet_keys(store: Store, filters: Filters, max_keys: int = MAX_FLEET_KEYS) -> Iterator[fleet.KeyTimings]:
     """Every key timed by more than one host, in digest order, at most ``max_keys``, a batch of
-    ``FLEET_BATCH`` per query (memory stays that of one batch plus the per-key ratios); ``exclude``:
-    flagged hosts left out of the others' baselines (:func:`tunecache.report.fleet.flagged`)."""
-    last, seen = "", 0
+    ``FLEET_BATCH`` per query, each packed small (:class:`tunecache.report.fleet.KeyTimings`)."""
+    last, seen, shared = "", 0, {}
     while seen < max_keys:
         ids, meta, rows = reports.fleet_batch(store, filters, last, min(FLEET_BATCH, max_keys - seen))
         if not ids:
@@ -74,8 +71,7 @@ def iter_fleet_keys(
             r = meta[d]
             info = {"digest": d, "kernel": r.kernel, "key_json": r.key_json, "device": r.device_name}
             info["target"] = _target_label(r.device_name, r.arch, r.driver_version)
-            skip = fleet.excluded_for(exclude, r.kernel) if exclude else ()
-            yield fleet.key_from_rows(info, rows.get(d, []), skip)
+            yield fleet.pack(info, rows.get(d, []), shared)
         seen += len(ids)
         last = ids[-1]
 
@@ -87,15 +83,10 @@ def hosts(
     min_keys: int = fleet.DEFAULT_MIN_KEYS,
     max_keys: int = MAX_FLEET_KEYS,
 ) -> fleet.FleetAnalysis:
-    """The fleet analysis of ``tunecache hosts`` and of the report's fleet section. When a host is
-    flagged, a second pass leaves it out of the other hosts' baselines (a slow peer would make
-    healthy hosts look fast), and judges again."""
+    """The fleet analysis of ``tunecache hosts`` and of the page (:func:`tunecache.report.fleet.judge`)."""
     filters = filters or Filters()
-    first = fleet.analyse(iter_fleet_keys(store, filters, max_keys), threshold, min_keys)
-    flags = fleet.flagged(first)
-    if not flags:
-        return first
-    return fleet.analyse(iter_fleet_keys(store, filters, max_keys, flags), threshold, min_keys, flags)
+    dates = reports.fleet_dates(store, filters)
+    return fleet.judge(iter_fleet_keys(store, filters, max_keys), threshold, min_keys, dates)
 
 
 # ---- kernel x target groups --------------------------------------------------------------------
