@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from tunecache.cli import main
 from tunecache.identity import problem_digest
 from tunecache.model import ConfigResult, Problem, utcnow
-from tunecache.report import report
+from tunecache.report import fleet, report
 from tunecache.store.opening import open_store
 from tunecache.target import Target
 
@@ -205,3 +205,20 @@ def test_hosts_table_stays_aligned_with_cloud_length_host_names(sqlite_url):
         assert r[keys_end - 2 : keys_end] == "12" and r[keys_end] == " ", (head, r)
     assert text_table(lines)["gpu-b"]["VERDICT"] == "OUTLIER" and code == 1
     assert {h["host"] for h in j["hosts"]} == set(names)
+
+
+def test_evidence_lists_only_keys_where_the_host_was_slower_worst_first():
+    """A host faster than its peers on most keys and slower on a few: its evidence is those few,
+    worst first, each ratio its two times' quotient; a key where it was faster is never evidence."""
+    factors = [0.5, 0.6, 0.7, 0.8, 1.3, 1.1, 1.6, 0.9]  # gpu-c's time over its peers' on each key
+    keys = []
+    for i, f in enumerate(factors):
+        rows = [("gpu-a", "c1", 2.0), ("gpu-b", "c1", 2.0), ("gpu-c", "c1", 2.0 * f)]
+        meta = {"digest": f"d{i}", "kernel": "k", "key_json": f"[{i}]", "target": "H200"}
+        keys.append(fleet.pack(meta, rows))
+    a = fleet.judge(keys, min_keys=3)
+    c = next(h for h in a.hosts if h.host == "gpu-c")
+    want = sorted((f for f in factors if f > 1), reverse=True)
+    assert [round(e.ratio, 6) for e in c.worst] == want
+    assert all(e.host_ms / e.peers_ms == pytest.approx(e.ratio) for e in c.worst)
+    assert c.verdict.status == "ok" and c.verdict.ratio == pytest.approx(statistics.median(factors))

@@ -572,7 +572,8 @@ def judge(
     held = list(keys)
     first = analyse((compare(k) for k in held), threshold, min_keys, dates=dates)
     flags = flagged(first)
-    if not flags:
+    # Leaving a flagged host out changes a key only where its host has another peer to compare with.
+    if not any(len(k.hosts) > 2 and not flags.keys().isdisjoint(k.hosts) for k in held):
         return first
     again = (compare(k, excluded_for(flags, k.kernel)) for k in held)
     return analyse(again, threshold, min_keys, flags, dates)
