@@ -144,6 +144,18 @@ def test_compare_with_a_sqlite_store_lists_changed_winners_and_ratios(stores, tm
     ) in r.output
 
 
+def test_compare_takes_the_reports_filters(stores, tmp_path):
+    """--kernel selects the keys on both sides; --since only this store's (the other's are older)."""
+    now_url, before = stores
+    r = run_compare(now_url, before, tmp_path / "r.html", "--kernel", "k2", "--since", "1h")
+    assert r.exit_code == 0, r.output
+    j = json.loads(r.output)["compare"]
+    want = {k for k in expected() if k[0] == "models.k2"}
+    assert {(c["kernel"], c["key"]) for c in j["changed"]} == want and want
+    assert [k["kernel"] for k in j["kernels"]] == ["models.k2"]
+    assert j["matched"] == sum(k[0] == "models.k2" for k in BEFORE.keys() & NOW.keys())
+
+
 def test_compare_with_an_export_file(stores, tmp_path):
     now_url, before = stores
     export = tmp_path / "before.jsonl"
