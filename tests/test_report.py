@@ -92,8 +92,8 @@ def test_the_store_keeps_every_hosts_timing_of_an_identical_problem(sqlite_url):
 def test_peer_median_flags_a_host_20_percent_slower_even_with_two_hosts():
     ks = []
     for i in range(KEYS):
-        ratios, t = fleet.compare_key([("a", "c1", 1.0 + i), ("b", "c1", (1.0 + i) * SLOW), ("a", "c2", 3.0)])
-        ks.append(fleet.KeyComparison(f"d{i}", "k", "[]", "H200", ratios, t))
+        ratios, t, peers, _ = fleet.compare_key([("a", "c1", 1.0 + i), ("b", "c1", (1.0 + i) * SLOW), ("a", "c2", 3.0)])
+        ks.append(fleet.KeyComparison(f"d{i}", "k", "[]", "H200", ratios, t, peers))
     a = fleet.analyse(ks)
     assert [h.host for h in a.outliers] == ["b"]
     b = a.outliers[0]
@@ -140,7 +140,7 @@ def test_report_names_the_outlier_the_winners_and_the_failure_reasons(skewed, tm
     assert r.exit_code == 0, r.output
     page = out.read_text()
     text = _text(page)
-    assert "Outlier: gpu-b" in text and "1.20x its peers" in text
+    assert "Outlier: gpu-b" in text and "median of per-key ratios 1.20x" in text
     assert "gpu-a" in text  # the peer, not an outlier
     # Winners per key, in bucket order: c16 up to bucket 15, c32 from 16.
     rows = re.findall(r"<tr><td>b(\d+)</td><td>([^<]*)</td><td>([^<]*)</td></tr>", page)

@@ -22,7 +22,7 @@ from typing import Any
 import orjson
 
 from tunecache.model import FAILED_STATUSES, utcnow
-from tunecache.report import fleet
+from tunecache.report import compare, fleet
 from tunecache.store import reports
 from tunecache.store.store import Store
 
@@ -39,7 +39,7 @@ MAX_DOTS = 1500  # fleet plot: dots per host
 @dataclass
 class Filters:
     """``--kernel`` (full name or its last part), ``--target`` (arch, device name or target digest
-    prefix), ``--since`` (problems updated since)."""
+    prefix), ``--since`` (problems updated since; the fleet: timings measured since)."""
 
     kernel: str | None = None
     target: str | None = None
@@ -47,7 +47,8 @@ class Filters:
 
     def describe(self) -> str:
         parts = [f"kernel {self.kernel}" if self.kernel else "", f"target {self.target}" if self.target else ""]
-        parts.append(f"updated since {self.since:%Y-%m-%d %H:%M} UTC" if self.since else "")
+        since = f"{self.since:%Y-%m-%d %H:%M} UTC" if self.since else ""
+        parts.append(f"problems updated and fleet timings measured since {since}" if since else "")
         return ", ".join(p for p in parts if p) or "none"
 
 
@@ -58,19 +59,19 @@ def _target_label(device: str, arch: str, driver: str) -> str:
     return f"{device} ({arch}, driver {driver})" if driver else f"{device} ({arch})"
 
 
-def iter_fleet_keys(store: Store, filters: Filters, max_keys: int = MAX_FLEET_KEYS) -> Iterator[fleet.KeyComparison]:
+def iter_fleet_keys(store: Store, filters: Filters, max_keys: int = MAX_FLEET_KEYS) -> Iterator[fleet.KeyTimings]:
     """Every key timed by more than one host, in digest order, at most ``max_keys``, a batch of
-    ``FLEET_BATCH`` per query (memory stays that of one batch plus the per-key ratios)."""
-    last, seen = "", 0
+    ``FLEET_BATCH`` per query, each packed small (:class:`tunecache.report.fleet.KeyTimings`)."""
+    last, seen, shared = "", 0, {}
     while seen < max_keys:
         ids, meta, rows = reports.fleet_batch(store, filters, last, min(FLEET_BATCH, max_keys - seen))
         if not ids:
             return
         for d in ids:
             r = meta[d]
-            info = {"digest": d, "kernel": r.kernel, "key_json": r.key_json}
+            info = {"digest": d, "kernel": r.kernel, "key_json": r.key_json, "device": r.device_name}
             info["target"] = _target_label(r.device_name, r.arch, r.driver_version)
-            yield fleet.key_from_rows(info, rows.get(d, []))
+            yield fleet.pack(info, rows.get(d, []), shared)
         seen += len(ids)
         last = ids[-1]
 
@@ -82,8 +83,10 @@ def hosts(
     min_keys: int = fleet.DEFAULT_MIN_KEYS,
     max_keys: int = MAX_FLEET_KEYS,
 ) -> fleet.FleetAnalysis:
-    """The fleet analysis of ``tunecache hosts`` and of the report's fleet section."""
-    return fleet.analyse(iter_fleet_keys(store, filters or Filters(), max_keys), threshold, min_keys)
+    """The fleet analysis of ``tunecache hosts`` and of the page (:func:`tunecache.report.fleet.judge`)."""
+    filters = filters or Filters()
+    dates = reports.fleet_dates(store, filters)
+    return fleet.judge(iter_fleet_keys(store, filters, max_keys), threshold, min_keys, dates)
 
 
 # ---- kernel x target groups --------------------------------------------------------------------
@@ -283,32 +286,73 @@ def _misses_section(store: Store, filters: Filters, plots: Any) -> str:
     return "".join(out)
 
 
+MAX_KERNEL_ROWS = 500  # fleet: host x kernel verdict rows listed
+
+
+def _evidence_table(worst: list[fleet.Evidence]) -> str:
+    if not worst:
+        return "<p>No key where it was slower.</p>"
+    rows = [[w.kernel, w.key_json, w.target, f"{w.ratio:.2f}x", f"{w.host_ms:.4g}", f"{w.peers_ms:.4g}"] for w in worst]
+    return _table(["kernel", "key", "target", "ratio", "host ms", "peers ms"], rows)
+
+
 def _fleet_section(a: fleet.FleetAnalysis, plots: Any, max_keys: int) -> str:
+    """The fleet's verdicts: the same :func:`tunecache.report.fleet.verdict` as ``tunecache hosts``."""
     if not a.hosts:
         return (
             "<p>No key was timed by more than one host yet (hosts record their own timings in the "
             "<code>measurements</code> table whenever they benchmark): nothing to compare.</p>"
         )
-    out = []
+    out = [
+        f"<p>{a.keys_compared} keys timed by more than one host. A key's ratio: the host's median time over "
+        "the configs it shares with its peers, over the peers' median time on those configs; a host's ratio: "
+        f"the median of its per-key ratios. Outlier: above {1 + a.threshold:.2f}x over at least {a.min_keys} "
+        "keys, overall or on one kernel; fewer keys: too few to judge.</p>"
+    ]
     if a.keys_compared >= max_keys:
         out.append(
             f'<p class="note">Sampled: the first {max_keys} keys in digest order (a hash: an unbiased sample).</p>'
         )
     for h in a.outliers:
+        when = fleet.measured_text(h.first_measured, h.last_measured)
+        if h.outlier:
+            out.append(
+                f'<p class="bad"><b>Outlier: {_e(h.host)}</b> ({_e(", ".join(h.gpus))}): '
+                f"{_e(h.verdict.ratio_text())} over {h.keys} keys; slower by more than {a.threshold:.0%} on "
+                f"{h.slower_share:.0%} of them; timings measured {_e(when)} UTC. "
+                "Keys where it was slower, worst first:</p>"
+            )
+            out.append(_evidence_table(h.worst))
+            if len(h.slow_kernels) > 1:
+                names = ", ".join(k.kernel for k in h.slow_kernels)
+                out.append(f"<p>{_e(h.host)} is an outlier on each of: {_e(names)}.</p>")
+            continue
+        for k in h.slow_kernels:
+            out.append(
+                f'<p class="bad"><b>Outlier on {_e(k.kernel)}: {_e(h.host)}</b>: {_e(k.verdict.ratio_text())} over '
+                f"{k.verdict.keys} keys; timings measured {_e(fleet.measured_text(k.first_measured, k.last_measured))} "
+                "UTC. Worst keys:</p>"
+            )
+            out.append(_evidence_table(k.worst))
+    for h in a.too_few:
         out.append(
-            f'<p class="bad"><b>Outlier: {_e(h.host)}</b> is {h.median_ratio:.2f}x its peers\' median time '
-            f"(median over {h.keys} keys; slower by more than {a.threshold:.0%} on {h.slower_share:.0%} of them).</p>"
+            f'<p class="note"><b>Too few keys to judge: {_e(h.host)}</b>: {h.keys} of the {a.min_keys} keys needed '
+            f"({_e(h.verdict.ratio_text())}; timings measured "
+            f"{_e(fleet.measured_text(h.first_measured, h.last_measured))} UTC).</p>"
         )
-        worst = h.as_dict()["worst"]
-        rows = [
-            [w["kernel"], w["key"], w["target"], f"{w['host_ms']:.4g}", f"{w['peers_ms']:.4g}", f"{w['ratio']:.2f}x"]
-            for w in worst
-        ]
-        out.append(_table(["kernel", "key", "target", "host ms", "peers ms", "ratio"], rows))
-    if not a.outliers:
+    if not a.outliers and not a.too_few:
         out.append(
-            f'<p class="good">No outlier: no host is more than {a.threshold:.0%} slower than its peers '
-            f"over {a.min_keys}+ keys.</p>"
+            f'<p class="good">No outlier: every host shared {a.min_keys}+ keys with its peers and none is more than '
+            f"{a.threshold:.0%} slower, overall or on one kernel.</p>"
+        )
+    elif not a.outliers:
+        out.append(f"<p>No outlier among the {len(a.hosts) - len(a.too_few)} hosts that could be judged.</p>")
+    if a.excluded:
+        out.append(
+            "<p>Peers' baselines leave out the flagged hosts ("
+            + _e(", ".join(sorted(a.excluded)))
+            + ") wherever another host timed the same config: a slow peer would make healthy hosts look faster "
+            "than 1.0x. A healthy host below 1.0x shared those keys with a flagged host only.</p>"
         )
     names = [h.host for h in a.hosts]
     dots = {n: _spread(a.ratios[n], MAX_DOTS) for n in names}  # the medians and the table use every key
@@ -326,11 +370,46 @@ def _fleet_section(a: fleet.FleetAnalysis, plots: Any, max_keys: int) -> str:
             "fleet",
         )
     )
-    rows = [
-        [h.host, h.keys, f"{h.median_ratio:.3f}x", f"{h.slower_share:.0%}", "OUTLIER" if h.outlier else ""]
-        for h in a.hosts
+    rows = []
+    for h in a.hosts:
+        v = h.verdict
+        slow = ", ".join(k.kernel for k in h.slow_kernels)
+        rows.append(
+            [
+                h.host,
+                ", ".join(h.gpus),
+                v.keys,
+                f"{v.ratio:.3f}x",
+                f"{v.host_ms:.4g}",
+                f"{v.peers_ms:.4g}",
+                f"{h.slower_share:.0%}",
+                fleet.measured_text(h.first_measured, h.last_measured),
+                v.text(),
+                slow,
+            ]
+        )
+    headers = ["host", "GPU", "keys shared", "ratio", "host ms", "peers ms", "keys slower than threshold"]
+    table = _table([*headers, "measured (UTC)", "verdict", "outlier on kernels"], rows)
+    out.append(f'<div id="fleet-hosts">{table}</div>')
+    per_kernel = [(h, k) for h in a.hosts for k in h.kernels]
+    krows = [
+        [
+            k.kernel,
+            h.host,
+            k.verdict.keys,
+            f"{k.verdict.ratio:.3f}x",
+            f"{k.verdict.host_ms:.4g}",
+            f"{k.verdict.peers_ms:.4g}",
+            fleet.measured_text(k.first_measured, k.last_measured),
+            k.verdict.text(),
+        ]
+        for h, k in sorted(per_kernel, key=lambda hk: (hk[1].kernel, hk[0].host))[:MAX_KERNEL_ROWS]
     ]
-    out.append(_table(["host", "keys shared", "median vs peers", "keys slower than threshold", ""], rows))
+    out.append(f"<details><summary>Verdicts per kernel and host ({len(per_kernel)})</summary>")
+    if len(per_kernel) > len(krows):
+        out.append(f'<p class="note">The first {len(krows)} of {len(per_kernel)} rows: use --kernel to see one.</p>')
+    kheaders = ["kernel", "host", "keys", "ratio", "host ms", "peers ms", "measured (UTC)", "verdict"]
+    out.append(_table(kheaders, krows) + "</details>")
     return "".join(out)
 
 
@@ -340,8 +419,10 @@ def render(
     threshold: float = fleet.DEFAULT_THRESHOLD,
     min_keys: int = fleet.DEFAULT_MIN_KEYS,
     title: str | None = None,
+    comparison: compare.Comparison | None = None,
 ) -> str:
-    """The report page as one HTML string."""
+    """The report page as one HTML string; with ``comparison`` (:func:`tunecache.report.compare.compare`),
+    its section."""
     from tunecache.report import plots
 
     filters = filters or Filters()
@@ -353,6 +434,8 @@ def render(
         f"<p>Store <code>{_e(store.masked_url)}</code>, {now:%Y-%m-%d %H:%M} UTC. "
         f"Filters: {_e(filters.describe())}.</p>"
     )
+    if comparison is not None:
+        body.append('<h2 id="compare">Compared with another store</h2>' + compare.to_html(comparison))
     body.append("<h2>Fleet: hosts against their peers</h2>" + _fleet_section(analysis, plots, MAX_FLEET_KEYS))
     body.append("<h2>Configs x keys, per kernel and target</h2>")
     body.append(
@@ -387,11 +470,12 @@ def write_report(
     threshold: float = fleet.DEFAULT_THRESHOLD,
     min_keys: int = fleet.DEFAULT_MIN_KEYS,
     title: str | None = None,
+    comparison: compare.Comparison | None = None,
 ) -> dict[str, Any]:
     """Write the page to ``path``; returns what the CLI prints (path, bytes, plots)."""
     from pathlib import Path
 
-    page = render(store, filters, threshold, min_keys, title)
+    page = render(store, filters, threshold, min_keys, title, comparison)
     out = Path(path)
     out.write_text(page, encoding="utf-8")
     return {"path": str(out), "bytes": len(page.encode()), "plots": page.count('<figure class="plot"')}

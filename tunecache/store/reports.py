@@ -45,14 +45,18 @@ def fleet_batch(
 ) -> tuple[list[str], dict[str, Row], dict[str, list[tuple[str, str, float]]]]:
     """The next ``limit`` digests after ``after`` that more than one host measured, their problems'
     rows (digest, kernel, key_json, device_name, arch, driver_version) and ``{digest: [(host,
-    config_hash, median_ms)]}``."""
+    config_hash, median_ms)]}`` (the dates: :func:`fleet_dates`, not one datetime per row).
+
+    ``filters.since`` applies to the timings (``measured_at``), not to the problems: a host's old
+    timings of a problem that another host re-tuned today must not count as recent evidence."""
     m, p = measurements.c, problems.c
+    recent = [m.measured_at >= filters.since] if filters.since else []
     with store.snapshot("fleet") as conn:
         ids = (
             conn.execute(
                 sa.select(m.digest)
                 .join(problems, p.digest == m.digest)
-                .where(*clauses(filters), m.digest > after)
+                .where(*clauses(filters, dated=False), *recent, m.digest > after)
                 .group_by(m.digest)
                 .having(sa.func.count(sa.distinct(m.host)) > 1)
                 .order_by(m.digest)
@@ -72,10 +76,33 @@ def fleet_batch(
             )
         }
         rows: dict[str, list[tuple[str, str, float]]] = {}
-        q = sa.select(m.digest, m.host, m.config_hash, m.median_ms).where(m.digest.in_(ids))
+        q = sa.select(m.digest, m.host, m.config_hash, m.median_ms).where(m.digest.in_(ids), *recent)
         for d, host, ch, ms in conn.execute(q):
             rows.setdefault(d, []).append((host, ch, ms))
     return list(ids), meta, rows
+
+
+def fleet_dates(store: Store, filters: ReportFilters) -> dict[tuple[str, str], tuple[dt.datetime, dt.datetime]]:
+    """When each host timed each kernel: ``{(host, kernel): (first, last measured_at)}`` over the
+    timings :func:`fleet_batch` reads (keys more than one host measured, ``since`` on the timings).
+    One aggregate in SQL: parsing a datetime per measurement row would double the fleet's time."""
+    m, p = measurements.c, problems.c
+    recent = [m.measured_at >= filters.since] if filters.since else []
+    shared = (
+        sa.select(m.digest)
+        .where(*recent)
+        .group_by(m.digest)
+        .having(sa.func.count(sa.distinct(m.host)) > 1)
+        .scalar_subquery()
+    )
+    q = (
+        sa.select(m.host, p.kernel, sa.func.min(m.measured_at), sa.func.max(m.measured_at))
+        .join(problems, p.digest == m.digest)
+        .where(*clauses(filters, dated=False), *recent, m.digest.in_(shared))
+        .group_by(m.host, p.kernel)
+    )
+    with store.snapshot("fleet") as conn:
+        return {(host, kernel): (lo, hi) for host, kernel, lo, hi in conn.execute(q)}
 
 
 def groups(
@@ -151,3 +178,33 @@ def missed(store: Store, filters: ReportFilters, limit: int) -> tuple[int, list[
             .limit(limit)
         ).all()
     return total, rows
+
+
+def winners_batch(store: Store, filters: ReportFilters, after: str, limit: int, *, dated: bool = True) -> list[Row]:
+    """The next ``limit`` problems after digest ``after`` (``tunecache report --compare``): digest,
+    kernel, key_json, device_name, arch, driver_version, triton_version, updated_at, winner_config_hash,
+    winner_ms and the winner's config_json (None without a winner). ``dated=False`` ignores
+    ``filters.since`` (the store compared with keeps its older keys)."""
+    p, c = problems.c, configs.c
+    win = sa.and_(c.digest == p.digest, c.config_hash == p.winner_config_hash)
+    q = (
+        sa.select(
+            p.digest,
+            p.kernel,
+            p.key_json,
+            p.device_name,
+            p.arch,
+            p.driver_version,
+            p.triton_version,
+            p.updated_at,
+            p.winner_config_hash,
+            p.winner_ms,
+            c.config_json,
+        )
+        .select_from(problems.outerjoin(configs, win))
+        .where(*clauses(filters, dated=dated), p.digest > after)
+        .order_by(p.digest)
+        .limit(limit)
+    )
+    with store.snapshot("compare") as conn:
+        return conn.execute(q).all()
