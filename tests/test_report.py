@@ -142,8 +142,10 @@ def test_report_names_the_outlier_the_winners_and_the_failure_reasons(skewed, tm
     text = _text(page)
     assert "Outlier: gpu-b" in text and "1.20x its peers" in text
     assert "gpu-a" in text  # the peer, not an outlier
-    # Winners per key, in bucket order: c16 up to bucket 15, c32 from 16.
-    rows = re.findall(r"<tr><td>b(\d+)</td><td>([^<]*)</td><td>([^<]*)</td></tr>", page)
+    # Winners per key, in key order (numeric), labelled by the one field that varies (B); the
+    # constant one said once: c16 up to bucket 15, c32 from 16.
+    assert "Every key has q.dtype=torch.bfloat16" in text and "tuning key: B (values)" in text
+    rows = re.findall(r"<tr><td>(\d+)</td><td>([^<]*)</td><td>([^<]*)</td></tr>", page)
     assert len(rows) == KEYS
     for bucket, winner, ms in rows:
         b = int(bucket)
@@ -156,7 +158,7 @@ def test_report_names_the_outlier_the_winners_and_the_failure_reasons(skewed, tm
     assert "tl.dot needs 16" in text and "compile_error" in text
     # Plots: one heat map and one winner line per group, fleet, time saved; all inline SVG.
     assert page.count('<figure class="plot"') == page.count("<svg") == 4
-    assert "Sampled" not in text  # 30 keys fit
+    assert "Drawn:" not in text and "left out" not in text  # 30 keys fit
     # Time saved: 7 hits x 2 s on bucket 1.
     assert "14.0" in text
 
@@ -167,8 +169,9 @@ def test_report_samples_a_large_store_and_says_so(sqlite_url, tmp_path, monkeypa
     monkeypatch.setattr(report, "MAX_CONFIGS", 2)
     page = report.render(open_store(sqlite_url))
     text = _text(page)
-    assert "Sampled: 8 of 30 keys" in text and "2 of 5 configs" in text
-    buckets = [int(b) for b in re.findall(r"<tr><td>b(\d+)</td>", page)]
+    assert "Drawn: 8 of 30 keys" in text and "(22 left out" in text
+    assert "2 of 5 configs drawn" in text and "(3 left out)" in text
+    buckets = [int(b) for b in re.findall(r"<tr><td>(\d+)</td><td>", page)]
     assert len(buckets) == 8 and buckets[0] == 1 and buckets[-1] == KEYS  # spread over every bucket
 
 
