@@ -131,7 +131,7 @@ def heatmap(
     import numpy as np
 
     titles_ = _Titles()
-    fig = _fig(max(5.0, 2.6 + 0.17 * len(keys)), 1.7 + 0.22 * len(configs))
+    fig = _fig(max(6.0, 2.6 + 0.17 * len(keys)), 2.2 + 0.22 * len(configs))
     ax = fig.add_subplot()
     data = np.array([[math.nan if v is None else min(v, HEAT_CAP) for v in row] for row in rel], dtype=float)
     for i, j in failed:
@@ -156,13 +156,13 @@ def heatmap(
     cb = fig.colorbar(mesh, ax=ax, shrink=0.8, extend="neither")
     cb.set_label(f"time / key's best (capped at {HEAT_CAP:g}x)")
     patch = matplotlib.patches.Patch
-    codes = ", ".join(f"{c} {s.replace('_', ' ')}" for s, c in FAILED_CODES.items())
+    codes = "\n".join(f"{c}: {s.replace('_', ' ')}" for s, c in FAILED_CODES.items())
     handles = [
         *ax.get_legend_handles_labels()[0],
-        patch(facecolor="#9e9e9e", label=f"failed or pruned ({codes})"),
+        patch(facecolor="#9e9e9e", label=f"did not run:\n{codes}"),
         patch(facecolor="#ffffff", edgecolor="#9e9e9e", label="not timed for that key"),
     ]
-    ax.legend(handles=handles, loc="lower left", bbox_to_anchor=(0, 1.0), fontsize=7, frameon=False)
+    ax.legend(handles=handles, loc="lower left", bbox_to_anchor=(0, 1.0), fontsize=7, frameon=False, ncols=3)
     return _svg(fig, titles_)
 
 

@@ -252,7 +252,7 @@ td.n{text-align:right}
 .bad{background:#ffebee;border-left:4px solid #c62828;padding:.4em .8em}.good{color:#2e7d32}
 figure.plot{margin:.5em 0;max-width:100%;overflow-x:auto;overflow-y:hidden}
 figure.plot svg{max-width:none;height:auto}
-#summary th{font-weight:normal;color:#616161}#summary td{font-weight:bold}
+#summary th{font-weight:normal;color:#616161}#summary td[data-key]{font-weight:bold}
 .index{max-height:32em;overflow-y:auto;display:inline-block}
 code{font-size:.85em}
 """
@@ -555,7 +555,8 @@ def _saved_section(store: Store, filters: Filters, per_kernel: list[Any], plots:
     bars = per_kernel[:MAX_SAVED_BARS]
     if len(per_kernel) > len(bars):
         out.append(
-            f'<p class="note">The plot draws the {len(bars)} kernels that saved most; the table above has more.</p>'
+            f'<p class="note">The plot draws the {len(bars)} kernels that saved most of {len(per_kernel)} '
+            f"({len(per_kernel) - len(bars)} left out of the plot; the table has them).</p>"
         )
     out.append(
         _plot(

@@ -188,7 +188,9 @@ def summary(store: Store, filters: ReportFilters) -> dict[str, Any]:
                 .group_by(c.status)
             ).all()
         )
-        no_ok = conn.execute(sa.select(sa.func.count()).where(*w, _no_working_config())).scalar_one()
+        no_ok = conn.execute(
+            sa.select(sa.func.count()).select_from(problems).where(*w, _no_working_config())
+        ).scalar_one()
         miss_rows, miss_launches = conn.execute(
             sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(mc.count), 0)).where(*clauses(filters, misses))
         ).one()
