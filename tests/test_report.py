@@ -292,7 +292,9 @@ def test_report_draws_and_escapes_store_text_verbatim(sqlite_url, tmp_path):
     assert html.escape(EVIL_KERNEL) in page and EVIL_KERNEL in _text(page)
     # SVG: each label drawn as the very string stored (no TeX: no $ dropped, no glyphs split).
     texts = _svg_texts(page)
-    assert EVIL_KERNEL in texts  # time saved, one bar per kernel
+    assert EVIL_KERNEL.split(".", 1)[1] in texts  # time saved, one bar per kernel (its shortest unique name)
+    titles = [html.unescape(t) for t in re.findall(r"<title>([^<]*)</title>", page)]
+    assert any(t.startswith(f"{EVIL_KERNEL}: saved") for t in titles)  # its full name on hover
     assert EVIL_HOST in texts  # fleet, one row per host
     assert f"N=7 tag={EVIL_KEY}" in texts  # heat map and winner line columns
     assert "BLOCK_T=16 MODE=p$y$q w4 s2" in texts  # heat map rows

@@ -237,20 +237,30 @@ def saved_over_time(series: dict[str, tuple[Sequence[Any], Sequence[float]]]) ->
     return _svg(fig)
 
 
+#: Miss reasons, in the order stacked, with their colours and legend labels.
+MISS_REASONS = {
+    "capture": ("#6a1b9a", "capture (CUDA graph)"),
+    "offline": ("#0277bd", "offline"),
+    "uncovered": ("#9e9e9e", "uncovered (tunecache could not serve the kernel)"),
+}
+
+
 @_plain_text
-def miss_bars(
-    labels: Sequence[str], capture: Sequence[int], offline: Sequence[int], titles: Sequence[str] | None = None
-) -> str:
-    """Misses per key, capture and offline stacked, in the order given (the caller sorts): what the
-    next image build should tune."""
+def miss_bars(labels: Sequence[str], counts: dict[str, Sequence[int]], titles: Sequence[str] | None = None) -> str:
+    """Misses per key, one bar per key, its reasons stacked (``counts``: reason -> count per key), in
+    the order given (the caller sorts): what the next image build should tune."""
     titles_ = _Titles()
     fig = _fig(9.0, 0.9 + 0.28 * len(labels))
     ax = fig.add_subplot()
     ys = list(range(len(labels)))
-    a = ax.barh(ys, capture, color="#6a1b9a", label="capture (CUDA graph)")
-    b = ax.barh(ys, offline, left=capture, color="#0277bd", label="offline")
-    _bar_titles(titles_, a, titles)
-    _bar_titles(titles_, b, titles)
+    left = [0] * len(labels)
+    for reason, values in counts.items():
+        if not any(values):
+            continue
+        colour, text = MISS_REASONS.get(reason, ("#616161", reason))
+        bars = ax.barh(ys, values, left=left, color=colour, label=text)
+        _bar_titles(titles_, bars, titles)
+        left = [a + b for a, b in zip(left, values)]
     ax.set_yticks(ys, labels, fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel("misses (launches that found no stored winner)")

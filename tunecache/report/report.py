@@ -553,6 +553,7 @@ def _saved_section(store: Store, filters: Filters, per_kernel: list[Any], plots:
     hdr = ["kernel", "keys", "hits", "host benchmarks", "spent tuning s", "saved s"]
     out.append(_table(hdr, rows))
     bars = per_kernel[:MAX_SAVED_BARS]
+    short = _short_names([r.kernel for r in bars])  # the full names: the table, the hover text
     if len(per_kernel) > len(bars):
         out.append(
             f'<p class="note">The plot draws the {len(bars)} kernels that saved most of {len(per_kernel)} '
@@ -561,7 +562,7 @@ def _saved_section(store: Store, filters: Filters, per_kernel: list[Any], plots:
     out.append(
         _plot(
             plots.saved_bars(
-                [r.kernel for r in bars],
+                [short[r.kernel] for r in bars],
                 [r.saved or 0 for r in bars],
                 [r.spent or 0 for r in bars],
                 titles=[
@@ -587,7 +588,8 @@ def _saved_section(store: Store, filters: Filters, per_kernel: list[Any], plots:
                 f'<p class="note">The {len(top)} kernels that saved most of {len(per_kernel)} '
                 f"({len(per_kernel) - len(top)} left out; one kernel: <code>tunecache report --kernel NAME</code>).</p>"
             )
-        out.append(_plot(plots.saved_over_time(series), "saved over time"))
+        names = _short_names(list(series))
+        out.append(_plot(plots.saved_over_time({names[k]: v for k, v in series.items()}), "saved over time"))
     else:
         out.append("<p>All these problems were tuned on one day: no plot over time.</p>")
     return "".join(out)
@@ -607,22 +609,24 @@ def _short_names(kernels: list[str]) -> dict[str, str]:
     return out
 
 
+def _counts(e: dict[str, Any]) -> str:
+    return ", ".join(f"{n} {r}" for r, n in e["counts"].items())
+
+
 def _misses_section(store: Store, filters: Filters, plots: Any) -> str:
     total, rows, targets = reports.missed(store, filters, MAX_MISSES)
     if not rows:
         return '<p class="good">No capture or offline misses: every key the fleet launched was tuned.</p>'
     by_key: dict[str, dict[str, Any]] = {}
     for r in rows:  # one entry per missed key (digest: full kernel source, target and key)
-        e = by_key.setdefault(r.digest, {"kernel": r.kernel, "target_digest": r.target_digest})
+        e = by_key.setdefault(r.digest, {"kernel": r.kernel, "target_digest": r.target_digest, "counts": {}})
         e.setdefault("key", key_text(r.key_json))
-        reason = "capture" if r.reason == "capture" else "offline"
-        e[reason] = e.get(reason, 0) + r.count
-        e.setdefault("capture", 0)
-        e.setdefault("offline", 0)
+        e["counts"][r.reason] = e["counts"].get(r.reason, 0) + r.count
         seen = r.last_seen if not isinstance(r.last_seen, str) else dt.datetime.fromisoformat(r.last_seen)
         if e.get("last") is None or seen > e["last"]:
             e["last"], e["host"] = seen, r.host
-    entries = sorted(by_key.values(), key=lambda e: (-(e["capture"] + e["offline"]), e["kernel"], e["key"]))
+    entries = sorted(by_key.values(), key=lambda e: (-sum(e["counts"].values()), e["kernel"], e["key"]))
+    reasons = list(dict.fromkeys([*plots.MISS_REASONS, *(r for e in entries for r in e["counts"])]))
     short = _short_names(sorted({e["kernel"] for e in entries}))
     multi_target = len({e["target_digest"] for e in entries}) > 1
 
@@ -642,11 +646,9 @@ def _misses_section(store: Store, filters: Filters, plots: Any) -> str:
         _plot(
             plots.miss_bars(
                 labels,
-                [e["capture"] for e in entries],
-                [e["offline"] for e in entries],
+                {r: [e["counts"].get(r, 0) for e in entries] for r in reasons},
                 titles=[
-                    f"{e['kernel']}\nkey {e['key']}\n{target(e)}\ncapture {e['capture']}, offline {e['offline']}\n"
-                    f"last: {e['host']} at {_utc(e['last'])}"
+                    f"{e['kernel']}\nkey {e['key']}\n{target(e)}\n{_counts(e)}\nlast: {e['host']} at {_utc(e['last'])}"
                     for e in entries
                 ],
             ),
@@ -655,11 +657,8 @@ def _misses_section(store: Store, filters: Filters, plots: Any) -> str:
     )
     out.append(
         _table(
-            ["kernel", "key", "GPU (target)", "capture", "offline", "last host to miss", "last seen"],
-            [
-                [e["kernel"], e["key"], target(e), e["capture"], e["offline"], e["host"], _utc(e["last"])]
-                for e in entries
-            ],
+            ["kernel", "key", "GPU (target)", "misses", "last host to miss", "last seen"],
+            [[e["kernel"], e["key"], target(e), _counts(e), e["host"], _utc(e["last"])] for e in entries],
         )
     )
     return "".join(out)
