@@ -8,7 +8,7 @@ once per code tree given, each in its own process (the peak RSS is that run's al
 in the same run:
 
     python scripts/bench_report.py                                  # this tree
-    python scripts/bench_report.py --tree before=/tmp/base --tree after=$PWD
+    python scripts/bench_report.py --tree before=/tmp/base --tree after=$PWD --rounds 2
 
 A tree is a directory holding a ``tunecache`` package (e.g. ``git archive <commit> | tar -x -C DIR``),
 put first on the child's ``PYTHONPATH``. The generator writes straight into the tables (not measured).
@@ -21,6 +21,7 @@ import datetime as dt
 import json
 import os
 import random
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -162,15 +163,21 @@ def child(url: str, out: str) -> None:
     from tunecache.report.report import write_report
     from tunecache.store.opening import open_store
 
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     res = write_report(open_store(url), out)
-    seconds = time.perf_counter() - t0
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     status = Path("/proc/self/status").read_text().splitlines()
     rss = next(int(x.split()[1]) / 1024 for x in status if x.startswith("VmHWM:"))
     page_mb = round(res["bytes"] / 1e6, 2)
     print(
         json.dumps(
-            {"seconds": round(seconds, 2), "peak_rss_mb": round(rss, 1), "page_mb": page_mb, "plots": res["plots"]}
+            {
+                "seconds": round(seconds, 2),
+                "cpu_s": round(cpu, 2),
+                "peak_rss_mb": round(rss, 1),
+                "page_mb": page_mb,
+                "plots": res["plots"],
+            }
         )
     )
 
@@ -179,6 +186,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--problems", type=int, default=100_000)
     ap.add_argument("--tree", action="append", default=[], help="NAME=DIR: a tree with the tunecache package to time")
+    ap.add_argument("--rounds", type=int, default=1, help="run the trees in turn this many times (median reported)")
     ap.add_argument("--store", type=Path, help="keep (or reuse) the generated store at this path")
     ap.add_argument("--child", nargs=2, metavar=("URL", "OUT"), help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -193,18 +201,22 @@ def main() -> None:
             t0 = time.perf_counter()
             generate(url, a.problems)
             print(f"generated {a.problems} problems in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
-        results = {}
-        for name, tree in trees:
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join([tree, os.environ.get("PYTHONPATH", "")])}
-            out = subprocess.run(
-                [sys.executable, __file__, "--child", url, str(Path(tmp) / f"{name}.html")],
-                env=env,
-                check=True,
-                capture_output=True,
-                text=True,
-            )
-            results[name] = json.loads(out.stdout.strip().splitlines()[-1])
-            print(f"{name}: {results[name]}", file=sys.stderr)
+        runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in trees}
+        for _ in range(a.rounds):  # in turn: a load that changes over the run hits every tree alike
+            for name, tree in trees:
+                env = {**os.environ, "PYTHONPATH": os.pathsep.join([tree, os.environ.get("PYTHONPATH", "")])}
+                out = subprocess.run(
+                    [sys.executable, __file__, "--child", url, str(Path(tmp) / f"{name}.html")],
+                    env=env,
+                    check=True,
+                    capture_output=True,
+                    text=True,
+                )
+                runs[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
+                print(f"{name}: {runs[name][-1]} (load average {os.getloadavg()[0]:.1f})", file=sys.stderr)
+        results = {
+            name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} | {"runs": rs} for name, rs in runs.items()
+        }
         print(json.dumps({"problems": a.problems, "cpus": os.cpu_count(), "results": results}, indent=2))
 
 

@@ -109,6 +109,7 @@ class Group:
     failures: dict[str, int] = field(default_factory=dict)  # config rows by status other than ok
     anchor: str = ""
     drawn: bool = False
+    device: str = ""
 
 
 def key_items(key_json: str) -> list[tuple[str, Any]]:
@@ -134,12 +135,6 @@ def key_order(key_json: str) -> tuple[tuple[int, float, str], ...]:
 def key_text(key_json: str) -> str:
     """A key as a person reads it: ``B=1 N=128 q.dtype=torch.bfloat16`` (not its JSON)."""
     return " ".join(f"{k}={v}" for k, v in key_items(key_json))
-
-
-def key_label(key_json: str, bucket: int | None = None) -> str:
-    """A key's short label on its own: its values other than dtypes (the full key: :func:`key_text`)."""
-    vals = [f"{k}={v}" for k, v in key_items(key_json) if not str(k).endswith(".dtype")]
-    return " ".join(vals)[:60] or key_text(key_json)[:60]
 
 
 @dataclass
@@ -231,7 +226,7 @@ def load_groups(store: Store, filters: Filters) -> list[Group]:
         g = Group(r.kernel, r.source_hash, r.target_digest, _target_label(r[3], r[4], r[5]), r[6], r.n)
         g.no_working_config = r.no_ok or 0
         g.failures = failures.get((r.source_hash, r.target_digest), {})
-        g.anchor = f"g{n + 1}"
+        g.anchor, g.device = f"g{n + 1}", r.device_name
         out.append(g)
     for g, (_, keys, rows) in zip(out, found):
         g.keys, g.rows, g.drawn = keys, rows, True
@@ -353,7 +348,8 @@ def _group_section(g: Group, plots: Any) -> str:
         parts.append(f" Every config has {_e(', '.join(same))}.")
     if g.problems > len(keys):
         parts.append(
-            f' <span class="note">Drawn: {len(keys)} of {g.problems} keys, spread over them in key order '
+            f' <span class="note">Drawn: {len(keys)} of {g.problems} keys, spread over '
+            f"{'them' if g.problems <= MAX_SCAN else f'the first {MAX_SCAN} by bucket'} in key order "
             f"({g.problems - len(keys)} left out; every key: <code>tunecache ls --kernel {_e(g.kernel)}</code>).</span>"
         )
     if len(order) > len(shown):
@@ -460,17 +456,24 @@ SPENT_DEFINITION = (
 )
 
 
-def load_summary(store: Store, filters: Filters, per_kernel: list[Any]) -> Summary:
+def load_summary(store: Store, filters: Filters, per_kernel: list[Any], groups: list[Group]) -> Summary:
+    """The header's figures: per kernel sums (keys, time), per group sums (failures, keys with no
+    working config, GPUs: every matching problem is in exactly one group), and the store's hosts and
+    misses."""
     s = reports.summary(store, filters)
+    statuses: dict[str, int] = {}
+    for g in groups:
+        for st, n in g.failures.items():
+            statuses[st] = statuses.get(st, 0) + n
     return Summary(
         kernels=len(per_kernel),
         keys=sum(r.keys for r in per_kernel),
         hosts=s["hosts"],
-        devices=s["devices"],
-        targets=s["targets"],
-        statuses=s["statuses"],
-        no_working_config=s["no_working_config"],
-        miss_keys=s["miss_rows"],
+        devices=len({g.device for g in groups}),
+        targets=len({g.target_digest for g in groups}),
+        statuses=statuses,
+        no_working_config=sum(g.no_working_config for g in groups),
+        miss_keys=s["miss_keys"],
         miss_launches=int(s["miss_launches"] or 0),
         host_benchmarks=int(sum(r.host_benchmarks or 0 for r in per_kernel)),
         spent_s=float(sum(r.spent or 0 for r in per_kernel)),
@@ -728,7 +731,7 @@ def render(
     filters = filters or Filters()
     groups = load_groups(store, filters)
     per_kernel = reports.kernel_times(store, filters)
-    summary = load_summary(store, filters, per_kernel)
+    summary = load_summary(store, filters, per_kernel, groups)
     analysis = hosts(store, filters, threshold, min_keys)
     now = utcnow()
     body = [f"<h1>{_e(title or 'tunecache report')}</h1>"]

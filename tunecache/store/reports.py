@@ -165,44 +165,28 @@ def kernel_times(store: Store, filters: ReportFilters) -> list[Row]:
 
 
 def summary(store: Store, filters: ReportFilters) -> dict[str, Any]:
-    """The page's header counts over the problems that match: devices and targets, hosts that
-    benchmarked (the problems', config rows' and measurements' hosts), config rows by status other
-    than ok, keys without an ok config, open misses (rows and launches)."""
+    """The page's header counts that the groups do not give: the hosts that benchmarked a matching
+    problem (the problems', config rows' and measurements' hosts) and the open misses (keys and
+    launches)."""
     p, c, m, mc = problems.c, configs.c, measurements.c, misses.c
     w = clauses(filters)
+
+    def of_problems(q: Any, digest: Any) -> Any:  # unfiltered: no join (4x faster on 100k problems)
+        return q.join(problems, p.digest == digest).where(*w) if w else q
+
     with store.snapshot("report") as conn:
-        devices, targets = conn.execute(
-            sa.select(sa.func.count(sa.distinct(p.device_name)), sa.func.count(sa.distinct(p.target_digest))).where(*w)
-        ).one()
         hosts = sa.union(
             sa.select(p.host).where(*w),
-            sa.select(c.host).join(problems, p.digest == c.digest).where(*w),
-            sa.select(m.host).join(problems, p.digest == m.digest).where(*w),
+            of_problems(sa.select(c.host), c.digest),
+            of_problems(sa.select(m.host), m.digest),
         ).subquery()
         n_hosts = conn.execute(sa.select(sa.func.count()).select_from(hosts)).scalar_one()
-        statuses = dict(
-            conn.execute(
-                sa.select(c.status, sa.func.count())
-                .join(problems, p.digest == c.digest)
-                .where(*w, c.status != "ok")
-                .group_by(c.status)
-            ).all()
-        )
-        no_ok = conn.execute(
-            sa.select(sa.func.count()).select_from(problems).where(*w, _no_working_config())
-        ).scalar_one()
-        miss_rows, miss_launches = conn.execute(
-            sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(mc.count), 0)).where(*clauses(filters, misses))
+        miss_keys, miss_launches = conn.execute(
+            sa.select(sa.func.count(sa.distinct(mc.digest)), sa.func.coalesce(sa.func.sum(mc.count), 0)).where(
+                *clauses(filters, misses)
+            )
         ).one()
-    return {
-        "devices": devices,
-        "targets": targets,
-        "hosts": n_hosts,
-        "statuses": statuses,
-        "no_working_config": no_ok,
-        "miss_rows": miss_rows,
-        "miss_launches": miss_launches,
-    }
+    return {"hosts": n_hosts, "miss_keys": miss_keys, "miss_launches": miss_launches}
 
 
 def saved_by_day(store: Store, filters: ReportFilters, kernels: list[str]) -> list[Row]:
