@@ -497,7 +497,11 @@ def _summary_section(s: Summary, a: fleet.FleetAnalysis) -> str:
         ("hosts", s.hosts, "hosts that benchmarked a key"),
         ("GPUs", s.devices, f"device models, on {s.targets} targets (device, driver, Triton)"),
         ("configs failed", s.failed, f"config rows that failed ({by or 'none'}); {pruned} more pruned"),
-        ("keys with no working config", s.no_working_config, "every config failed: Triton's own choice runs"),
+        (
+            "keys with no working config",
+            s.no_working_config,
+            "no stored winner, every config failed: Triton's own choice runs",
+        ),
         ("open misses", s.miss_keys, f"keys launched untuned ({s.miss_launches} launches): tune them"),
         ("time spent tuning", f"{s.spent_s:,.1f} s", f"{s.host_benchmarks} host benchmarks: {SPENT_DEFINITION}"),
         ("time saved", f"{s.saved_s:,.1f} s", f"{s.hits} hits; {SAVED_DEFINITION}"),
