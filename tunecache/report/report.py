@@ -502,13 +502,15 @@ def _summary_section(s: Summary, a: fleet.FleetAnalysis) -> str:
             s.no_working_config,
             "no stored winner, every config failed: Triton's own choice runs",
         ),
-        ("open misses", s.miss_keys, f"keys launched untuned ({s.miss_launches} launches): tune them"),
-        ("time spent tuning", f"{s.spent_s:,.1f} s", f"{s.host_benchmarks} host benchmarks: {SPENT_DEFINITION}"),
-        ("time saved", f"{s.saved_s:,.1f} s", f"{s.hits} hits; {SAVED_DEFINITION}"),
+        ("open misses", s.miss_keys, f"keys launched untuned ({s.miss_launches:,} launches): tune them"),
+        ("time spent tuning", f"{s.spent_s:,.1f} s", f"{s.host_benchmarks:,} host benchmarks: {SPENT_DEFINITION}"),
+        ("time saved", f"{s.saved_s:,.1f} s", f"{s.hits:,} hits; {SAVED_DEFINITION}"),
         ("fleet", verdict, "see Fleet below"),
     ]
     cells = "".join(
-        f'<tr><th>{_e(k)}</th><td data-key="{_e(k)}">{_e(v)}</td><td>{_e(why)}</td></tr>' for k, v, why in rows
+        f'<tr><th>{_e(k)}</th><td data-key="{_e(k)}">{_e(f"{v:,}" if isinstance(v, int) else v)}</td>'
+        f"<td>{_e(why)}</td></tr>"
+        for k, v, why in rows
     )
     cls = "bad" if a.outliers else "good"
     return f'<h2 id="summary-h">Summary</h2><table id="summary" class="{cls}-sum">{cells}</table>'
