@@ -401,6 +401,9 @@ def test_report_of_a_fleet_store_in_chromium(sqlite_url, tmp_path):
     assert re.search(r"<title>BLOCK=\S+ w\d s3 [^<]*\nkey B=1 N=128 q.dtype=torch.bfloat16\n[\d.]+ ms = [\d.]+x", page)
     # The grey column explained: every config failed for N=16384.
     assert re.search(r"Every config failed for \d+ drawn key\(s\), a grey column: B=\d+ N=16384,", text)
+    # Every status in the heat maps' legend, pruned included; the white cells said too.
+    legend = _svg_texts(page)
+    assert {"OOR: out of resources", "pr: pruned", "not timed for that key"} <= set(legend)
     # Misses: the same-named kernels apart, the last host to miss, readable keys, UTC without microseconds.
     assert "alpha.attn.decode" in text and "beta.attn.decode" in text
     assert "miss-last" in text and "miss-first" not in text
