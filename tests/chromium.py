@@ -134,9 +134,13 @@ class Chromium:
             if m.get("method") == method and m.get("sessionId") == session:
                 return m
 
-    def open_page(self, path: Path, width: int = 1400, screenshot: Path | None = None) -> dict[str, Any]:
+    def open_page(
+        self, path: Path, width: int = 1400, screenshot: Path | None = None, probe: str | None = None
+    ) -> dict[str, Any]:
         """Load ``path``; return its console errors, every request it made, each plot's size (figure.plot
-        svg), and with ``screenshot`` a full-page PNG written there."""
+        svg), with ``screenshot`` a full-page PNG written there, and with ``probe`` (a JavaScript
+        expression evaluated by the browser, not by the page: its CSP allows no script) its value as
+        ``probe``, passed through ``JSON.stringify``."""
         target = self.call("Target.createTarget", {"url": "about:blank"})["targetId"]
         s = self.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
         for domain in ("Page", "Runtime", "Log", "Network"):
@@ -159,6 +163,13 @@ class Chromium:
             self.call("Runtime.evaluate", {"expression": js, "returnByValue": True}, session=s)["result"]["value"]
         )
         out: dict[str, Any] = {"url": url, "plot_sizes": sizes}
+        if probe is not None:
+            got = self.call(
+                "Runtime.evaluate", {"expression": f"JSON.stringify({probe})", "returnByValue": True}, session=s
+            )
+            if "exceptionDetails" in got:
+                raise ChromiumError(f"probe failed: {got['exceptionDetails']}")
+            out["probe"] = json.loads(got["result"]["value"])
         if screenshot is not None:
             size = self.call("Page.getLayoutMetrics", session=s)["cssContentSize"]
             clip = {"x": 0, "y": 0, "width": size["width"], "height": size["height"], "scale": 1}

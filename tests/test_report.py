@@ -9,6 +9,7 @@ import os
 import re
 from html.parser import HTMLParser
 
+import builders
 import pytest
 from chromium import Chromium, find_chromium
 from click.testing import CliRunner
@@ -130,6 +131,18 @@ def test_hosts_with_one_host_has_nothing_to_compare(sqlite_url):
     assert r.exit_code == 0 and "nothing to compare" in r.output
 
 
+def test_a_miss_names_the_last_host_that_missed(sqlite_url, monkeypatch):
+    """The misses row keeps the host of the latest miss (it kept the first: the page named a host that
+    may since have been fixed)."""
+    s = open_store(sqlite_url)
+    p = Problem(problem_digest("src1", H200, "[]"), KERNEL, "src1", H200, "[]")
+    for host in ("first-host", "last-host"):
+        monkeypatch.setenv("TUNECACHE_HOST_ID", host)
+        s.record_miss(p, "capture")
+    (row,) = s.list_misses()
+    assert row["host"] == "last-host" and row["count"] == 2
+
+
 def _text(page: str) -> str:
     return html.unescape(re.sub(r"<[^>]+>", " ", page))
 
@@ -142,8 +155,10 @@ def test_report_names_the_outlier_the_winners_and_the_failure_reasons(skewed, tm
     text = _text(page)
     assert "Outlier: gpu-b" in text and "median of per-key ratios 1.20x" in text
     assert "gpu-a" in text  # the peer, not an outlier
-    # Winners per key, in bucket order: c16 up to bucket 15, c32 from 16.
-    rows = re.findall(r"<tr><td>b(\d+)</td><td>([^<]*)</td><td>([^<]*)</td></tr>", page)
+    # Winners per key, in key order (numeric), labelled by the one field that varies (B); the
+    # constant one said once: c16 up to bucket 15, c32 from 16.
+    assert "Every key has q.dtype=torch.bfloat16" in text and "tuning key: B (values)" in text
+    rows = re.findall(r"<tr><td>(\d+)</td><td>([^<]*)</td><td>([^<]*)</td></tr>", page)
     assert len(rows) == KEYS
     for bucket, winner, ms in rows:
         b = int(bucket)
@@ -156,7 +171,7 @@ def test_report_names_the_outlier_the_winners_and_the_failure_reasons(skewed, tm
     assert "tl.dot needs 16" in text and "compile_error" in text
     # Plots: one heat map and one winner line per group, fleet, time saved; all inline SVG.
     assert page.count('<figure class="plot"') == page.count("<svg") == 4
-    assert "Sampled" not in text  # 30 keys fit
+    assert "Drawn:" not in text and "left out" not in text  # 30 keys fit
     # Time saved: 7 hits x 2 s on bucket 1.
     assert "14.0" in text
 
@@ -167,8 +182,9 @@ def test_report_samples_a_large_store_and_says_so(sqlite_url, tmp_path, monkeypa
     monkeypatch.setattr(report, "MAX_CONFIGS", 2)
     page = report.render(open_store(sqlite_url))
     text = _text(page)
-    assert "Sampled: 8 of 30 keys" in text and "2 of 5 configs" in text
-    buckets = [int(b) for b in re.findall(r"<tr><td>b(\d+)</td>", page)]
+    assert "Drawn: 8 of 30 keys" in text and "(22 left out" in text
+    assert "2 of 5 configs drawn" in text and "(3 left out)" in text
+    buckets = [int(b) for b in re.findall(r"<tr><td>(\d+)</td><td>", page)]
     assert len(buckets) == 8 and buckets[0] == 1 and buckets[-1] == KEYS  # spread over every bucket
 
 
@@ -276,8 +292,123 @@ def test_report_draws_and_escapes_store_text_verbatim(sqlite_url, tmp_path):
     assert html.escape(EVIL_KERNEL) in page and EVIL_KERNEL in _text(page)
     # SVG: each label drawn as the very string stored (no TeX: no $ dropped, no glyphs split).
     texts = _svg_texts(page)
-    assert EVIL_KERNEL in texts  # time saved, one bar per kernel
+    assert EVIL_KERNEL.split(".", 1)[1] in texts  # time saved, one bar per kernel (its shortest unique name)
+    titles = [html.unescape(t) for t in re.findall(r"<title>([^<]*)</title>", page)]
+    assert any(t.startswith(f"{EVIL_KERNEL}: saved") for t in titles)  # its full name on hover
     assert EVIL_HOST in texts  # fleet, one row per host
     assert f"N=7 tag={EVIL_KEY}" in texts  # heat map and winner line columns
     assert "BLOCK_T=16 MODE=p$y$q w4 s2" in texts  # heat map rows
     assert f"k{HOSTILE}$x$ N=7 tag={EVIL_KEY}"[:80] in [t[:80] for t in texts]  # misses
+
+
+# ---- a fleet's store: 60+ kernels, 150+ keys of one kernel, 10 hosts ------------------------------
+
+
+def _store_counts(url: str) -> dict[str, float]:
+    """The summary's figures, counted here in SQL straight from the tables (not by the report's code)."""
+    s = open_store(url)
+    q = {
+        "kernels": "SELECT COUNT(DISTINCT kernel) FROM problems",
+        "keys": "SELECT COUNT(*) FROM problems",
+        "hosts": "SELECT COUNT(*) FROM (SELECT host FROM problems UNION SELECT host FROM configs "
+        "UNION SELECT host FROM measurements) h",
+        "GPUs": "SELECT COUNT(DISTINCT device_name) FROM problems",
+        "configs failed": "SELECT COUNT(*) FROM configs WHERE status IN "
+        "('out_of_resources', 'compile_error', 'runtime_error')",
+        "keys with no working config": "SELECT COUNT(*) FROM problems p WHERE NOT EXISTS "
+        "(SELECT 1 FROM configs c WHERE c.digest = p.digest AND c.status = 'ok')",
+        "open misses": "SELECT COUNT(DISTINCT digest) FROM misses",
+        "time spent tuning": "SELECT SUM(p.tuning_seconds * COALESCE(m.n, 1)) FROM problems p LEFT JOIN "
+        "(SELECT digest, COUNT(DISTINCT host) n FROM measurements GROUP BY digest) m ON m.digest = p.digest",
+        "time saved": "SELECT SUM(hit_count * tuning_seconds) FROM problems",
+        "groups": "SELECT COUNT(*) FROM (SELECT DISTINCT kernel, source_hash, target_digest FROM problems) g",
+    }
+    with s.snapshot("t") as conn:
+        out = {k: float(conn.exec_driver_sql(v).scalar_one()) for k, v in q.items()}
+    s.close()
+    return out
+
+
+_PROBE = """({
+  summary: Object.fromEntries([...document.querySelectorAll('#summary td[data-key]')]
+    .map(td => [td.dataset.key, td.textContent])),
+  links: [...document.querySelectorAll('a[href^="#"]')].map(a => a.getAttribute('href').slice(1)),
+  missing: [...document.querySelectorAll('a[href^="#"]')]
+    .filter(a => !document.getElementById(a.getAttribute('href').slice(1))).map(a => a.getAttribute('href')),
+  index: document.querySelectorAll('.index a').length,
+  overflow: document.documentElement.scrollWidth,
+  figures: [...document.querySelectorAll('figure.plot')].map(f => {
+    const r = f.getBoundingClientRect(); return [f.dataset.title, r.right, f.scrollWidth > f.clientWidth]}),
+})"""
+
+
+def _number(text: str) -> float:
+    return float(text.split()[0].replace(",", ""))
+
+
+@pytest.mark.skipif(
+    find_chromium() is None and not os.environ.get("CI"), reason="no chromium (scripts/test installs it)"
+)
+def test_report_of_a_fleet_store_in_chromium(sqlite_url, tmp_path):
+    """60+ kernels, the wide kernel's 168 keys, 10 hosts: every group reachable from the index, the
+    summary equal to the store's own counts, a note wherever rows are left out, keys in numeric order,
+    config labels unique in every group, nothing wider than the 1400 px window but inside its own box."""
+    builders.report_store(sqlite_url)
+    want = _store_counts(sqlite_url)
+    assert want["kernels"] >= 60 and want["hosts"] >= 10
+    path = tmp_path / "report.html"
+    report.write_report(open_store(sqlite_url), str(path))
+    page = path.read_text()
+    with Chromium() as browser:
+        got = browser.open_page(path, probe=_PROBE)
+    assert got["console_errors"] == []
+    assert [u for u in got["requests"] if u != got["url"] and not u.startswith("data:")] == []
+    p = got["probe"]
+    # The index: one link per group, every link's anchor in the page.
+    assert p["missing"] == [] and p["index"] == want["groups"]
+    # The summary: the store's counts.
+    s = p["summary"]
+    for k in ("kernels", "keys", "hosts", "GPUs", "configs failed", "keys with no working config", "open misses"):
+        assert _number(s[k]) == want[k], (k, s[k], want[k])
+    for k in ("time spent tuning", "time saved"):
+        assert _number(s[k]) == pytest.approx(want[k], abs=0.06), (k, s[k], want[k])
+    assert "hits x the key's tuning seconds" in _text(page)  # the definition, next to the number
+    # A note wherever rows were left out, with the count and how to see them.
+    text = " ".join(_text(page).split())
+    n_groups = int(want["groups"])
+    assert f"Heat maps drawn for the {report.MAX_GROUPS} largest of {n_groups} groups" in text
+    assert f"Drawn: {report.MAX_KEYS} of 168 keys" in text and "(120 left out" in text
+    assert text.count("Not drawn: draw it with tunecache report --kernel") == n_groups - report.MAX_GROUPS
+    n_k = int(want["kernels"])
+    bars = report.MAX_SAVED_BARS
+    assert f"The plot draws the {bars} kernels that saved most of {n_k} ({n_k - bars} left out of the plot" in text
+    assert f"The {report.MAX_OVER_TIME} kernels that saved most of {n_k} ({n_k - report.MAX_OVER_TIME} left out" in text
+    assert f"The {report.MAX_MISSES} most frequent of 50 missed keys (10 left out" in text
+    # Keys in numeric order (B, then N), labelled by the two fields that vary; dtype said once.
+    wide = page[page.index(f"{builders.WIDE_KERNEL} &middot;") :]
+    wide = wide[: wide.index("<h3", 10)]
+    assert "Every key has q.dtype=torch.bfloat16" in _text(wide) and "tuning key: B, N" in _text(wide)
+    keys = [tuple(map(int, k)) for k in re.findall(r"<tr><td>B=(\d+) N=(\d+)</td>", wide)]
+    assert len(keys) == len(set(keys)) > 30 and keys == sorted(keys)
+    assert keys[0] == (1, 128) and keys[-1][0] == 160  # spread over all of them, first and last B
+    # Config labels unique within each drawn group: one label per config row of its heat map.
+    for fig in re.findall(r'<figure class="plot" data-title="heatmap [^"]*">(.*?)</figure>', page, re.S):
+        firsts = {html.unescape(t).split("\n")[0] for t in re.findall(r"<title>([^<]*)</title>", fig)}
+        firsts = {f for f in firsts if not f.startswith(("stored winner", "key "))}
+        assert len(firsts) == 5, firsts  # the store's 5 configs, 3 of them "BLOCK=64 w4 s3"
+    assert "BLOCK=64 w4 s3 maxnreg=128 num_ctas=1" in text and "BLOCK=64 w4 s3 maxnreg=None num_ctas=2" in text
+    # Hover text: exact ms, config, key and host in every timed cell.
+    assert re.search(r"<title>BLOCK=\S+ w\d s3 [^<]*\nkey B=1 N=128 q.dtype=torch.bfloat16\n[\d.]+ ms = [\d.]+x", page)
+    # The grey column explained: every config failed for N=16384.
+    assert re.search(r"Every config failed for \d+ drawn key\(s\), a grey column: B=\d+ N=16384,", text)
+    # Every status in the heat maps' legend, pruned included; the white cells said too.
+    legend = _svg_texts(page)
+    assert {"OOR: out of resources", "pr: pruned", "not timed for that key"} <= set(legend)
+    # Misses: the same-named kernels apart, the last host to miss, readable keys, UTC without microseconds.
+    assert "alpha.attn.decode" in text and "beta.attn.decode" in text
+    assert "miss-last" in text and "miss-first" not in text
+    assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", text) and not re.search(r":\d\d\.\d{6}", text)
+    assert '[["N"' not in page
+    # Layout at 1400 px: no horizontal page scroll; wide figures scroll inside their own box.
+    assert p["overflow"] <= 1400, p["overflow"]
+    assert all(right <= 1400 for _, right, _ in p["figures"]), p["figures"]

@@ -12,9 +12,11 @@ read as TeX, since matplotlib takes ``$...$`` for math and mangles it or fails o
 from __future__ import annotations
 
 import functools
+import html
 import io
 import itertools
 import math
+import re
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -48,17 +50,68 @@ def _plain_text(fn: _F) -> _F:
     return wrapper  # type: ignore[return-value]
 
 
-def _svg(fig: Figure) -> str:
+class _Titles:
+    """Hover text for a figure's artists, without JavaScript: each artist gets an id (``gid``) and
+    the SVG an SVG ``<title>`` per element drawn for it (one per patch, one per point or cell of a
+    collection, in the order drawn), which browsers show as a tooltip."""
+
+    def __init__(self) -> None:
+        self.by_gid: dict[str, Sequence[str]] = {}
+
+    def add(self, artist: Any, titles: Sequence[str] | str) -> None:
+        gid = f"tct{next(_ids)}"
+        artist.set_gid(gid)
+        self.by_gid[gid] = [titles] if isinstance(titles, str) else list(titles)
+
+    def apply(self, svg: str) -> str:
+        for gid, titles in self.by_gid.items():
+            start = svg.find(f'<g id="{gid}">')
+            if start < 0 or not titles:
+                continue
+            pos = start + len(f'<g id="{gid}">')
+            defs_end = svg.find("</defs>", pos)
+            if defs_end >= 0 and svg[pos:defs_end].lstrip().startswith("<defs>"):
+                pos = defs_end + len("</defs>")
+            out, n = [svg[:pos]], 0
+            for m in _ELEMENT.finditer(svg, pos):
+                if n == len(titles):
+                    break
+                out.append(svg[pos : m.start()])
+                out.append(f"{m.group(1)}><title>{html.escape(titles[n], quote=False)}</title></{m.group(2)}>")
+                pos, n = m.end(), n + 1
+            out.append(svg[pos:])
+            svg = "".join(out)
+        return svg
+
+
+#: A drawn element of an artist's group: a path (a patch, a mesh cell) or a use (a scatter point).
+_ELEMENT = re.compile(r"(<(path|use)\b[^>]*?)\s*/>")
+
+
+_PATH_D = re.compile(r' d="[^"]*"')
+_DECIMALS = re.compile(r"(\.\d\d)\d+")
+
+
+def _svg(fig: Figure, titles: _Titles | None = None) -> str:
     buf = io.StringIO()
     rc = {"svg.fonttype": "none", "svg.hashsalt": f"tc{next(_ids)}", "font.family": "sans-serif"}
     with matplotlib.rc_context(rc):
         fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
     text = buf.getvalue()
-    return text[text.index("<svg") :]  # no XML declaration or DOCTYPE inside HTML
+    text = text[text.index("<svg") :]  # no XML declaration or DOCTYPE inside HTML
+    # Path coordinates to 0.01 pt (matplotlib writes 6 decimals): a heat map of 1,920 vector cells halves.
+    text = _PATH_D.sub(lambda m: _DECIMALS.sub(r"\1", m.group(0)), text)
+    return titles.apply(text) if titles else text
 
 
 def _fig(w: float, h: float) -> Figure:
     return Figure(figsize=(max(w, 3.0), max(h, 2.0)), layout="constrained")
+
+
+def _legend_outside(ax: Any, **kw: Any) -> None:
+    """A legend right of the axes, never over the data."""
+    if ax.get_legend_handles_labels()[0] or kw.get("handles"):
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0, frameon=False, **kw)
 
 
 @_plain_text
@@ -68,89 +121,151 @@ def heatmap(
     rel: Sequence[Sequence[float | None]],
     winners: Sequence[int | None],
     failed: dict[tuple[int, int], str],
+    titles: Sequence[Sequence[str]] | None = None,
+    key_axis: str = "tuning key",
+    winner_titles: Sequence[str] | None = None,
 ) -> str:
     """Configs (rows) x keys (columns); each cell the config's time over the key's best (1.0 = the
-    best), the winner starred, failed cells grey with their status code."""
-    fig = _fig(max(6.0, 3.0 + 0.28 * len(keys)), 1.2 + 0.26 * len(configs))
+    best), the winner starred, failed cells grey with their status code. ``titles[i][j]``: the
+    cell's hover text; ``key_axis``: what the columns are."""
+    import numpy as np
+
+    titles_ = _Titles()
+    fig = _fig(max(6.0, 2.6 + 0.17 * len(keys)), 2.2 + 0.22 * len(configs))
     ax = fig.add_subplot()
-    data = [[math.nan if v is None else min(v, HEAT_CAP) for v in row] for row in rel]
-    cmap = matplotlib.colormaps["YlOrRd"].with_extremes(bad="#ffffff")
-    im = ax.imshow(data, aspect="auto", cmap=cmap, vmin=1.0, vmax=HEAT_CAP, interpolation="nearest")
+    data = np.array([[math.nan if v is None else min(v, HEAT_CAP) for v in row] for row in rel], dtype=float)
+    for i, j in failed:
+        data[i, j] = HEAT_CAP * 10  # drawn in the colour map's "over" colour: grey
+    cmap = matplotlib.colormaps["YlOrRd"].with_extremes(bad="#ffffff", over="#9e9e9e")
+    xs, ys = np.arange(len(keys) + 1) - 0.5, np.arange(len(configs) + 1) - 0.5
+    mesh = ax.pcolormesh(xs, ys, np.ma.masked_invalid(data), cmap=cmap, vmin=1.0, vmax=HEAT_CAP)
+    if titles is not None:
+        titles_.add(mesh, [t for row in titles for t in row])
     for (i, j), status in failed.items():
-        ax.add_patch(matplotlib.patches.Rectangle((j - 0.5, i - 0.5), 1, 1, color="#9e9e9e"))
         ax.text(j, i, FAILED_CODES.get(status, "?"), ha="center", va="center", fontsize=6, color="white")
     wx = [j for j, i in enumerate(winners) if i is not None]
     wy = [i for i in winners if i is not None]
-    ax.scatter(wx, wy, marker="*", s=60, c="#1a237e", label="winner")
+    stars = ax.scatter(wx, wy, marker="*", s=60, c="#1a237e", label="stored winner")
+    if winner_titles is not None:
+        titles_.add(stars, [t for t, i in zip(winner_titles, winners) if i is not None])
+    ax.set_xlim(-0.5, len(keys) - 0.5)
+    ax.set_ylim(len(configs) - 0.5, -0.5)
     ax.set_xticks(range(len(keys)), keys, rotation=90, fontsize=7)
     ax.set_yticks(range(len(configs)), configs, fontsize=7)
-    ax.set_xlabel("tuning key (batch bucket)")
-    cb = fig.colorbar(im, ax=ax, shrink=0.8)
+    ax.set_xlabel(key_axis)
+    cb = fig.colorbar(mesh, ax=ax, shrink=0.8, extend="neither")
     cb.set_label(f"time / key's best (capped at {HEAT_CAP:g}x)")
-    ax.legend(loc="lower left", bbox_to_anchor=(0, 1.0), fontsize=7, frameon=False)
-    return _svg(fig)
+    patch = matplotlib.patches.Patch
+    codes = "\n".join(f"{c}: {s.replace('_', ' ')}" for s, c in FAILED_CODES.items())
+    handles = [
+        *ax.get_legend_handles_labels()[0],
+        patch(facecolor="#9e9e9e", label=f"did not run:\n{codes}"),
+        patch(facecolor="#ffffff", edgecolor="#9e9e9e", label="not timed for that key"),
+    ]
+    ax.legend(handles=handles, loc="lower left", bbox_to_anchor=(0, 1.0), fontsize=7, frameon=False, ncols=3)
+    return _svg(fig, titles_)
 
 
 @_plain_text
-def winner_line(keys: Sequence[str], times: Sequence[float], winners: Sequence[str]) -> str:
-    """The winner's time per key, in bucket order, coloured by which config wins."""
-    fig = _fig(min(14.0, max(6.0, 2.0 + 0.3 * len(keys))), 3.2)
+def winner_line(
+    keys: Sequence[str],
+    times: Sequence[float],
+    winners: Sequence[str],
+    key_axis: str = "tuning key",
+    titles: Sequence[str] | None = None,
+) -> str:
+    """The winner's time per key, in key order, coloured by which config wins."""
+    titles_ = _Titles()
+    fig = _fig(min(14.0, max(6.0, 2.0 + 0.25 * len(keys))), 3.2)
     ax = fig.add_subplot()
     xs = list(range(len(keys)))
     ax.plot(xs, times, color="#9e9e9e", linewidth=1, zorder=1)
     for n, label in enumerate(dict.fromkeys(winners)):
-        pts = [(x, t) for x, t, w in zip(xs, times, winners) if w == label]
-        ax.scatter([p[0] for p in pts], [p[1] for p in pts], color=f"C{n % 10}", label=label, zorder=2)
+        idx = [x for x, w in zip(xs, winners) if w == label]
+        dots = ax.scatter(idx, [times[x] for x in idx], color=f"C{n % 10}", label=label, zorder=2)
+        if titles is not None:
+            titles_.add(dots, [titles[x] for x in idx])
     ax.set_xticks(xs, keys, rotation=90, fontsize=7)
+    ax.set_xlabel(key_axis)
     ax.set_ylabel("winner median (ms)")
     if times and min(times) > 0 and max(times) / min(times) > 20:
         ax.set_yscale("log")
-    ax.legend(fontsize=7, title="winning config", title_fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
-    return _svg(fig)
+    _legend_outside(ax, title="winning config", title_fontsize=7)
+    return _svg(fig, titles_)
+
+
+def _bar_titles(titles_: _Titles, bars: Any, texts: Sequence[str] | None) -> None:
+    if texts is not None:
+        for bar, text in zip(bars.patches, texts):
+            titles_.add(bar, text)
 
 
 @_plain_text
-def saved_bars(kernels: Sequence[str], saved: Sequence[float], spent: Sequence[float]) -> str:
+def saved_bars(
+    kernels: Sequence[str],
+    saved: Sequence[float],
+    spent: Sequence[float],
+    titles: Sequence[str] | None = None,
+) -> str:
     """Per kernel: seconds saved (hits x tuning seconds) next to seconds spent tuning."""
-    fig = _fig(7.0, 0.8 + 0.35 * len(kernels))
+    titles_ = _Titles()
+    fig = _fig(9.0, 0.9 + 0.35 * len(kernels))
     ax = fig.add_subplot()
     ys = list(range(len(kernels)))
-    ax.barh([y - 0.2 for y in ys], saved, height=0.4, label="saved: hits x tuning seconds", color="#2e7d32")
-    ax.barh([y + 0.2 for y in ys], spent, height=0.4, label="spent tuning", color="#ef6c00")
+    a = ax.barh([y - 0.2 for y in ys], saved, height=0.4, label="saved: hits x tuning s", color="#2e7d32")
+    b = ax.barh([y + 0.2 for y in ys], spent, height=0.4, label="spent: every host's tuning", color="#ef6c00")
+    _bar_titles(titles_, a, titles)
+    _bar_titles(titles_, b, titles)
     ax.set_yticks(ys, kernels, fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("seconds")
-    ax.legend(fontsize=7)
-    return _svg(fig)
+    _legend_outside(ax)
+    return _svg(fig, titles_)
 
 
 @_plain_text
 def saved_over_time(series: dict[str, tuple[Sequence[Any], Sequence[float]]]) -> str:
     """Cumulative seconds saved per kernel, by the date its problems were tuned."""
-    fig = _fig(7.0, 3.0)
+    fig = _fig(9.0, 3.0)
     ax = fig.add_subplot()
     for name, (dates, values) in series.items():
         ax.step(dates, values, where="post", label=name, marker="o", markersize=3)
     ax.set_ylabel("cumulative seconds saved")
-    ax.set_xlabel("date tuned")
+    ax.set_xlabel("date tuned (UTC)")
     ax.tick_params(axis="x", labelrotation=30, labelsize=7)
-    ax.legend(fontsize=7)
+    _legend_outside(ax)
     return _svg(fig)
+
+
+#: Miss reasons, in the order stacked, with their colours and legend labels.
+MISS_REASONS = {
+    "capture": ("#6a1b9a", "capture (CUDA graph)"),
+    "offline": ("#0277bd", "offline"),
+    "uncovered": ("#9e9e9e", "uncovered (tunecache could not serve the kernel)"),
+}
 
 
 @_plain_text
-def miss_bars(labels: Sequence[str], capture: Sequence[int], offline: Sequence[int]) -> str:
-    """Misses per key, capture and offline stacked: what the next image build should tune."""
-    fig = _fig(8.0, 0.8 + 0.28 * len(labels))
+def miss_bars(labels: Sequence[str], counts: dict[str, Sequence[int]], titles: Sequence[str] | None = None) -> str:
+    """Misses per key, one bar per key, its reasons stacked (``counts``: reason -> count per key), in
+    the order given (the caller sorts): what the next image build should tune."""
+    titles_ = _Titles()
+    fig = _fig(9.0, 0.9 + 0.28 * len(labels))
     ax = fig.add_subplot()
     ys = list(range(len(labels)))
-    ax.barh(ys, capture, color="#6a1b9a", label="capture (CUDA graph)")
-    ax.barh(ys, offline, left=capture, color="#0277bd", label="offline")
+    left = [0] * len(labels)
+    for reason, values in counts.items():
+        if not any(values):
+            continue
+        colour, text = MISS_REASONS.get(reason, ("#616161", reason))
+        bars = ax.barh(ys, values, left=left, color=colour, label=text)
+        _bar_titles(titles_, bars, titles)
+        left = [a + b for a, b in zip(left, values)]
     ax.set_yticks(ys, labels, fontsize=7)
     ax.invert_yaxis()
-    ax.set_xlabel("misses")
-    ax.legend(fontsize=7)
-    return _svg(fig)
+    ax.set_xlabel("misses (launches that found no stored winner)")
+    _legend_outside(ax)
+    return _svg(fig, titles_)
 
 
 @_plain_text
@@ -160,19 +275,25 @@ def fleet_strip(
     threshold: float,
     outliers: set[str],
     medians: Sequence[float],
+    titles: Sequence[Sequence[str]] | None = None,
 ) -> str:
     """Each host's time relative to its peers' median, one dot per key (as given: the caller samples);
-    the host's median over all its keys as a bar; the threshold dashed."""
-    fig = _fig(7.0, 0.9 + 0.45 * len(hosts))
+    the host's median over all its keys as a bar; the threshold dashed. ``titles[y]``: hover text of
+    host ``y``'s dots."""
+    titles_ = _Titles()
+    fig = _fig(8.0, 0.9 + 0.45 * len(hosts))
     ax = fig.add_subplot()
     for y, (host, rs) in enumerate(zip(hosts, ratios)):
         jitter = [y + ((k * 0.618) % 1 - 0.5) * 0.5 for k in range(len(rs))]
-        ax.scatter(rs, jitter, s=9, alpha=0.6, color="#c62828" if host in outliers else "#1565c0")
-        ax.plot([medians[y]] * 2, [y - 0.35, y + 0.35], color="black", linewidth=2)
+        dots = ax.scatter(rs, jitter, s=9, alpha=0.6, color="#c62828" if host in outliers else "#1565c0")
+        if titles is not None:
+            titles_.add(dots, titles[y])
+        bar = ax.plot([medians[y]] * 2, [y - 0.35, y + 0.35], color="black", linewidth=2)[0]
+        titles_.add(bar, f"{host}: median {medians[y]:.3f}x its peers")
     ax.axvline(1.0, color="#616161", linewidth=1)
     ax.axvline(1.0 + threshold, color="#c62828", linestyle="--", linewidth=1, label=f"threshold {1 + threshold:.2f}x")
     ax.set_yticks(range(len(hosts)), hosts, fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("time / median of the other hosts on the same key (bar: the host's median)")
-    ax.legend(fontsize=7, loc="lower right")
-    return _svg(fig)
+    _legend_outside(ax)
+    return _svg(fig, titles_)

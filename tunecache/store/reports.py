@@ -1,4 +1,5 @@
-"""The report's queries: the fleet's shared keys, the kernel x target groups, time saved, misses.
+"""The report's queries: the summary counts, the fleet's shared keys, the kernel x target groups,
+time spent and saved, misses.
 
 Kept in the store layer (the only one that writes SQL) so that :mod:`tunecache.report.report` keeps
 only the analysis and the page. Every function reads in one snapshot of ``store`` and returns plain
@@ -13,7 +14,7 @@ from typing import Any, Protocol
 import sqlalchemy as sa
 from sqlalchemy.engine import Row
 
-from tunecache.store.schema import configs, kernel_stats, measurements, misses, problems
+from tunecache.store.schema import configs, measurements, misses, problems
 from tunecache.store.store import Store
 
 
@@ -107,20 +108,24 @@ def fleet_dates(store: Store, filters: ReportFilters) -> dict[tuple[str, str], t
 
 def groups(
     store: Store, filters: ReportFilters, max_groups: int, max_scan: int, draw: Any
-) -> tuple[list[tuple[Row, list[dict[str, Any]], dict[str, dict[str, Any]]]], int]:
-    """The largest ``max_groups`` kernel/source/target groups, each as (its row: kernel, source_hash,
-    target_digest, device_name, arch, driver_version, triton_version, n; the keys ``draw`` picks of
-    its first ``max_scan`` in bucket order; ``{digest: {config_hash: config row}}`` of those keys), and
-    how many groups match in all."""
+) -> tuple[list[tuple[Row, list[dict[str, Any]], dict[str, dict[str, Any]]]], list[Row]]:
+    """Every kernel/source/target group, largest first (its row: kernel, source_hash, target_digest,
+    device_name, arch, driver_version, triton_version, n keys, no_ok: keys without a winner, i.e. without
+    an ok config), and
+    the first ``max_groups`` of them with their drawn keys (those ``draw`` picks of the group's first
+    ``max_scan`` rows) and ``{digest: {config_hash: config row}}`` of those keys."""
     p, c = problems.c, configs.c
     cols = (p.kernel, p.source_hash, p.target_digest, p.device_name, p.arch, p.driver_version, p.triton_version)
+    # No stored winner: the store picks the fastest ok config, none where every config failed (a
+    # NOT EXISTS over configs per problem costs 1 s more on 100k problems and says the same).
+    no_ok = sa.func.sum(sa.case((p.winner_config_hash.is_(None), 1), else_=0)).label("no_ok")
     out = []
     with store.snapshot("report") as conn:
         found = conn.execute(
-            sa.select(*cols, sa.func.count().label("n"))
+            sa.select(*cols, sa.func.count().label("n"), no_ok)
             .where(*clauses(filters))
             .group_by(*cols)
-            .order_by(sa.func.count().desc(), p.kernel)
+            .order_by(sa.func.count().desc(), p.kernel, p.source_hash, p.target_digest)
         ).all()
         for r in found[:max_groups]:
             scan = conn.execute(
@@ -135,49 +140,120 @@ def groups(
             for row in conn.execute(q.where(c.digest.in_([k["digest"] for k in keys]))):
                 rows.setdefault(row.digest, {})[row.config_hash] = dict(row._mapping)
             out.append((r, keys, rows))
-    return out, len(found)
+    return out, found
 
 
-def saved(store: Store, filters: ReportFilters) -> tuple[list[Row], list[Row], dict[str, float]]:
-    """Time saved: per kernel (kernel, hits, tuning s, hits x tuning s), the 30 largest; by kernel and
-    day tuned for the 8 largest (kernel, date, saved); and the live-counted saved seconds per kernel."""
-    p = problems.c
+def group_failures(store: Store, filters: ReportFilters) -> dict[tuple[str, str], dict[str, int]]:
+    """Config rows that did not run, per (source_hash, target_digest): ``{status: rows}``."""
+    p, c = problems.c, configs.c
+    out: dict[tuple[str, str], dict[str, int]] = {}
+    with store.snapshot("report") as conn:
+        q = (
+            sa.select(p.source_hash, p.target_digest, c.status, sa.func.count())
+            .join(problems, p.digest == c.digest)
+            .where(*clauses(filters), c.status != "ok")
+            .group_by(p.source_hash, p.target_digest, c.status)
+        )
+        for src, tgt, status, n in conn.execute(q):
+            out.setdefault((src, tgt), {})[status] = n
+    return out
+
+
+def kernel_times(store: Store, filters: ReportFilters) -> list[Row]:
+    """Per kernel, most time saved first: (kernel, keys, hits, host_benchmarks, spent, saved).
+
+    ``host_benchmarks``: each host's benchmark of a key (the hosts in ``measurements`` for it, or 1
+    where none is recorded); ``spent``: each of those at the key's tuning seconds (the store keeps one
+    tuning time per key, the winner's host's); ``saved``: hits x the key's tuning seconds."""
+    p, m = problems.c, measurements.c
+    per_key = sa.select(m.digest, sa.func.count(sa.distinct(m.host)).label("hosts")).group_by(m.digest).subquery()
+    benches = sa.func.coalesce(per_key.c.hosts, 1)
     saved_s = sa.func.sum(p.hit_count * p.tuning_seconds)
     with store.snapshot("report") as conn:
-        per_kernel = conn.execute(
-            sa.select(p.kernel, sa.func.sum(p.hit_count), sa.func.sum(p.tuning_seconds), saved_s)
-            .where(*clauses(filters))
-            .group_by(p.kernel)
-            .order_by(saved_s.desc(), p.kernel)
-            .limit(30)
-        ).all()
-        day = sa.func.date(p.created_at)
-        by_day = conn.execute(
-            sa.select(p.kernel, day, saved_s)
-            .where(*clauses(filters), p.kernel.in_([r[0] for r in per_kernel[:8]]))
-            .group_by(p.kernel, day)
-            .order_by(p.kernel, day)
-            .limit(5000)
-        ).all()
-        measured = {r.kernel: r.saved_seconds for r in conn.execute(sa.select(kernel_stats))}
-    return per_kernel, by_day, measured
+        return list(
+            conn.execute(
+                sa.select(
+                    p.kernel,
+                    sa.func.count().label("keys"),
+                    sa.func.sum(p.hit_count).label("hits"),
+                    sa.func.sum(benches).label("host_benchmarks"),
+                    sa.func.sum(benches * p.tuning_seconds).label("spent"),
+                    saved_s.label("saved"),
+                )
+                .select_from(problems.outerjoin(per_key, per_key.c.digest == p.digest))
+                .where(*clauses(filters))
+                .group_by(p.kernel)
+                .order_by(saved_s.desc(), p.kernel)
+            )
+        )
 
 
-def missed(store: Store, filters: ReportFilters, limit: int) -> tuple[int, list[Row]]:
-    """How many missed keys match, and the ``limit`` most frequent (kernel, key_json, reason, count,
-    host, last_seen)."""
-    mc = misses.c
+def summary(store: Store, filters: ReportFilters) -> dict[str, Any]:
+    """The page's header counts that the groups do not give: the hosts that benchmarked a matching
+    problem (the problems', config rows' and measurements' hosts) and the open misses (keys and
+    launches)."""
+    p, c, m, mc = problems.c, configs.c, measurements.c, misses.c
+    w = clauses(filters)
+
+    def of_problems(q: Any, digest: Any) -> Any:  # unfiltered: no join (4x faster on 100k problems)
+        return q.join(problems, p.digest == digest).where(*w) if w else q
+
+    with store.snapshot("report") as conn:
+        hosts = sa.union(
+            sa.select(p.host).where(*w),
+            of_problems(sa.select(c.host), c.digest),
+            of_problems(sa.select(m.host), m.digest),
+        ).subquery()
+        n_hosts = conn.execute(sa.select(sa.func.count()).select_from(hosts)).scalar_one()
+        miss_keys, miss_launches = conn.execute(
+            sa.select(sa.func.count(sa.distinct(mc.digest)), sa.func.coalesce(sa.func.sum(mc.count), 0)).where(
+                *clauses(filters, misses)
+            )
+        ).one()
+    return {"hosts": n_hosts, "miss_keys": miss_keys, "miss_launches": miss_launches}
+
+
+def saved_by_day(store: Store, filters: ReportFilters, kernels: list[str]) -> list[Row]:
+    """Seconds saved (hits x tuning seconds) by kernel and UTC day tuned, for ``kernels``."""
+    p = problems.c
+    day = sa.func.date(p.created_at)
+    with store.snapshot("report") as conn:
+        return list(
+            conn.execute(
+                sa.select(p.kernel, day, sa.func.sum(p.hit_count * p.tuning_seconds))
+                .where(*clauses(filters), p.kernel.in_(kernels))
+                .group_by(p.kernel, day)
+                .order_by(p.kernel, day)
+                .limit(5000)
+            )
+        )
+
+
+def missed(store: Store, filters: ReportFilters, limit: int) -> tuple[int, list[Row], dict[str, Row]]:
+    """How many keys missed, the ``limit`` most frequent miss rows (digest, kernel, target_digest,
+    key_json, reason, count, host: the last host to miss, last_seen), and the targets they name as
+    ``{target_digest: (device_name, arch, driver_version)}`` where a stored problem knows them."""
+    mc, p = misses.c, problems.c
     with store.snapshot("report") as conn:
         total = conn.execute(
-            sa.select(sa.func.count()).select_from(misses).where(*clauses(filters, misses))
+            sa.select(sa.func.count(sa.distinct(mc.digest))).where(*clauses(filters, misses))
         ).scalar_one()
         rows = conn.execute(
-            sa.select(mc.kernel, mc.key_json, mc.reason, mc.count, mc.host, mc.last_seen)
+            sa.select(mc.digest, mc.kernel, mc.target_digest, mc.key_json, mc.reason, mc.count, mc.host, mc.last_seen)
             .where(*clauses(filters, misses))
             .order_by(mc.count.desc(), mc.kernel, mc.key_json)
             .limit(limit)
         ).all()
-    return total, rows
+        wanted = sorted({r.target_digest for r in rows})
+        targets = {
+            r.target_digest: r
+            for r in conn.execute(
+                sa.select(p.target_digest, p.device_name, p.arch, p.driver_version)
+                .where(p.target_digest.in_(wanted))
+                .distinct()
+            )
+        }
+    return total, rows, targets
 
 
 def winners_batch(store: Store, filters: ReportFilters, after: str, limit: int, *, dated: bool = True) -> list[Row]:

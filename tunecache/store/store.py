@@ -489,7 +489,7 @@ class Store:
             update = (
                 sa.update(misses)
                 .where(misses.c.digest == problem.digest, misses.c.reason == reason)
-                .values(count=misses.c.count + 1, last_seen=now)
+                .values(count=misses.c.count + 1, last_seen=now, host=hostname())  # the last host to miss
             )
             row = {
                 **miss_fields(problem, reason),
