@@ -1,0 +1,188 @@
+"""tunecache as the backend of torch.compile's remote caches (issue 28), on torch 2.13 (CPU).
+
+The in-process tests drive Inductor's own cache classes (RemoteFxGraphCache, RemoteAutotuneCache...)
+with the backend set through their ``backend_override_cls``, the seam tunecache uses; the
+subprocess tests run a real ``torch.compile`` (tests/inductor_prog.py) in fresh processes with empty
+local Inductor caches. Older torch versions are not run in CI (it has torch 2.13 only): see the
+README's torch.compile section for which versions have the seam.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+remote_cache = pytest.importorskip("torch._inductor.remote_cache")
+
+from tunecache import counters, signing, trust  # noqa: E402
+from tunecache.inductor import entries as inductor_entries  # noqa: E402
+from tunecache.inductor.backend import backend_cls  # noqa: E402
+from tunecache.inductor.entries import InductorStore  # noqa: E402
+from tunecache.store.opening import open_store  # noqa: E402
+
+GRAPH = {"data": "Y29tcGlsZWQgZ3JhcGg=", "time_taken_ms": 1234}  # what FxGraphCache puts (JSON)
+CONFIG = {"XBLOCK": 128, "num_warps": 4, "num_stages": 1, "configs_hash": "abc", "found_by_coordesc": False}
+
+
+@pytest.fixture(autouse=True)
+def _fresh(monkeypatch: pytest.MonkeyPatch):
+    for var in ("TUNECACHE_TRUST_STORE", "TUNECACHE_TRUSTED_KEYS", "TUNECACHE_SIGNING_KEY", "TUNECACHE_INDUCTOR"):
+        monkeypatch.delenv(var, raising=False)
+    inductor_entries.inductor_target.cache_clear()
+    trust.reset_warnings()
+    yield
+    inductor_entries.inductor_target.cache_clear()
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, str]]:
+    d = tmp_path_factory.mktemp("keys")
+    return {k: signing.keygen(d / k) for k in ("builder", "attacker")}
+
+
+def cache(cls_name: str, kind: str, entries: InductorStore, monkeypatch: pytest.MonkeyPatch):
+    """Inductor's cache class ``cls_name`` built as Inductor builds it, with tunecache as its backend."""
+    cls = getattr(remote_cache, cls_name)
+    monkeypatch.setattr(cls, "backend_override_cls", backend_cls(kind, entries))
+    return cls("tc-test-v1")
+
+
+@pytest.fixture
+def store(sqlite_url: str):
+    s = open_store(sqlite_url)
+    yield s
+    s.close()
+
+
+def test_inductor_caches_get_miss_then_what_was_put_for_every_kind(store, monkeypatch):
+    entries = InductorStore(store)
+    for cls_name, kind, value in (
+        ("RemoteFxGraphCache", "fx_graph", GRAPH),
+        ("RemoteAOTAutogradCache", "aot_autograd", GRAPH),
+        ("RemoteAutotuneCache", "autotune", CONFIG),
+        ("RemoteBundledAutotuneCache", "bundled_autotune", {"k1": CONFIG}),
+    ):
+        c = cache(cls_name, kind, entries, monkeypatch)
+        assert c.get("key-1") is None
+        c.put("key-1", value)
+        assert c.get("key-1") == value
+        assert c.get("key-2") is None
+    counts = store.inductor_counts()
+    assert {k: v["entries"] for k, v in counts.items()} == {
+        "autotune": 1,
+        "bundled_autotune": 1,
+        "fx_graph": 1,
+        "aot_autograd": 1,
+    }
+    assert all(v["hits"] == 1 for v in counts.values())
+    s = inductor_entries.stats()
+    assert (s["inductor_hits"], s["inductor_misses"], s["inductor_puts"]) == (4, 8, 4)
+
+
+def test_the_backend_keeps_bytes_as_given_and_binds_them_to_the_target(store, monkeypatch):
+    backend = backend_cls("fx_graph", InductorStore(store))()
+    blob = bytes(range(256)) * 3  # not UTF-8, not JSON
+    backend.put("pt2:fx-graph-v1::k:c1", blob)
+    assert backend.get("pt2:fx-graph-v1::k:c1") == blob
+    assert backend.get("pt2:autotune::k:c1") is None
+    # Another driver (or torch, arch...): Inductor's key is the same, the entry is not served there.
+    monkeypatch.setenv("TUNECACHE_TARGET_OVERRIDE", '{"driver_version": "99999"}')
+    inductor_entries.inductor_target.cache_clear()
+    assert backend.get("pt2:fx-graph-v1::k:c1") is None
+    gone = store.delete_inductor(not_driver="99999")
+    assert [(g["kind"], g["key"]) for g in gone] == [("fx_graph", "pt2:fx-graph-v1::k:c1")]
+
+
+def test_readonly_mode_serves_and_never_writes_offline_uses_no_store(store, monkeypatch):
+    entries = InductorStore(store)
+    c = cache("RemoteFxGraphCache", "fx_graph", entries, monkeypatch)
+    c.put("stored", GRAPH)
+    monkeypatch.setenv("TUNECACHE_MODE", "readonly")
+    assert c.get("stored") == GRAPH
+    c.put("new", GRAPH)
+    assert c.get("new") is None
+    assert store.inductor_counts()["fx_graph"] == {
+        "entries": 1,
+        "bytes": len(
+            store.get_inductor("fx_graph", "pt2:tc-test-v1::stored:c1", inductor_entries.inductor_target()[0]).value
+        ),
+        "hits": 0,
+    }
+    for mode in ("offline", "off"):
+        monkeypatch.setenv("TUNECACHE_MODE", mode)
+        assert c.get("stored") is None
+        c.put("new", GRAPH)
+    monkeypatch.delenv("TUNECACHE_MODE")
+    assert c.get("new") is None and store.inductor_counts()["fx_graph"]["entries"] == 1
+
+
+def test_a_store_outage_is_a_miss_and_a_dropped_put_never_an_exception(monkeypatch, caplog, store):
+    monkeypatch.setenv("TUNECACHE_URL", "postgresql+psycopg://nobody@127.0.0.1:9/none")  # nothing listens
+    monkeypatch.setenv("TUNECACHE_CONNECT_TIMEOUT", "1")
+    c = cache("RemoteFxGraphCache", "fx_graph", InductorStore(), monkeypatch)
+    with caplog.at_level(logging.WARNING, logger="tunecache"):
+        assert c.get("k") is None
+        c.put("k", GRAPH)
+        assert c.get("k") is None
+    assert counters.stats()["store_errors"] >= 2
+    said = [r.getMessage() for r in caplog.records if "remote cache" in r.getMessage()]
+    assert len(said) == 2 and "get failed" in said[0] and "put failed" in said[1], said  # once each
+    # A store closed under it (its file gone, its directory unwritable) is the same: a miss.
+    pinned = InductorStore(store)
+    c2 = cache("RemoteAutotuneCache", "autotune", pinned, monkeypatch)
+    c2.put("k", CONFIG)
+    Path(store.url.database).unlink()
+    Path(store.url.database).mkdir()  # now a directory: every open fails
+    store.engine.dispose()
+    assert c2.get("k") is None
+    c2.put("k2", CONFIG)
+
+
+def test_compiled_graphs_are_served_only_when_a_trusted_key_vouches(store, keys, monkeypatch, caplog):
+    monkeypatch.setenv("TUNECACHE_TRUST_STORE", "no")  # a shared store: trust by signature only
+    monkeypatch.setenv("TUNECACHE_TRUSTED_KEYS", keys["builder"]["public_key"])
+    fx = cache("RemoteFxGraphCache", "fx_graph", InductorStore(store), monkeypatch)
+    tune = cache("RemoteAutotuneCache", "autotune", InductorStore(store), monkeypatch)
+
+    fx.put("unsigned", GRAPH)  # no TUNECACHE_SIGNING_KEY: stored unsigned
+    tune.put("unsigned", CONFIG)
+    monkeypatch.setenv("TUNECACHE_SIGNING_KEY", keys["attacker"]["private_key"])
+    fx.put("by-attacker", GRAPH)
+    monkeypatch.setenv("TUNECACHE_SIGNING_KEY", keys["builder"]["private_key"])
+    fx.put("signed", GRAPH)
+    fx.put("altered", GRAPH)
+    fx.put("rehashed", GRAPH)
+
+    # Alter two signed rows: one's bytes, and one's bytes with a matching sha256.
+    evil = b'{"data": "ZXZpbA==", "time_taken_ms": 1}'
+    db = sqlite3.connect(store.url.database)
+    db.execute("UPDATE inductor_entries SET value = ? WHERE key LIKE '%::altered:%'", (evil,))
+    import hashlib
+
+    db.execute(
+        "UPDATE inductor_entries SET value = ?, sha256 = ? WHERE key LIKE '%::rehashed:%'",
+        (evil, hashlib.sha256(evil).hexdigest()),
+    )
+    db.commit()
+    db.close()
+
+    fresh = cache("RemoteFxGraphCache", "fx_graph", InductorStore(store), monkeypatch)  # a fresh policy
+    with caplog.at_level(logging.WARNING, logger="tunecache"):
+        assert fresh.get("signed") == GRAPH
+        for k in ("unsigned", "by-attacker", "altered", "rehashed"):
+            assert fresh.get(k) is None, k
+        # Autotune entries are config choices, not code: served unsigned (README, torch.compile).
+        assert cache("RemoteAutotuneCache", "autotune", InductorStore(store), monkeypatch).get("unsigned") == CONFIG
+    assert counters.stats()["untrusted"] == 4
+    warned = [r for r in caplog.records if "no trusted key signed" in r.getMessage()]
+    assert len(warned) == 1
+
+    # The same store trusted as a whole serves the unsigned graph, never the altered bytes.
+    monkeypatch.setenv("TUNECACHE_TRUST_STORE", "yes")
+    whole = cache("RemoteFxGraphCache", "fx_graph", InductorStore(store), monkeypatch)
+    assert whole.get("unsigned") == GRAPH
+    assert whole.get("altered") is None
