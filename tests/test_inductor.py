@@ -9,6 +9,7 @@ README's torch.compile section for which versions have the seam.
 
 from __future__ import annotations
 
+import json
 import logging
 import sqlite3
 from pathlib import Path
@@ -186,3 +187,48 @@ def test_compiled_graphs_are_served_only_when_a_trusted_key_vouches(store, keys,
     whole = cache("RemoteFxGraphCache", "fx_graph", InductorStore(store), monkeypatch)
     assert whole.get("unsigned") == GRAPH
     assert whole.get("altered") is None
+
+
+def put_as(entries: InductorStore, monkeypatch, driver: str, kind: str, key: str, value: bytes) -> None:
+    """Store an entry as a process on a host with driver ``driver`` would."""
+    monkeypatch.setenv("TUNECACHE_TARGET_OVERRIDE", json.dumps({"driver_version": driver}))
+    inductor_entries.inductor_target.cache_clear()
+    entries.put(kind, key, value)
+    monkeypatch.delenv("TUNECACHE_TARGET_OVERRIDE")
+    inductor_entries.inductor_target.cache_clear()
+
+
+def test_ls_info_stats_show_entries_and_invalidate_gc_drop_them(sqlite_url, monkeypatch):
+    from click.testing import CliRunner
+
+    from tunecache.cli import main
+
+    def run(*args: str) -> str:
+        r = CliRunner().invoke(main, ["--url", sqlite_url, *args])
+        assert r.exit_code == 0, r.output
+        return r.output
+
+    s = open_store(sqlite_url)
+    entries = InductorStore(s)
+    put_as(entries, monkeypatch, "12080", "fx_graph", "pt2:fx-graph-v1::old:c1", b"x" * 10)
+    put_as(entries, monkeypatch, "13000", "fx_graph", "pt2:fx-graph-v1::new:c1", b"y" * 20)
+    put_as(entries, monkeypatch, "13000", "autotune", "pt2:autotune::k:c1", b"{}")
+    listed = json.loads(run("ls", "--inductor", "--json"))
+    assert sorted((r["kind"], r["driver_version"]) for r in listed) == [
+        ("autotune", "13000"),
+        ("fx_graph", "12080"),
+        ("fx_graph", "13000"),
+    ]
+    assert "pt2:fx-graph-v1::old:c1" in run("ls", "--inductor")
+    info = json.loads(run("info", "--json"))["inductor"]
+    assert info["fx_graph"] == {"entries": 2, "bytes": 30, "hits": 0} and info["autotune"]["entries"] == 1
+    assert "torch.compile entries: autotune=1 (2 bytes), bundled_autotune=0 (0 bytes), fx_graph=2" in run("stats")
+    # A driver upgrade: what the old driver's hosts stored goes, the rest stays.
+    assert "1 torch.compile cache entries would be deleted" in run("invalidate", "--driver", "12080", "--dry-run")
+    gone = json.loads(run("invalidate", "--driver", "12080", "--json"))["inductor"]
+    assert gone == {"count": 1, "entries": [{"cache": "fx_graph", "key": "pt2:fx-graph-v1::old:c1"}]}
+    assert s.inductor_counts()["fx_graph"]["entries"] == 1
+    assert json.loads(run("gc", "--older-than", "1d", "--json"))["inductor"]["count"] == 0
+    assert json.loads(run("gc", "--older-than", "0m", "--json"))["inductor"]["count"] == 2
+    assert sum(v["entries"] for v in s.inductor_counts().values()) == 0
+    s.close()

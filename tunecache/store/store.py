@@ -777,6 +777,17 @@ class Store:
                 out[kind] = {"entries": int(n), "bytes": int(size), "hits": int(hits)}
         return out
 
+    def list_inductor(self, limit: int | None = None, **filters: Any) -> list[dict[str, Any]]:
+        """The matching entries without their bytes, most recently used first (``tunecache ls --inductor``)."""
+        e = inductor_entries.c
+        cols = (e.kind, e.key, e.target_digest, *(e[k] for k in self._INDUCTOR_TARGET), e.size, e.hit_count)
+        q = sa.select(*cols, e.used_at, e.host, (e.signature.is_not(None)).label("signed"))
+        q = q.where(*self._inductor_where(**filters)).order_by(e.used_at.desc(), e.kind, e.key)
+        if limit:
+            q = q.limit(limit)
+        with self._read("inductor entries") as conn:
+            return [{str(k): v for k, v in r.items()} for r in conn.execute(q).mappings()]
+
     def iter_inductor(self, batch: int = 200, **filters: Any) -> Iterator[InductorEntry]:
         """Every matching entry, streamed in (kind, key, target) order (for export)."""
         e = inductor_entries.c
