@@ -232,3 +232,45 @@ def test_ls_info_stats_show_entries_and_invalidate_gc_drop_them(sqlite_url, monk
     assert json.loads(run("gc", "--older-than", "0m", "--json"))["inductor"]["count"] == 2
     assert sum(v["entries"] for v in s.inductor_counts().values()) == 0
     s.close()
+
+
+def test_export_import_carry_entries_with_their_signatures(tmp_path, keys, monkeypatch):
+    from tunecache.errors import UntrustedFileError
+    from tunecache.exchange import export, import_
+
+    src = open_store(f"sqlite:///{tmp_path / 'src.sqlite3'}")
+    made = InductorStore(src)
+    monkeypatch.setenv("TUNECACHE_SIGNING_KEY", keys["builder"]["private_key"])
+    made.put("fx_graph", "pt2:fx-graph-v1::signed:c1", b"graph-bytes")
+    made.put("autotune", "pt2:autotune::k:c1", b'{"XBLOCK": 64}')
+    monkeypatch.delenv("TUNECACHE_SIGNING_KEY")
+    made.put("fx_graph", "pt2:fx-graph-v1::unsigned:c1", b"planted")
+    monkeypatch.setenv("TUNECACHE_TRUST_STORE", "no")
+    monkeypatch.setenv("TUNECACHE_TRUSTED_KEYS", keys["builder"]["public_key"])
+
+    plain = export(src, tmp_path / "plain.jsonl")  # without --inductor: the file is what it was
+    assert plain["version"] == 2 and plain["inductor_entries"] == 0
+    signer = signing.Signer(keys["builder"]["private_key"])
+    out = export(src, tmp_path / "x.jsonl.gz", with_inductor=True, signer=signer)
+    assert (out["version"], out["inductor_entries"], out["untrusted"]) == (5, 2, 1)  # the unsigned graph left out
+
+    dst = open_store(f"sqlite:///{tmp_path / 'dst.sqlite3'}")
+    s = import_(dst, tmp_path / "x.jsonl.gz")  # entries validated, not added unless asked
+    assert (s.inductor_entries, s.inductor_new) == (2, 0)
+    s = import_(dst, tmp_path / "x.jsonl.gz", with_inductor=True)
+    assert (s.inductor_entries, s.inductor_new, s.signed_by) == (2, 2, signer.key_id)
+    fresh = InductorStore(dst)
+    assert fresh.get("fx_graph", "pt2:fx-graph-v1::signed:c1") == b"graph-bytes"  # its row signature came along
+    assert fresh.get("autotune", "pt2:autotune::k:c1") == b'{"XBLOCK": 64}'
+    assert fresh.get("fx_graph", "pt2:fx-graph-v1::unsigned:c1") is None
+
+    # An unsigned file may not bring compiled graphs, unless trusted like one's own store.
+    monkeypatch.delenv("TUNECACHE_TRUSTED_KEYS")
+    monkeypatch.setenv("TUNECACHE_TRUST_STORE", "yes")
+    export(src, tmp_path / "unsigned.jsonl", with_inductor=True)
+    other = open_store(f"sqlite:///{tmp_path / 'other.sqlite3'}")
+    with pytest.raises(UntrustedFileError, match="torch.compile entries"):
+        import_(other, tmp_path / "unsigned.jsonl", with_inductor=True)
+    assert import_(other, tmp_path / "unsigned.jsonl", with_inductor=True, trust_unsigned=True).inductor_new == 3
+    for s_ in (src, dst, other):
+        s_.close()
