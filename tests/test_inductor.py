@@ -274,3 +274,54 @@ def test_export_import_carry_entries_with_their_signatures(tmp_path, keys, monke
     assert import_(other, tmp_path / "unsigned.jsonl", with_inductor=True, trust_unsigned=True).inductor_new == 3
     for s_ in (src, dst, other):
         s_.close()
+
+
+def compile_in_fresh_process(tmp_path: Path, name: str, url: str, *, hook: bool, **env: str) -> dict:
+    """tests/inductor_prog.py in a new process with empty local Inductor caches, on store ``url``;
+    tunecache enabled by the start-up hook (``hook``) or by enable() in code."""
+    from processes import run_json
+
+    full = {
+        "TUNECACHE_URL": url,
+        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / f"inductor-{name}"),
+        "TUNECACHE_INDUCTOR": "1",
+        "TUNECACHE_INSTALL": "1" if hook else "0",
+        **env,
+    }
+    return run_json(["inductor_prog.py"] + ([] if hook else ["--enable"]), env=full, timeout=600)
+
+
+def test_torch_compile_in_a_fresh_process_gets_its_graph_from_a_shared_store_and_an_import(
+    tmp_path, pg_url, keys, monkeypatch
+):
+    """A real torch.compile (CPU): one process compiles and fills a shared PostgreSQL store, signing
+    what it makes; a second process, with empty local Inductor caches, gets the FX graph from the
+    store (Inductor's own hit counter) and the same outputs; an export of that store, imported into
+    a new SQLite file, does the same for a third (the fresh host of an image build)."""
+    from tunecache.exchange import export, import_
+
+    trusted = {"TUNECACHE_TRUSTED_KEYS": keys["builder"]["public_key"]}
+    first = compile_in_fresh_process(
+        tmp_path, "a", pg_url, hook=True, TUNECACHE_SIGNING_KEY=keys["builder"]["private_key"]
+    )
+    assert first["fx_backend"] == "TunecacheFxGraphBackend"  # the start-up hook set the seam
+    assert first["fxgraph_cache_miss"] == 1 and first["tunecache"]["inductor_puts"] >= 1
+    second = compile_in_fresh_process(tmp_path, "b", pg_url, hook=False, **trusted)
+    assert second["fxgraph_cache_hit"] == 1 and second["fxgraph_cache_miss"] == 0, second
+    assert second["tunecache"]["inductor_hits"] >= 1 and "untrusted" not in second["tunecache"]
+    assert second["out"] == first["out"]
+
+    monkeypatch.setenv("TUNECACHE_TRUSTED_KEYS", keys["builder"]["public_key"])
+    shared = open_store(pg_url)
+    assert shared.inductor_counts()["fx_graph"]["entries"] >= 1
+    out = export(
+        shared, tmp_path / "graphs.jsonl.gz", with_inductor=True, signer=signing.Signer(keys["builder"]["private_key"])
+    )
+    shared.close()
+    assert out["inductor_entries"] >= 1 and out["untrusted"] == 0
+    image = f"sqlite:///{tmp_path / 'image.sqlite3'}"
+    store = open_store(image)
+    assert import_(store, tmp_path / "graphs.jsonl.gz", with_inductor=True).inductor_new == out["inductor_entries"]
+    store.close()
+    third = compile_in_fresh_process(tmp_path, "c", image, hook=True, **trusted)
+    assert third["fxgraph_cache_hit"] == 1 and third["out"] == first["out"], third
