@@ -163,9 +163,6 @@ class Binary:
 
 #: The caches of torch.compile (Inductor) whose entries tunecache keeps (:mod:`tunecache.inductor`).
 INDUCTOR_KINDS = ("autotune", "bundled_autotune", "fx_graph", "aot_autograd")
-#: Those whose entries are code (a compiled graph bundles its Triton binaries and Python wrapper):
-#: served only when a trusted key vouches for them (:mod:`tunecache.trust`).
-INDUCTOR_CODE_KINDS = ("fx_graph", "aot_autograd")
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ from typing import Any
 
 from tunecache import counters, settings, signing
 from tunecache.errors import SigningError
-from tunecache.model import INDUCTOR_CODE_KINDS, Binary, InductorEntry, LaunchSpec, binary_sha256
+from tunecache.model import Binary, InductorEntry, LaunchSpec, binary_sha256
 
 log = logging.getLogger("tunecache")
 
@@ -184,13 +184,13 @@ class Policy:
 
     def inductor(self, e: InductorEntry) -> str | None:
         """Why Inductor cache entry ``e`` must not be served; None if it may. Every entry must hold
-        the bytes its sha256 names; a compiled graph (FX graph, AOTAutograd: code) must also be
-        vouched for by a trusted key, or come from a store trusted as a whole. Autotune entries are
-        config choices (block sizes, warps) for kernels Inductor generates itself: served unsigned,
-        as tunecache's own tuning results are."""
+        the bytes its sha256 names, and be vouched for by a trusted key or come from a store trusted
+        as a whole: a compiled graph (FX graph, AOTAutograd) is code, and an autotune entry, though
+        only config choices, is rebuilt by Inductor (torch 2.13) into a config it never generated
+        when it matches none of its own, so a planted one could make every host's compile fail."""
         if hashlib.sha256(e.value).hexdigest() != e.sha256:
             return "its bytes do not match its sha256 (the row was altered or damaged)"
-        if self.whole or e.kind not in INDUCTOR_CODE_KINDS:
+        if self.whole:
             return None
         return signing.verify_row(e.signature, inductor_message(e), self.keys)
 
