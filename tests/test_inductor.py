@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sqlite3
 from pathlib import Path
 
@@ -325,3 +326,60 @@ def test_torch_compile_in_a_fresh_process_gets_its_graph_from_a_shared_store_and
     store.close()
     third = compile_in_fresh_process(tmp_path, "c", image, hook=True, **trusted)
     assert third["fxgraph_cache_hit"] == 1 and third["out"] == first["out"], third
+
+
+def test_enable_sets_the_seam_and_only_the_switches_left_unset_and_disable_undoes_it(monkeypatch):
+    from torch._functorch import config as functorch_config
+    from torch._inductor import config
+
+    from tunecache.inductor import enable
+
+    monkeypatch.setattr(config, "fx_graph_remote_cache", None)
+    monkeypatch.setattr(config, "autotune_remote_cache", False)  # the user turned it off
+    monkeypatch.setattr(config, "bundled_autotune_remote_cache", None)
+    monkeypatch.setattr(functorch_config, "enable_remote_autograd_cache", None)
+    for name in ("RemoteAutotuneCache", "RemoteBundledAutotuneCache", "RemoteFxGraphCache", "RemoteAOTAutogradCache"):
+        monkeypatch.setattr(getattr(remote_cache, name), "backend_override_cls", None)
+    try:
+        assert enable.enable() == ["autotune", "bundled_autotune", "fx_graph", "aot_autograd"]
+        assert remote_cache.RemoteFxGraphCache.backend_override_cls.kind == "fx_graph"
+        assert remote_cache.RemoteAOTAutogradCache.backend_override_cls.kind == "aot_autograd"
+        assert config.fx_graph_remote_cache is True and functorch_config.enable_remote_autograd_cache is True
+        assert config.autotune_remote_cache is False
+        assert config.bundled_autotune_remote_cache is None  # no GPU Triton here: Inductor would assert
+    finally:
+        enable.disable()
+    assert remote_cache.RemoteFxGraphCache.backend_override_cls is None
+    assert config.fx_graph_remote_cache is None and functorch_config.enable_remote_autograd_cache is None
+
+
+def test_the_start_up_hook_loads_no_inductor_until_the_process_does(tmp_path):
+    import subprocess
+    import sys
+
+    prog = (
+        "import sys, json, torch\n"
+        "before = sorted(m for m in sys.modules if m.startswith(('torch._inductor', 'tunecache.inductor')))\n"
+        "from torch._inductor import remote_cache\n"
+        "b = remote_cache.RemoteFxGraphCache.backend_override_cls\n"
+        "print(json.dumps({'before': before, 'backend': getattr(b, '__name__', None)}))\n"
+    )
+    env = {**os.environ, "TUNECACHE_INSTALL": "1", "TUNECACHE_INDUCTOR": "1"}
+    env["TUNECACHE_URL"] = f"sqlite:///{tmp_path / 's.sqlite3'}"
+    r = subprocess.run([sys.executable, "-c", prog], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out == {"before": [], "backend": "TunecacheFxGraphBackend"}
+
+
+def test_what_the_hook_runs_does_nothing_unless_the_setting_says_so(monkeypatch):
+    from tunecache.inductor import enable
+
+    monkeypatch.setattr(remote_cache.RemoteFxGraphCache, "backend_override_cls", None)
+    for value in (None, "0", "bogus"):  # unset, off, a typo (one warning, stock Inductor)
+        if value is None:
+            monkeypatch.delenv("TUNECACHE_INDUCTOR", raising=False)
+        else:
+            monkeypatch.setenv("TUNECACHE_INDUCTOR", value)
+        enable.activate()
+        assert remote_cache.RemoteFxGraphCache.backend_override_cls is None
