@@ -194,6 +194,7 @@ class Bench:
         self.hook.mkdir(parents=True, exist_ok=True)
         (self.hook / "sitecustomize.py").write_text(HOOK)
         self.runs: list[dict[str, Any]] = []
+        self.exchanges: dict[str, dict[str, Any]] = {}  # per mode: the export/import of the entries
         self.n = 0
 
     def fresh_dirs(self, tag: str) -> dict[str, str]:
@@ -266,11 +267,14 @@ class Bench:
         finally:
             s.close()
 
-    def cli(self, *args: str, env: dict[str, str]) -> None:
+    def cli(self, *args: str, env: dict[str, str]) -> dict[str, Any]:
+        """``tunecache ARGS --json``; its JSON summary."""
         full = {**os.environ, **env}
-        r = subprocess.run([sys.executable, "-m", "tunecache.cli", *args], env=full, capture_output=True, text=True)
+        cmd = [sys.executable, "-m", "tunecache.cli", *args, "--json"]
+        r = subprocess.run(cmd, env=full, capture_output=True, text=True)
         if r.returncode != 0:
             raise SystemExit(f"tunecache {' '.join(args)} failed:\n{r.stderr[-3000:]}")
+        return json.loads(r.stdout)
 
     def mode(self, mode: str, keys: dict[str, str]) -> None:
         base = self.out / "stores"
@@ -292,9 +296,16 @@ class Bench:
         imported = base / f"{mode}-imported.sqlite3"
         imported.unlink(missing_ok=True)
         signing = ["--sign", keys["TUNECACHE_SIGNING_KEY"]] if "TUNECACHE_SIGNING_KEY" in keys else []
-        self.cli("--url", first_url, "export", str(exported), "--inductor", "--force", *signing, env=keys)
+        out = self.cli("--url", first_url, "export", str(exported), "--inductor", "--force", *signing, env=keys)
         trust = [] if signing else ["--trust-unsigned"]
-        self.cli("--url", f"sqlite:///{imported}", "import", str(exported), "--inductor", *trust, env=keys)
+        into = self.cli("--url", f"sqlite:///{imported}", "import", str(exported), "--inductor", *trust, env=keys)
+        self.exchanges[mode] = {
+            "exported": out.get("inductor_entries"),
+            "too_large": out.get("inductor_too_large"),
+            "untrusted": out.get("untrusted"),
+            "bytes": out.get("bytes"),
+            "imported": into.get("inductor_new"),
+        }
         self.start("tc_import", mode, self.fresh_dirs("tc-import"), {**tc, "TUNECACHE_URL": f"sqlite:///{imported}"})
 
     def clear_store(self, url: str) -> None:
@@ -342,7 +353,9 @@ class Bench:
                 meta["device"] = torch.cuda.get_device_name()
         except Exception:  # noqa: BLE001
             pass
-        (self.out / "bench_inductor.json").write_text(json.dumps({"meta": meta, "runs": self.runs}, indent=2))
+        (self.out / "bench_inductor.json").write_text(
+            json.dumps({"meta": meta, "runs": self.runs, "exchange": self.exchanges}, indent=2)
+        )
         cols = (
             "mode",
             "start",
@@ -366,6 +379,8 @@ class Bench:
                 for s in ("tc_fresh", "tc_import"):
                     if s in by:
                         md.append(f"- {mode} {s}: {by[s]['first_output_s'] / warm:.2f}x of stock warm")
+        for mode, x in self.exchanges.items():
+            md.append(f"- {mode} export/import of the entries: {x}")
         (self.out / "bench_inductor.md").write_text("\n".join(md) + "\n")
         print((self.out / "bench_inductor.md").read_text())
 
