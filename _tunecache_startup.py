@@ -5,7 +5,10 @@ With ``TUNECACHE_INSTALL`` set, every Python process serves every Triton Autotun
 store, with no code change: servers, their spawned tensor-parallel workers, scripts. This module
 only puts a finder on ``sys.meta_path``; it never imports Triton, torch or tunecache. When something
 imports ``triton``, the finder calls ``tunecache.install()`` right after Triton's package finished
-initialising, before any library can build an Autotuner from it.
+initialising, before any library can build an Autotuner from it. When something imports
+``torch._inductor.remote_cache`` (torch.compile's first compile), it calls
+``tunecache.inductor.enable.activate()``, which makes the store the backend of Inductor's remote
+caches if ``TUNECACHE_INDUCTOR`` says so: a process that never compiles never loads torch._inductor.
 
 Unset (the default) it costs one environment lookup in the .pth line, which then imports nothing:
 that line and the check below are the only reads of a ``TUNECACHE_*`` variable outside
@@ -23,10 +26,11 @@ import sys
 
 
 class _Loader:
-    """Triton's own loader, then ``install()``; every other attribute is the wrapped loader's."""
+    """The module's own loader, then its hook; every other attribute is the wrapped loader's."""
 
-    def __init__(self, loader: object) -> None:
+    def __init__(self, loader: object, hook: object) -> None:
         self._loader = loader
+        self._hook = hook
 
     def create_module(self, spec: object) -> object:
         return self._loader.create_module(spec)
@@ -34,30 +38,35 @@ class _Loader:
     def exec_module(self, module: object) -> None:
         module.__loader__ = module.__spec__.loader = self._loader  # the module keeps Triton's loader
         self._loader.exec_module(module)
-        _install()
+        self._hook()
 
     def __getattr__(self, name: str) -> object:
         return getattr(self._loader, name)
 
 
 class _Finder:
-    """Finds nothing itself: wraps the loader of the ``triton`` package that the other finders find."""
+    """Finds nothing itself: wraps the loader of each watched module that the other finders find."""
 
     def find_spec(self, name: str, path: object = None, target: object = None) -> object:
-        if name != "triton":
+        hook = _pending.pop(name, None)
+        if hook is None:
             return None
-        _remove()
+        if not _pending:
+            _remove()
         for finder in sys.meta_path:
+            if finder is _finder:
+                continue
             find = getattr(finder, "find_spec", None)
             spec = find(name, path, target) if find is not None else None
             if spec is not None:
                 if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _Loader(spec.loader)
+                    spec.loader = _Loader(spec.loader, hook)
                 return spec
         return None
 
 
 _finder = _Finder()
+_pending: dict = {}  # module name -> the hook to run once it is imported
 
 
 def _remove() -> None:
@@ -84,11 +93,27 @@ def _install() -> None:
         logging.getLogger("tunecache").warning("tunecache: TUNECACHE_INSTALL: not installed: %r", e)
 
 
+def _install_inductor() -> None:
+    """``tunecache.inductor.enable.activate()`` (which reads ``TUNECACHE_INDUCTOR``); never raises."""
+    try:
+        from tunecache.inductor import enable
+
+        enable.activate()
+    except Exception as e:  # noqa: BLE001
+        import logging
+
+        logging.getLogger("tunecache").warning("tunecache: TUNECACHE_INDUCTOR: not enabled: %r", e)
+
+
 def activate() -> None:
-    """Install when Triton is imported (at once if it is already)."""
-    if "triton" in sys.modules:
-        _install()
-    elif _finder not in sys.meta_path:
+    """Install when Triton is imported, and hook torch.compile's remote caches when Inductor's are
+    (each at once if it is imported already)."""
+    for name, hook in (("triton", _install), ("torch._inductor.remote_cache", _install_inductor)):
+        if name in sys.modules:
+            hook()
+        else:
+            _pending[name] = hook
+    if _pending and _finder not in sys.meta_path:
         sys.meta_path.insert(0, _finder)
 
 

@@ -464,10 +464,10 @@ MALFORMED: dict[str, tuple[Callable[[list[bytes]], bytes], str, int, str]] = {
     "header missing": (lambda ls: assemble(ls[1:], fix_header=False), ".jsonl", 1, "missing header"),
     "not an export": (lambda ls: b'{"hello": "world"}\n', ".jsonl", 1, "not a tunecache export"),
     "wrong format version": (
-        lambda ls: assemble(edit(ls, 0, _set("version", 5))),
+        lambda ls: assemble(edit(ls, 0, _set("version", 6))),
         ".jsonl",
         1,
-        "unsupported format version 5",
+        "unsupported format version 6",
     ),
     "truncated at a line end": (
         lambda ls: assemble(ls[:-1], fix_header=False),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import textwrap
+from pathlib import Path
 
 import pytest
 from processes import run_json
@@ -304,3 +305,45 @@ def test_hopper_fp8_kernel_matches_the_reference_for_every_config_and_records_it
     assert got["configs"] == got["n_configs"] >= 13
     [failure] = got["oor"]
     assert failure["required"] == 322560 and failure["limit"] == 232448, failure
+
+
+def test_torch_compile_on_a_fresh_host_with_the_store_warm_runs_no_autotune_benchmarks(tmp_path):
+    """Issue 28: max-autotune torch.compile of the bench's transformer block. A tunecache start with
+    empty local caches and an empty store autotunes and fills the store; a fresh host (new empty
+    Inductor and Triton caches, the store warm) runs 0 autotune benchmarks, serves entries from the
+    store, and computes what the filling start did (bit for bit: the same kernels and configs) and
+    what stock torch.compile does (to bf16 tolerance: stock's own autotuning may pick other GEMMs)."""
+    import importlib.util
+    import json
+
+    root = Path(__file__).resolve().parent.parent
+    spec_ = importlib.util.spec_from_file_location("bench_inductor", root / "scripts" / "bench_inductor.py")
+    bench = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(bench)
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(bench.HOOK)  # tunecache's start-up hook, as its .pth would run it
+    url = f"sqlite:///{tmp_path / 'store.sqlite3'}"
+
+    def start(name: str, with_tunecache: bool) -> tuple[dict, list]:
+        d = tmp_path / name
+        spec = {"device": "cuda", "dtype": "bfloat16", "d": 256, "heads": 4, "seq": [128, 256]}
+        spec |= {"mode": "max-autotune-no-cudagraphs", "outputs": str(d / "out.pt")}
+        env = {
+            "TORCHINDUCTOR_CACHE_DIR": str(d / "inductor"),
+            "TRITON_CACHE_DIR": str(d / "triton"),
+            "PYTHONPATH": os.pathsep.join(p for p in (str(hook), os.environ.get("PYTHONPATH")) if p),
+        }
+        if with_tunecache:
+            env |= {"TUNECACHE_INSTALL": "1", "TUNECACHE_INDUCTOR": "1", "TUNECACHE_URL": url}
+        r = run_json([str(root / "scripts" / "bench_inductor.py"), "--child", json.dumps(spec)], env=env, timeout=900)
+        return r, torch.load(spec["outputs"])
+
+    stock, stock_out = start("stock", False)
+    first, first_out = start("tc-first", True)
+    fresh, fresh_out = start("tc-fresh", True)
+    assert first["fx_backend"] == "TunecacheFxGraphBackend" and first["autotune_benchmarks"] > 0, first
+    assert fresh["autotune_benchmarks"] == 0, fresh
+    assert fresh["fxgraph_cache_hit"] == len(first_out) and fresh["tunecache"]["inductor_hits"] >= len(first_out)
+    assert all(torch.equal(a, b) for a, b in zip(first_out, fresh_out))
+    assert all(torch.allclose(a, b, rtol=2e-2, atol=2e-2) for a, b in zip(stock_out, fresh_out))

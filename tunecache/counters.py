@@ -37,6 +37,9 @@ COUNTERS = (
     "untrusted",
     "kernels_seen",
     "kernels_covered",
+    "inductor_hits",
+    "inductor_misses",
+    "inductor_puts",
 )
 
 #: The counters a store keeps per kernel (table ``kernel_stats``).

@@ -161,6 +161,38 @@ class Binary:
         return len(self.metadata) + len(self.binary)
 
 
+#: The caches of torch.compile (Inductor) whose entries tunecache keeps (:mod:`tunecache.inductor`).
+INDUCTOR_KINDS = ("autotune", "bundled_autotune", "fx_graph", "aot_autograd")
+
+
+@dataclass(frozen=True)
+class InductorEntry:
+    """One entry of an Inductor remote cache: the bytes Inductor put under its key, for one target.
+
+    ``target`` describes what Inductor's key leaves out (backend, arch, device, driver, torch and
+    Triton versions); ``target_digest`` hashes it."""
+
+    kind: str  # one of INDUCTOR_KINDS
+    key: str  # Inductor's key, as its RemoteCache hands it to the backend
+    target_digest: str
+    value: bytes
+    target: dict[str, str]  # backend, arch, device_name, driver_version, torch_version, triton_version
+    signature: str | None = None  # its maker's row signature (tunecache.trust), or None: unsigned
+    sha256: str = ""  # content address of value; computed when empty
+
+    def __post_init__(self) -> None:
+        if not self.sha256:
+            object.__setattr__(self, "sha256", hashlib.sha256(self.value).hexdigest())
+
+    @property
+    def key_hash(self) -> str:
+        return hashlib.sha256(self.key.encode()).hexdigest()
+
+    @property
+    def size(self) -> int:
+        return len(self.value)
+
+
 def binary_sha256(triton_key: str, name: str, ext: str, triton_version: str, metadata: bytes, binary: bytes) -> str:
     """The content address of a :class:`Binary`: every byte of it, and the key it is filed under,
     length-prefixed so that no two different binaries frame to the same bytes."""

@@ -208,6 +208,13 @@ SETTINGS: dict[str, Setting] = {
             _switch,
             "every Python process runs tunecache.install() when it imports Triton (the .pth start-up hook)",
         ),
+        Setting(
+            "TUNECACHE_INDUCTOR",
+            "0",
+            _switch,
+            "torch.compile's remote caches (autotune, bundled autotune, FX graph, AOTAutograd) use the store; with"
+            " TUNECACHE_INSTALL, set up when torch._inductor is first imported, else by tunecache.inductor.enable()",
+        ),
         Setting("TUNECACHE_CPU_BENCH_REPS", "3", _count(1), "repetitions of the CPU timer under TRITON_INTERPRET=1"),
         Setting(
             "TUNECACHE_TARGET_OVERRIDE", None, _json_object, "JSON object replacing detected target fields (tests)"

@@ -37,7 +37,7 @@ from typing import Any
 
 from tunecache import counters, settings, signing
 from tunecache.errors import SigningError
-from tunecache.model import Binary, LaunchSpec, binary_sha256
+from tunecache.model import Binary, InductorEntry, LaunchSpec, binary_sha256
 
 log = logging.getLogger("tunecache")
 
@@ -76,6 +76,14 @@ def binary_message(b: Binary) -> bytes:
     )
 
 
+def inductor_message(e: InductorEntry) -> bytes:
+    """What an Inductor cache entry's signature signs: its cache, key, target and the sha256 of its bytes."""
+    return _message(
+        "inductor",
+        {"cache": e.kind, "key": e.key, "target_digest": e.target_digest, "sha256": e.sha256},
+    )
+
+
 _signer_warned = False
 
 
@@ -109,6 +117,14 @@ def sign_binaries(bins: list[Binary]) -> list[Binary]:
     if signer is None:
         return bins
     return [b if b.signature else replace(b, signature=signer.sign_row(binary_message(b))) for b in bins]
+
+
+def sign_inductor(e: InductorEntry) -> InductorEntry:
+    """``e`` signed with this process's key (unchanged where no key is set or it is signed)."""
+    signer = _signer()
+    if signer is None or e.signature:
+        return e
+    return replace(e, signature=signer.sign_row(inductor_message(e)))
 
 
 def private_sqlite(url: Any) -> bool:
@@ -166,6 +182,18 @@ class Policy:
             return None
         return signing.verify_row(b.signature, binary_message(b), self.keys)
 
+    def inductor(self, e: InductorEntry) -> str | None:
+        """Why Inductor cache entry ``e`` must not be served; None if it may. Every entry must hold
+        the bytes its sha256 names, and be vouched for by a trusted key or come from a store trusted
+        as a whole: a compiled graph (FX graph, AOTAutograd) is code, and an autotune entry, though
+        only config choices, is rebuilt by Inductor (torch 2.13) into a config it never generated
+        when it matches none of its own, so a planted one could make every host's compile fail."""
+        if hashlib.sha256(e.value).hexdigest() != e.sha256:
+            return "its bytes do not match its sha256 (the row was altered or damaged)"
+        if self.whole:
+            return None
+        return signing.verify_row(e.signature, inductor_message(e), self.keys)
+
 
 def policy(store: Any) -> Policy:
     """The trust this process gives ``store`` (a :class:`tunecache.store.store.Store`) now, from the settings.
@@ -190,8 +218,9 @@ def refused(what: str, name: str, why: str, store: str) -> None:
             return
         _refused_warned = True
     log.warning(
-        "tunecache: binaries and launch specs from %s that no trusted key signed are not used (first: %s %s: %s); "
-        "Triton compiles those kernels. Sign them where they are tuned (TUNECACHE_SIGNING_KEY) and list the public "
+        "tunecache: binaries, launch specs and compiled graphs from %s that no trusted key signed are not used "
+        "(first: %s %s: %s); Triton (or torch.compile) compiles them here instead. "
+        "Sign them where they are made (TUNECACHE_SIGNING_KEY) and list the public "
         "key in TUNECACHE_TRUSTED_KEYS, or set TUNECACHE_TRUST_STORE=yes for a store only you can write. "
         "stats()['untrusted'] counts them",
         store,
@@ -211,11 +240,13 @@ def reset_warnings() -> None:
 __all__ = [
     "Policy",
     "binary_message",
+    "inductor_message",
     "policy",
     "private_sqlite",
     "refused",
     "reset_warnings",
     "sign_binaries",
+    "sign_inductor",
     "sign_specs",
     "spec_message",
 ]

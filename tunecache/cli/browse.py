@@ -50,6 +50,7 @@ def info(ctx: click.Context, as_json: bool) -> None:
     }
     usage = store.binary_usage().values()
     out["binaries"] = {"count": sum(n for n, _ in usage), "bytes": sum(b for _, b in usage)}
+    out["inductor"] = store.inductor_counts()
     if as_json:
         json_out(out)
         return
@@ -62,18 +63,57 @@ def info(ctx: click.Context, as_json: bool) -> None:
         click.echo(f"  {k:<15} {v}")
     click.echo("counts:    " + ", ".join(f"{k}={v}" for k, v in out["counts"].items()))
     click.echo(f"binaries:  {out['binaries']['count']} ({out['binaries']['bytes']} bytes)")
+    click.echo(f"torch.compile: {_inductor_line(out['inductor'])}")
+
+
+def _inductor_line(counts: dict[str, dict[str, int]]) -> str:
+    """Entries (and bytes) of each torch.compile cache, on one line."""
+    return ", ".join(f"{k}={v['entries']} ({v['bytes']} bytes)" for k, v in counts.items())
 
 
 @click.command("ls")
 @filter_options
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="At most this many rows.")
+@click.option(
+    "--inductor", is_flag=True, help="List torch.compile's cache entries (tunecache.inductor) instead, last used first."
+)
 @json_option
 @click.pass_context
 def ls_cmd(
-    ctx: click.Context, kernel: str, arch: str, device: str, driver: str, limit: int | None, as_json: bool
+    ctx: click.Context,
+    kernel: str,
+    arch: str,
+    device: str,
+    driver: str,
+    limit: int | None,
+    inductor: bool,
+    as_json: bool,
 ) -> None:
-    """List stored problems, newest first."""
+    """List stored problems, newest first (or, with --inductor, torch.compile's cache entries)."""
     store = read_store(ctx)
+    if inductor:
+        rows = store.list_inductor(limit=limit, arch=arch, device=device, driver=driver)
+        if as_json:
+            json_out(rows)
+            return
+        table(
+            ["CACHE", "KEY", "ARCH", "DEVICE", "DRIVER", "TORCH", "BYTES", "HITS", "SIGNED"],
+            (
+                [
+                    r["kind"],
+                    r["key"][:48],
+                    r["arch"],
+                    r["device_name"],
+                    r["driver_version"] or "-",
+                    r["torch_version"],
+                    r["size"],
+                    r["hit_count"],
+                    "yes" if r["signed"] else "no",
+                ]
+                for r in rows
+            ),
+        )
+        return
     found = store.find_problems(with_configs=True, **problem_filters(kernel, arch, device, driver))
     if limit:
         found = found[:limit]
@@ -209,6 +249,10 @@ def stats(ctx: click.Context, as_json: bool) -> None:
     )
     n_cov = sum(r["covered"] for r in rows)
     click.echo(f"kernels seen: {len(rows)}, covered by tunecache: {n_cov}")
+    inductor = store.inductor_counts()
+    if any(v["entries"] for v in inductor.values()):
+        hits = sum(v["hits"] for v in inductor.values())
+        click.echo(f"torch.compile entries: {_inductor_line(inductor)}; served {hits} times")
     if n_cov < len(rows):
         click.echo("not covered: their autotuner never reached Autotuner.run (the process logged why once)")
 

@@ -47,6 +47,12 @@ from tunecache.store.store import Store
     "host compiles nothing. Only rows a trusted key signed (or from a store trusted as a whole) are written.",
 )
 @click.option(
+    "--inductor",
+    is_flag=True,
+    help="Also write torch.compile's cache entries (format 5, with each row's signature; all of them, whatever the "
+    "filters). Only entries this host trusts are written.",
+)
+@click.option(
     "--sign",
     "sign_key",
     metavar="KEY",
@@ -65,6 +71,7 @@ def export_cmd(
     since: dt.datetime | None,
     no_launch_specs: bool,
     binaries: bool,
+    inductor: bool,
     sign_key: str | None,
     force: bool,
     as_json: bool,
@@ -73,8 +80,8 @@ def export_cmd(
     from tunecache.exchange import export
     from tunecache.signing import Signer
 
-    if no_launch_specs and (binaries or sign_key):
-        raise click.UsageError("--binaries and --sign need the launch specs: drop --no-launch-specs")
+    if no_launch_specs and (binaries or sign_key or inductor):
+        raise click.UsageError("--binaries, --inductor and --sign need the launch specs: drop --no-launch-specs")
     # A file (or a dangling link) would be lost; a directory or a device (/dev/null) is no file to keep.
     if path != "-" and not force and (os.path.isfile(path) or (os.path.islink(path) and not os.path.exists(path))):
         raise OutputExistsError(f"{path} exists; nothing was written: pass --force to overwrite it")
@@ -90,6 +97,7 @@ def export_cmd(
             with_launch_specs=not no_launch_specs,
             with_binaries=binaries,
             signer=signer,
+            with_inductor=inductor,
         )
     s["path"] = path
     to_stderr = path == "-"  # stdout carries the file itself
@@ -99,10 +107,11 @@ def export_cmd(
         click.echo(
             f"exported {s['problems']} problems ({s['configs']} config rows, {s['launch_specs']} launch specs, "
             + (f"{s['binaries']} binaries, " if binaries else "")
+            + (f"{s['inductor_entries']} torch.compile entries, " if inductor else "")
             + f"{s['bytes']} bytes) to {path} in {s['seconds']:.1f}s"
             + (f", signed by key {s['signed_by']}" if s["signed_by"] else "")
             + (
-                f"; {s['untrusted']} launch specs and binaries no trusted key signed were left out"
+                f"; {s['untrusted']} launch specs, binaries or compiled graphs no trusted key signed were left out"
                 if s.get("untrusted")
                 else ""
             ),
@@ -133,9 +142,16 @@ def export_cmd(
     "They are code every GPU runs: the file must be signed by a key in TUNECACHE_TRUSTED_KEYS.",
 )
 @click.option(
+    "--inductor",
+    is_flag=True,
+    help="Also add the file's torch.compile cache entries (format 5). Compiled graphs are code: the file must be "
+    "signed by a key in TUNECACHE_TRUSTED_KEYS (or --trust-unsigned).",
+)
+@click.option(
     "--trust-unsigned",
     is_flag=True,
-    help="Add launch specs and binaries from a file that no trusted key signed (one you trust like your store).",
+    help="Add launch specs, binaries and torch.compile entries from a file that no trusted key signed "
+    "(one you trust like your store).",
 )
 @json_option
 @click.pass_context
@@ -146,6 +162,7 @@ def import_cmd(
     on_conflict: str,
     launch_specs: bool,
     binaries: bool,
+    inductor: bool,
     trust_unsigned: bool,
     as_json: bool,
 ) -> None:
@@ -170,6 +187,7 @@ def import_cmd(
                 progress=progress,
                 with_launch_specs=launch_specs,
                 with_binaries=binaries,
+                with_inductor=inductor,
                 trust_unsigned=trust_unsigned,
             )
     except KeyboardInterrupt:  # the import's one transaction rolled back on the way out
@@ -182,6 +200,7 @@ def import_cmd(
         f"{s.new} new, {s.updated} updated, {s.skipped} skipped, {s.conflicts} conflicts"
         + (f"; {s.launch_specs} launch specs, {s.launch_specs_new} added" if s.launch_specs else "")
         + (f"; {s.binaries} binaries, {s.binaries_new} added" if s.binaries else "")
+        + (f"; {s.inductor_entries} torch.compile entries, {s.inductor_new} added" if s.inductor_entries else "")
         + (f"; signed by key {s.signed_by}" if s.signed_by else "")
     )
 

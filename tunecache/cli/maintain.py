@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+from typing import Any
 
 import click
 
@@ -123,7 +124,9 @@ def invalidate(
     dry_run: bool,
     as_json: bool,
 ) -> None:
-    """Delete stored problems (e.g. after a driver upgrade). At least one filter is required."""
+    """Delete stored problems (e.g. after a driver upgrade), and torch.compile's cache entries of the same
+    target filters (--arch, --device, --driver, --driver-not-current, --older-than). At least one filter is
+    required."""
     filters = problem_filters(kernel, arch, device, driver)
     if driver_not_current:
         from tunecache.target import detect_target
@@ -140,16 +143,38 @@ def invalidate(
         )
     store = store_for(ctx)
     gone = store.delete(dry_run=dry_run, **filters)
-    _report_deleted(gone, dry_run, as_json)
+    graphs = _inductor_deleted(store, dry_run, filters)
+    _report_deleted(gone, dry_run, as_json, graphs)
 
 
-def _report_deleted(gone: list[Problem], dry_run: bool, as_json: bool) -> None:
+def _inductor_deleted(store: Any, dry_run: bool, filters: dict[str, Any]) -> list[dict[str, Any]]:
+    """torch.compile's entries matching the target filters (a kernel filter selects none of them)."""
+    if filters.get("kernel"):
+        return []
+    keep = ("arch", "device", "driver", "not_driver")
+    picked = {k: filters[k] for k in keep if filters.get(k) is not None}
+    if filters.get("older_than") is not None:
+        picked["unused_since"] = filters["older_than"]
+    return store.delete_inductor(dry_run=dry_run, **picked) if picked else []
+
+
+def _report_deleted(gone: list[Problem], dry_run: bool, as_json: bool, graphs: list[dict[str, Any]]) -> None:
+    inductor = {"count": len(graphs), "entries": [{"cache": g["kind"], "key": g["key"]} for g in graphs]}
     if as_json:
-        json_out({"dry_run": dry_run, "count": len(gone), "problems": [problem_summary(p) for p in gone]})
+        json_out(
+            {
+                "dry_run": dry_run,
+                "count": len(gone),
+                "problems": [problem_summary(p) for p in gone],
+                "inductor": inductor,
+            }
+        )
         return
     for p in gone:
         click.echo(f"{'would delete' if dry_run else 'deleted'} {p.digest[:12]} {p.kernel} {p.key_json}")
     click.echo(f"{len(gone)} problem(s) {'would be ' if dry_run else ''}deleted")
+    if graphs:
+        click.echo(f"{len(graphs)} torch.compile cache entries {'would be ' if dry_run else ''}deleted")
 
 
 @click.command()
@@ -166,10 +191,11 @@ def _report_deleted(gone: list[Problem], dry_run: bool, as_json: bool) -> None:
 @click.pass_context
 def gc(ctx: click.Context, older_than: dt.datetime, days: float | None, dry_run: bool, as_json: bool) -> None:
     """Remove problems nobody has used since --older-than (last hit, or last update if never hit), then the
-    binaries no stored winner references any more."""
+    binaries no stored winner references any more, and torch.compile's cache entries not used since then."""
     store = store_for(ctx)
     cutoff = utcnow() - dt.timedelta(days=days) if days is not None else older_than
     gone = store.delete(dry_run=dry_run, no_hit_since=cutoff)
+    graphs = store.delete_inductor(dry_run=dry_run, unused_since=cutoff)
     # On a dry run the problems are still there, so this lists only binaries unreferenced already.
     bins = store.gc_binaries(dry_run=dry_run)
     dropped = {"count": len(bins), "bytes": sum(b[2] for b in bins)}
@@ -180,10 +206,11 @@ def gc(ctx: click.Context, older_than: dt.datetime, days: float | None, dry_run:
                 "count": len(gone),
                 "problems": [problem_summary(p) for p in gone],
                 "binaries": {**dropped, "triton_keys": [b[0] for b in bins]},
+                "inductor": {"count": len(graphs), "entries": [{"cache": g["kind"], "key": g["key"]} for g in graphs]},
             }
         )
         return
-    _report_deleted(gone, dry_run, False)
+    _report_deleted(gone, dry_run, False, graphs)
     click.echo(
         f"{dropped['count']} binaries ({dropped['bytes']} bytes) no winner references "
         f"{'would be ' if dry_run else ''}dropped"

@@ -33,6 +33,7 @@ from tunecache.exchange.format import (
     FORMAT_NAME,
     FORMAT_VERSION,
     GZIP_LEVEL,
+    INDUCTOR_VERSION,
     MAX_LINE_BYTES,
     SIGNED_ROWS_VERSION,
     Progress,
@@ -48,6 +49,7 @@ from tunecache.model import (
     LAUNCH_SPEC_FIELDS_SIGNED,
     PROBLEM_COLUMNS,
     Binary,
+    InductorEntry,
     LaunchSpec,
     utcnow,
 )
@@ -94,6 +96,7 @@ def export(
     with_launch_specs: bool = True,
     with_binaries: bool = False,
     signer: Signer | None = None,
+    with_inductor: bool = False,
 ) -> dict[str, Any]:
     """Write the matching problems, with every config row, to ``out`` (a path, ``"-"`` or a binary file).
 
@@ -112,15 +115,24 @@ def export(
     launch spec and binary line then carries its row signature, and only rows this process trusts
     (:mod:`tunecache.trust`, with ``signer``'s own key trusted) are written, so that a file signature
     never vouches for a row no trusted key made. The summary's ``untrusted`` counts those left out.
+
+    ``with_inductor`` adds torch.compile's cache entries (all of them: the problem filters do not
+    apply), as version 5, each with its row signature; only those this process trusts, and only
+    those whose line fits :data:`MAX_LINE_BYTES` (the summary's ``inductor_too_large`` counts the
+    others).
     """
     t0 = time.perf_counter()
     filters = {"kernel": kernel, "arch": arch, "device": device, "driver": driver, "since": since}
     created = utcnow().isoformat()
     if (with_binaries or signer is not None) and not with_launch_specs:
         raise ValueError("binaries and signatures come with launch specs: drop --no-launch-specs")
-    v3 = with_binaries or signer is not None
-    version = SIGNED_ROWS_VERSION if v3 else FORMAT_VERSION if with_launch_specs else 1
-    counts: dict[str, int] = {"binaries": 0, "untrusted": 0}
+    if with_inductor and not with_launch_specs:
+        raise ValueError("torch.compile entries come with launch specs (format 5): drop --no-launch-specs")
+    v3 = with_binaries or signer is not None or with_inductor
+    version = (
+        INDUCTOR_VERSION if with_inductor else SIGNED_ROWS_VERSION if v3 else FORMAT_VERSION if with_launch_specs else 1
+    )
+    counts: dict[str, int] = {"binaries": 0, "untrusted": 0, "inductor": 0, "inductor_too_large": 0}
     vouch = None
     if v3:
         vouch = trust.policy(store)
@@ -143,6 +155,8 @@ def export(
         if v3:
             h["binaries"] = counts["binaries"]
             h["signed_by"] = signer.key_id if signer is not None else None
+        if with_inductor:
+            h["inductor_entries"] = counts["inductor"]
         return orjson.dumps(h)
 
     def trailer(header_line: bytes) -> bytes:
@@ -153,7 +167,7 @@ def export(
 
     def body(f: IO[bytes]) -> tuple[int, int, int, str]:
         n_problems, n_configs, n_specs, n_bins, sha = _write_body(
-            store, f, filters, progress, with_launch_specs, with_binaries, vouch, counts
+            store, f, filters, progress, with_launch_specs, with_binaries, vouch, counts, with_inductor
         )
         counts["binaries"] = n_bins
         return n_problems, n_configs, n_specs, sha
@@ -178,6 +192,7 @@ def export(
                 with_launch_specs=with_launch_specs,
                 with_binaries=with_binaries,
                 signer=signer,
+                with_inductor=with_inductor,
             ) | {"path": str(path)}
     if path is None:
         with tempfile.TemporaryFile(prefix=".tunecache-export-") as tmp:
@@ -228,6 +243,8 @@ def export(
         "launch_specs": n_specs,
         "binaries": counts["binaries"],
         "untrusted": counts["untrusted"],
+        "inductor_entries": counts["inductor"],
+        "inductor_too_large": counts["inductor_too_large"],
         "signed_by": signer.key_id if signer is not None else None,
         "version": version,
         "bytes": size,
@@ -331,6 +348,7 @@ def _write_body(
     with_binaries: bool = False,
     vouch: trust.Policy | None = None,
     counts: dict[str, int] | None = None,
+    with_inductor: bool = False,
 ) -> tuple[int, int, int, int, str]:
     """Stream problems in digest order, a batch at a time with its config rows, as JSON lines.
 
@@ -449,4 +467,49 @@ def _write_body(
                 body.write(line)
                 sha.update(line)
                 n_bins += 1
+        if with_inductor and counts is not None:
+            counts["inductor"] = _write_inductor(conn, body, sha, vouch, counts)
     return n_problems, n_configs, n_specs, n_bins, sha.hexdigest()
+
+
+def _write_inductor(conn: Any, body: IO[bytes], sha: Any, vouch: trust.Policy | None, counts: dict[str, int]) -> int:
+    """torch.compile's cache entries as version 5 lines (format.py); returns how many were written."""
+    n = 0
+    for r in dump.inductor_rows(conn):
+        target = {
+            k: r[k] for k in ("backend", "arch", "device_name", "driver_version", "torch_version", "triton_version")
+        }
+        entry = InductorEntry(
+            r["kind"], r["key"], r["target_digest"], bytes(r["value"]), target, r["signature"], r["sha256"]
+        )
+        why = vouch.inductor(entry) if vouch is not None else None
+        if why is not None:
+            counts["untrusted"] += 1
+            log.warning("tunecache: export: torch.compile %s entry %s left out: %s", entry.kind, entry.key[:40], why)
+            continue
+        line = orjson.dumps(
+            {
+                "cache": entry.kind,
+                "key": entry.key,
+                "target_digest": entry.target_digest,
+                "target": target,
+                "sha256": entry.sha256,
+                "value": base64.b64encode(entry.value).decode(),
+                "signature": entry.signature,
+            },
+            option=orjson.OPT_APPEND_NEWLINE,
+        )
+        if len(line) > MAX_LINE_BYTES:
+            counts["inductor_too_large"] += 1
+            log.warning(
+                "tunecache: export: torch.compile %s entry %s left out: %d bytes, over the %d of a line",
+                entry.kind,
+                entry.key[:40],
+                len(line),
+                MAX_LINE_BYTES,
+            )
+            continue
+        body.write(line)
+        sha.update(line)
+        n += 1
+    return n

@@ -166,6 +166,30 @@ trusted as a whole): a file signature never vouches for a row that no trusted ke
 stores each row with its signature; a process places or preloads it only if the signature
 verifies against one of its own trusted keys (or its store is trusted as a whole).
 
+Version 5: torch.compile's cache entries
+----------------------------------------
+
+Version 5 is version 4 plus one header field, ``inductor_entries`` (the number of lines after the
+binary lines, before the signature line), and those lines: the entries of torch.compile's remote
+caches (:mod:`tunecache.inductor`), in (cache, key, target) order. ``tunecache export --inductor``
+writes it; without ``--inductor`` an export is what it was. Import reads versions 1 to 5 and adds
+the entries only when asked (``with_inductor``, ``import --inductor``); as for binaries, a file
+with entries must then be signed by a trusted key, or imported with ``--trust-unsigned``. Only
+entries the exporting process trusts are written, with their row signatures, and an entry whose
+line would pass :data:`MAX_LINE_BYTES` is left out (counted, logged): the importing host compiles it.
+
+==============  ===========================================================================
+field           value
+==============  ===========================================================================
+cache           ``autotune``, ``bundled_autotune``, ``fx_graph`` or ``aot_autograd``
+key             Inductor's key (a string, at most 4096 characters)
+target_digest   64 hex: the target the entry is bound to (:func:`tunecache.inductor.entries.inductor_target`)
+target          object of strings: backend, arch, device_name, driver_version, torch_version, triton_version
+sha256          64 hex, recomputed on import: sha256 of the value's bytes
+value           string: the bytes Inductor stored, base64
+signature       its maker's row signature, or null (unsigned)
+==============  ===========================================================================
+
 Unknown fields, missing fields, ``true`` where an integer is expected, NaN or Infinity (not
 JSON), a duplicate digest, config hash or launch spec: each is an error naming the line. A later
 format adds fields by raising ``version``.
@@ -214,9 +238,11 @@ BINARIES_VERSION = 3
 #: The version an export with binaries or a signature writes (``export --binaries``, ``--sign``):
 #: version 3 whose launch spec and binary lines carry their row signatures.
 SIGNED_ROWS_VERSION = 4
+#: The version an export with torch.compile's cache entries writes (``export --inductor``).
+INDUCTOR_VERSION = 5
 #: Versions import reads: 1 (problems only), 2 (problems, then the winners' launch specs), 3
-#: (then their binaries, and a signature) and 4 (with row signatures).
-READABLE_VERSIONS = (1, 2, 3, 4)
+#: (then their binaries, and a signature), 4 (with row signatures) and 5 (then torch.compile's entries).
+READABLE_VERSIONS = (1, 2, 3, 4, 5)
 #: Longest line import accepts (newline included). A problem with 12 configs takes about 4 KiB; the
 #: limit leaves room for ~10,000 configs per problem while keeping a hostile file's memory bounded.
 #: Export refuses to write a longer line, so every export can be imported.
@@ -234,6 +260,11 @@ Source = str | os.PathLike[str] | IO[bytes]
 HEADER_FIELDS_V1 = ("format", "version", "tunecache", "problems", "configs", "body_sha256", "created_at", "filters")
 HEADER_FIELDS = (*HEADER_FIELDS_V1, "launch_specs")
 HEADER_FIELDS_V3 = (*HEADER_FIELDS, "binaries", "signed_by")
+HEADER_FIELDS_V5 = (*HEADER_FIELDS_V3, "inductor_entries")
+#: The fields of a torch.compile cache entry line (version 5), in order.
+INDUCTOR_FIELDS = ("cache", "key", "target_digest", "target", "sha256", "value", "signature")
+INDUCTOR_TARGET_FIELDS = ("backend", "arch", "device_name", "driver_version", "torch_version", "triton_version")
+MAX_INDUCTOR_KEY = 4096
 #: The fields of a version 3 file's signature object (its last line, when signed).
 SIGNATURE_FIELDS = ("algorithm", "key_id", "public_key", "value")
 FILTER_FIELDS = ("kernel", "arch", "device", "driver", "since")

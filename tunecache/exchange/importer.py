@@ -25,7 +25,7 @@ from tunecache import signing
 from tunecache.errors import ImportFormatError, StoreReadOnlyError, UntrustedFileError
 from tunecache.exchange import validate
 from tunecache.exchange.format import CONFLICT_POLICIES, MAX_LINE_BYTES, Progress, Rewind, Source, open_source
-from tunecache.exchange.validate import Invalid, Scan, check_binary, check_spec
+from tunecache.exchange.validate import Invalid, Scan, check_binary, check_inductor, check_spec
 from tunecache.identity import canonical_json
 from tunecache.model import CONFIG_COLUMNS, PROBLEM_COLUMNS, PROBLEM_FIELDS, TIMESTAMP_FIELDS
 from tunecache.store import load
@@ -61,6 +61,8 @@ class ImportSummary:
     launch_specs_new: int = 0  # of those, not stored before
     binaries: int = 0  # in the file (version 3)
     binaries_new: int = 0  # of those, not stored before
+    inductor_entries: int = 0  # torch.compile cache entries in the file (version 5)
+    inductor_new: int = 0  # of those, added
     signed_by: str | None = None  # the key id of the file's (verified) signature
     dry_run: bool = False
     seconds: float = 0.0
@@ -80,6 +82,7 @@ def import_(
     with_launch_specs: bool = False,
     with_binaries: bool = False,
     trust_unsigned: bool = False,
+    with_inductor: bool = False,
 ) -> ImportSummary:
     """Import an export file (path, ``"-"`` or binary file) into ``store``: all of it, or nothing.
 
@@ -94,7 +97,9 @@ def import_(
     Both require a file signed by a key of ``TUNECACHE_TRUSTED_KEYS``, else raise
     :class:`UntrustedFileError` before anything is written, unless ``trust_unsigned``; so does any
     import where ``TUNECACHE_TRUSTED_KEYS`` is set. Rows keep their makers' signatures
-    (:mod:`tunecache.trust` decides at each start what is placed).
+    (:mod:`tunecache.trust` decides at each start what is placed). ``with_inductor`` also adds the
+    file's torch.compile cache entries (version 5): compiled graphs are code, so it needs a signed
+    file as ``with_binaries`` does; an entry already stored is kept unless ``on_conflict`` is replace.
 
     ``store`` may also be a callable that opens (creates) it, called only once the file validated
     and passed the trust check, so that a bad file leaves no new store behind; or, for a dry run,
@@ -112,12 +117,13 @@ def import_(
     with open_source(src) as (reader, gz):
         scan = validate.scan(reader, gz, max_line_bytes, progress)
         log.debug("tunecache: import validated %d lines in %.2fs", scan.lines, time.perf_counter() - t0)
-        _check_trust(scan, trusted, with_launch_specs, with_binaries)
+        _check_trust(scan, trusted, with_launch_specs, with_binaries, with_inductor and scan.inductor > 0)
         summary = ImportSummary(
             problems=len(scan.problems),
             configs=scan.configs,
             launch_specs=scan.specs,
             binaries=scan.binaries,
+            inductor_entries=scan.inductor,
             signed_by=scan.signed_by,
             dry_run=dry_run,
         )
@@ -140,8 +146,22 @@ def import_(
                     add_specs = partial(store.add_specs, conn)
                 if with_binaries and scan.binaries:
                     add_bins = partial(store.add_binaries, conn)
-                summary.launch_specs_new, summary.binaries_new = _apply(
-                    conn, writer, reader, gz, max_line_bytes, scan, write, delete, add_specs, add_bins, progress
+                add_ind: Callable[[list[Any]], int] | None = None
+                if with_inductor and scan.inductor:
+                    add_ind = partial(store.add_inductor, conn, replace=on_conflict == "replace")
+                summary.launch_specs_new, summary.binaries_new, summary.inductor_new = _apply(
+                    conn,
+                    writer,
+                    reader,
+                    gz,
+                    max_line_bytes,
+                    scan,
+                    write,
+                    delete,
+                    add_specs,
+                    add_bins,
+                    progress,
+                    add_ind,
                 )
                 t_commit = time.perf_counter()
             log.debug("tunecache: import committed in %.2fs", time.perf_counter() - t_commit)
@@ -158,13 +178,22 @@ def import_(
     return summary
 
 
-def _check_trust(scan: Scan, trusted: dict[str, bytes] | None, with_launch_specs: bool, with_binaries: bool) -> None:
+def _check_trust(
+    scan: Scan,
+    trusted: dict[str, bytes] | None,
+    with_launch_specs: bool,
+    with_binaries: bool,
+    with_graphs: bool = False,
+) -> None:
     """Refuse, before anything is written, a file that no trusted key signed when it is to install
     launch specs or binaries, or when ``TUNECACHE_TRUSTED_KEYS`` is set at all (results included: a
     signed file whose signature line was cut off is then refused, not imported as unsigned).
     ``trusted`` None: the caller passed ``trust_unsigned``. The signature itself was verified by the
     scan; trust is decided by the whole public key, never by its id."""
     what = "binaries and launch specs" if with_binaries else "launch specs" if with_launch_specs else "results"
+    if with_graphs:  # torch.compile entries: compiled graphs are code, as binaries are
+        what = "torch.compile entries" if what == "results" else f"{what} and torch.compile entries"
+        with_launch_specs = True
     if trusted is None:
         if scan.signed_by is None and with_launch_specs:
             log.warning("tunecache: importing %s from an unsigned file (--trust-unsigned)", what)
@@ -226,15 +255,16 @@ def _apply(
     add_specs: Callable[[list[dict[str, Any]]], int] | None,
     add_bins: Callable[[list[dict[str, Any]]], int] | None,
     progress: Progress | None,
-) -> tuple[int, int]:
+    add_ind: Callable[[list[Any]], int] | None = None,
+) -> tuple[int, int, int]:
     """Pass 2, inside the import's transaction: delete what is replaced, insert, drop resolved misses,
     with ``add_specs`` add the launch specs and with ``add_bins`` the binaries. Returns how many
-    launch specs and binaries were new."""
+    launch specs and binaries were new, and how many torch.compile entries ``add_ind`` added."""
     load.delete_problems(conn, delete)
     load.drop_misses(conn, write)
     t0 = time.perf_counter()
-    specs_new = bins_new = 0
-    if write or add_specs is not None:
+    specs_new = bins_new = ind_new = 0
+    if write or add_specs is not None or add_ind is not None:
         writer.prepare(sum(n for digest, _, _, n in scan.problems if digest in write))
         sha = hashlib.sha256()
 
@@ -243,9 +273,12 @@ def _apply(
             c_rows: list[tuple[Any, ...]],
             s_rows: list[dict[str, Any]],
             b_rows: list[dict[str, Any]],
+            i_rows: list[Any],
         ) -> None:
-            nonlocal specs_new, bins_new
+            nonlocal specs_new, bins_new, ind_new
             writer.write(p_rows, c_rows)
+            if i_rows and add_ind is not None:
+                ind_new += add_ind(i_rows)
             if s_rows and add_specs is not None:
                 specs_new += add_specs(s_rows)
             if b_rows and add_bins is not None:
@@ -255,7 +288,7 @@ def _apply(
         pairs = scan.pairs if add_specs is not None else None
         refs = scan.refs if add_bins is not None else None
         with _Pipeline(put, threaded=writer.threaded) as pipe:
-            for done, p_rows, c_rows, s_rows, b_rows in _row_batches(
+            for done, p_rows, c_rows, s_rows, b_rows, i_rows in _row_batches(
                 reader.lines(gz, max_line),
                 write,
                 writer.timestamp,
@@ -264,10 +297,12 @@ def _apply(
                 pairs,
                 scan.specs,
                 refs,
-                n + scan.specs + scan.binaries,
+                n + scan.specs + scan.binaries + scan.inductor,
                 scan.row_signatures,
+                scan.inductor,
+                add_ind is not None,
             ):
-                pipe.put(p_rows, c_rows, s_rows, b_rows)
+                pipe.put(p_rows, c_rows, s_rows, b_rows, i_rows)
                 if progress is not None:
                     progress("write", min(done, n), n)
         if sha.hexdigest() != scan.sha:
@@ -275,7 +310,7 @@ def _apply(
     t1 = time.perf_counter()
     writer.finish()
     log.debug("tunecache: import wrote rows in %.2fs, finished in %.2fs", t1 - t0, time.perf_counter() - t1)
-    return specs_new, bins_new
+    return specs_new, bins_new, ind_new
 
 
 def _row_batches(
@@ -289,13 +324,18 @@ def _row_batches(
     bin_refs: set[bytes] | None = None,
     n_body: int | None = None,
     row_signatures: bool = False,
-) -> Iterator[tuple[int, list[tuple[Any, ...]], list[tuple[Any, ...]], list[dict[str, Any]], list[dict[str, Any]]]]:
+    n_inductor: int = 0,
+    with_inductor: bool = False,
+) -> Iterator[
+    tuple[int, list[tuple[Any, ...]], list[tuple[Any, ...]], list[dict[str, Any]], list[dict[str, Any]], list[Any]]
+]:
     """Database rows of the problems to write, in batches; every body line (valid: pass 1) goes into
     ``sha``, the launch-spec lines after the ``n_problems`` problems and the binary lines after the
     ``n_specs`` specs too (a signature line after them, not). With ``spec_pairs`` (the problems'
     kernels and targets) the spec lines become launch_specs rows, and with ``bin_refs`` (the specs'
     kernel hashes) the binary lines binaries rows, in batches of at most ``_SPEC_BATCH_BYTES`` of
-    line text: memory stays a few lines whatever the file holds.
+    line text: memory stays a few lines whatever the file holds. The last ``n_inductor`` body lines
+    are torch.compile entries, which become :class:`~tunecache.model.InductorEntry` with ``with_inductor``.
 
     Timings go in as parsed (an int in a Double column reads back as a float); JSON columns get
     canonical JSON, the form ``Store.put`` writes.
@@ -308,11 +348,13 @@ def _row_batches(
     c_rows: list[tuple[Any, ...]] = []
     s_rows: list[dict[str, Any]] = []
     b_rows: list[dict[str, Any]] = []
+    i_rows: list[Any] = []
     s_bytes = 0
     done = 0
     if n_body is None:
         n_body = n_problems + n_specs
     n_spec_end = n_problems + n_specs
+    n_bin_end = n_body - n_inductor
     for lineno, line in lines:
         done += 1
         if done > n_body:
@@ -320,7 +362,11 @@ def _row_batches(
         sha.update(line)
         try:
             if done > n_problems:
-                if done > n_spec_end:
+                if done > n_bin_end:
+                    if not with_inductor:
+                        continue
+                    i_rows.append(check_inductor(loads(line), None))
+                elif done > n_spec_end:
                     if bin_refs is None:
                         continue
                     b_rows.append(check_binary(loads(line), bin_refs, None, row_signatures))
@@ -329,9 +375,9 @@ def _row_batches(
                         continue
                     s_rows.append(check_spec(loads(line), spec_pairs, None, row_signatures))
                 s_bytes += len(line)
-                if s_bytes >= _SPEC_BATCH_BYTES or len(s_rows) + len(b_rows) >= WRITE_BATCH:
-                    yield done, p_rows, c_rows, s_rows, b_rows
-                    p_rows, c_rows, s_rows, b_rows, s_bytes = [], [], [], [], 0
+                if s_bytes >= _SPEC_BATCH_BYTES or len(s_rows) + len(b_rows) + len(i_rows) >= WRITE_BATCH:
+                    yield done, p_rows, c_rows, s_rows, b_rows, i_rows
+                    p_rows, c_rows, s_rows, b_rows, i_rows, s_bytes = [], [], [], [], [], 0
                 continue
             if not write:
                 continue
@@ -347,10 +393,10 @@ def _row_batches(
         p_rows.append(p_row)
         c_rows.extend(c_row)
         if len(c_rows) >= WRITE_BATCH or len(p_rows) >= WRITE_BATCH:
-            yield done, p_rows, c_rows, s_rows, b_rows
-            p_rows, c_rows, s_rows, b_rows, s_bytes = [], [], [], [], 0
-    if p_rows or s_rows or b_rows:
-        yield done, p_rows, c_rows, s_rows, b_rows
+            yield done, p_rows, c_rows, s_rows, b_rows, i_rows
+            p_rows, c_rows, s_rows, b_rows, i_rows, s_bytes = [], [], [], [], [], 0
+    if p_rows or s_rows or b_rows or i_rows:
+        yield done, p_rows, c_rows, s_rows, b_rows, i_rows
 
 
 def _rows(

@@ -29,7 +29,12 @@ from tunecache.exchange.format import (
     HEADER_FIELDS,
     HEADER_FIELDS_V1,
     HEADER_FIELDS_V3,
+    HEADER_FIELDS_V5,
+    INDUCTOR_FIELDS,
+    INDUCTOR_TARGET_FIELDS,
+    INDUCTOR_VERSION,
     MAX_FAILURE_DEPTH,
+    MAX_INDUCTOR_KEY,
     READABLE_VERSIONS,
     SIGNATURE_FIELDS,
     SIGNED_ROWS_VERSION,
@@ -42,10 +47,12 @@ from tunecache.model import (
     BINARY_FIELDS,
     BINARY_FIELDS_SIGNED,
     CONFIG_ROW_FIELDS,
+    INDUCTOR_KINDS,
     LAUNCH_SPEC_FIELDS,
     LAUNCH_SPEC_FIELDS_SIGNED,
     PROBLEM_FIELDS,
     STATUSES,
+    InductorEntry,
     binary_from_json,
     binary_row,
     launch_spec_from_json,
@@ -60,6 +67,7 @@ _BINARY_FIELDS = {False: BINARY_FIELDS, True: BINARY_FIELDS_SIGNED}
 _SPEC_SETS = {k: frozenset(v) for k, v in _SPEC_FIELDS.items()}
 _BINARY_SETS = {k: frozenset(v) for k, v in _BINARY_FIELDS.items()}
 _SIGNATURE_SET = frozenset(SIGNATURE_FIELDS)
+_INDUCTOR_SET = frozenset(INDUCTOR_FIELDS)
 _PROBLEM_SET = frozenset(PROBLEM_FIELDS)
 _CONFIG_ROW_SET = frozenset(CONFIG_ROW_FIELDS)
 _N_CONFIG_ROW_FIELDS = len(CONFIG_ROW_FIELDS)
@@ -121,15 +129,22 @@ def _check_header(obj: Any) -> dict[str, Any]:
             f"{', '.join(map(str, READABLE_VERSIONS))}"
             + ("; upgrade tunecache to import this file" if version > max(READABLE_VERSIONS) else "")
         )
-    fields = HEADER_FIELDS_V1 if version == 1 else HEADER_FIELDS if version == FORMAT_VERSION else HEADER_FIELDS_V3
+    if version == 1:
+        fields = HEADER_FIELDS_V1
+    elif version == FORMAT_VERSION:
+        fields = HEADER_FIELDS
+    else:
+        fields = HEADER_FIELDS_V5 if version >= INDUCTOR_VERSION else HEADER_FIELDS_V3
     _check_fields(obj, frozenset(fields), fields, "the header")
+    if version < INDUCTOR_VERSION:
+        obj = {**obj, "inductor_entries": 0}
     if version == 1:
         obj = {**obj, "launch_specs": 0}
     if version < BINARIES_VERSION:
         obj = {**obj, "binaries": 0, "signed_by": None}
     if obj["signed_by"] is not None and not _is_hex(obj["signed_by"], 16):
         raise Invalid("header field 'signed_by' must be null or a key id of 16 lowercase hex digits")
-    for name in ("problems", "configs", "launch_specs", "binaries"):
+    for name in ("problems", "configs", "launch_specs", "binaries", "inductor_entries"):
         v = obj[name]
         if type(v) is not int or v < 0:
             raise Invalid(f"header field {name!r} must be a non-negative integer, got {v!r}")
@@ -387,6 +402,7 @@ class Scan:
     refs: set[bytes] = field(default_factory=set)  # digests of (source_hash, kernel_hash) of the specs
     signed_by: str | None = None  # the key id whose signature verified (version 3), else None
     signed_key: bytes | None = None  # that key, whole: trust is decided by it, never by its id
+    inductor: int = 0  # torch.compile cache entry lines (version 5), validated
 
     @property
     def row_signatures(self) -> bool:
@@ -417,7 +433,8 @@ def scan(reader: Rewind, gz: bool, max_line: int, progress: Progress | None) -> 
     n_configs = 0
     validator = _Validator()
     lineno = 0
-    announced = n_specs = n_bins = 0
+    announced = n_specs = n_bins = n_ind = n_found_ind = 0
+    seen_ind: set[bytes] = set()
     for lineno, line in reader.lines(gz, max_line):
         try:
             obj = _loads(line)
@@ -425,6 +442,7 @@ def scan(reader: Rewind, gz: bool, max_line: int, progress: Progress | None) -> 
                 header = _check_header(obj)
                 header_line = line
                 announced, n_specs, n_bins = header["problems"], header["launch_specs"], header["binaries"]
+                n_ind = header["inductor_entries"]
                 continue
             if len(found) >= announced:
                 if n_found_specs < n_specs:
@@ -434,12 +452,17 @@ def scan(reader: Rewind, gz: bool, max_line: int, progress: Progress | None) -> 
                 elif n_found_bins < n_bins:
                     check_binary(obj, refs, seen_bins, header["version"] >= SIGNED_ROWS_VERSION)
                     n_found_bins += 1
+                elif n_found_ind < n_ind:
+                    check_inductor(obj, seen_ind)
+                    n_found_ind += 1
                 elif header["signed_by"] is not None and signature is None:
                     signature = check_signature(obj, header["signed_by"])
                     sig_line = lineno
                     continue  # not part of the body
                 else:
-                    v3 = f", {n_bins} binaries" + (" and a signature" if header["signed_by"] else "")
+                    v3 = f", {n_bins} binaries, {n_ind} torch.compile entries" + (
+                        " and a signature" if header["signed_by"] else ""
+                    )
                     raise Invalid(
                         f"more lines than the {announced} problems and {n_specs} launch specs"
                         f"{v3 if header['version'] >= BINARIES_VERSION else ''} the header announces"
@@ -478,6 +501,12 @@ def scan(reader: Rewind, gz: bool, max_line: int, progress: Progress | None) -> 
             f"unexpected end of file after {n_found_bins} of the {n_bins} binaries the header announces "
             "(truncated file?)",
         )
+    if n_found_ind != n_ind:
+        raise ImportFormatError(
+            lineno + 1,
+            f"unexpected end of file after {n_found_ind} of the {n_ind} torch.compile entries the header announces "
+            "(truncated file?)",
+        )
     if header["signed_by"] is not None and signature is None:
         raise ImportFormatError(
             lineno + 1, "the header says the file is signed but its signature line is missing (truncated file?)"
@@ -513,6 +542,7 @@ def scan(reader: Rewind, gz: bool, max_line: int, progress: Progress | None) -> 
         refs,
         signature["key_id"] if signature is not None else None,
         signing.file_public_key(signature) if signature is not None else None,
+        n_found_ind,
     )
 
 
@@ -563,6 +593,43 @@ def check_binary(obj: Any, refs: set[bytes], seen: set[str] | None, signed: bool
             raise Invalid(f"duplicate binary {b.triton_key[:16]}...")
         seen.add(b.triton_key)
     return binary_row(kernel, source_hash, b)
+
+
+def check_inductor(obj: Any, seen: set[bytes] | None) -> InductorEntry:
+    """Validate one torch.compile cache entry line (version 5); return the entry.
+
+    A compiled graph is code: its bytes must match its sha256 (recomputed here), and, as every row
+    that is code, it is served only where a trusted key's row signature vouches for it
+    (:mod:`tunecache.trust`), whatever the file says."""
+    import base64
+    import binascii
+
+    _check_fields(obj, _INDUCTOR_SET, INDUCTOR_FIELDS, "a torch.compile entry")
+    _row_signature(obj, "torch.compile entry")
+    if obj["cache"] not in INDUCTOR_KINDS:
+        raise Invalid(f"torch.compile entry 'cache' must be one of {', '.join(INDUCTOR_KINDS)}")
+    key = _text(obj["key"], "key", MAX_INDUCTOR_KEY)
+    for name in ("target_digest", "sha256"):
+        if not _is_hex(obj[name], 64):
+            raise Invalid(f"torch.compile entry {name} must be 64 lowercase hex digits")
+    t = obj["target"]
+    if type(t) is not dict or set(t) != set(INDUCTOR_TARGET_FIELDS) or any(type(v) is not str for v in t.values()):
+        raise Invalid(f"torch.compile entry 'target' must be an object of strings: {', '.join(INDUCTOR_TARGET_FIELDS)}")
+    if any(len(v) > 128 for v in t.values()):
+        raise Invalid("torch.compile entry 'target' values must be at most 128 characters")
+    try:
+        value = base64.b64decode(_text(obj["value"], "value", None), validate=True)
+    except (ValueError, binascii.Error):
+        raise Invalid("torch.compile entry 'value' must be base64") from None
+    if hashlib.sha256(value).hexdigest() != obj["sha256"]:
+        raise Invalid(f"torch.compile entry sha256 {obj['sha256'][:16]}... does not match its value")
+    entry = InductorEntry(obj["cache"], key, obj["target_digest"], value, dict(t), obj["signature"], obj["sha256"])
+    if seen is not None:
+        ident = hashlib.sha256(f"{entry.kind}\0{entry.key_hash}\0{entry.target_digest}".encode()).digest()
+        if ident in seen:
+            raise Invalid(f"duplicate torch.compile entry {entry.kind} {key[:40]}")
+        seen.add(ident)
+    return entry
 
 
 def check_signature(obj: Any, signed_by: str) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from sqlalchemy.engine import Connection, Row
 
 from tunecache.model import LAUNCH_SPEC_COLUMNS, TIMESTAMP_FIELDS
 from tunecache.store.filters import filter_clauses
-from tunecache.store.schema import binaries, configs, launch_specs, problems
+from tunecache.store.schema import binaries, configs, inductor_entries, launch_specs, problems
 
 #: Binaries read per query (each up to 2.5 MiB).
 BINARY_CHUNK = 50
@@ -85,3 +85,10 @@ def binary_rows(conn: Connection, triton_keys: Sequence[str], cols: Sequence[str
     for i in range(0, len(triton_keys), BINARY_CHUNK):
         q = sa.select(*(b[c] for c in cols)).where(b.triton_key.in_(triton_keys[i : i + BINARY_CHUNK]))
         yield from conn.execute(q.order_by(b.triton_key))
+
+
+def inductor_rows(conn: Connection) -> Iterator[Any]:
+    """Every torch.compile cache entry (tunecache.inductor), in (kind, key hash, target) order."""
+    e = inductor_entries.c
+    q = sa.select(inductor_entries).order_by(e.kind, e.key_hash, e.target_digest)
+    yield from conn.execute(q).mappings()

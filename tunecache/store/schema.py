@@ -177,11 +177,40 @@ binaries = sa.Table(
     sa.Column("signature", sa.Text, nullable=True),  # tunecache.signing.sign_row's, or None (unsigned)
 )
 
+# Entries of torch.compile's (Inductor's) remote caches (tunecache.inductor): the bytes Inductor hands its
+# RemoteCacheBackend, filed by the cache they belong to, Inductor's own key and the target digest of
+# what that key leaves out (device, driver, torch and Triton versions), addressed by their sha256.
+# FX graph and AOTAutograd entries are code (they bundle Triton binaries): signed where made.
+inductor_entries = sa.Table(
+    "inductor_entries",
+    metadata,
+    sa.Column("kind", sa.String(32), primary_key=True),  # autotune | bundled_autotune | fx_graph | aot_autograd
+    sa.Column("key_hash", Digest, primary_key=True),  # sha256 of Inductor's key (which may be long)
+    sa.Column("target_digest", Digest, primary_key=True),
+    sa.Column("key", sa.Text, nullable=False),
+    sa.Column("sha256", Digest, nullable=False),
+    sa.Column("size", sa.Integer, nullable=False),
+    sa.Column("value", Blob, nullable=False),
+    sa.Column("backend", sa.String(16), nullable=False),
+    sa.Column("arch", sa.String(32), nullable=False),
+    sa.Column("device_name", sa.String(128), nullable=False),
+    sa.Column("driver_version", sa.String(32), nullable=False),
+    sa.Column("torch_version", sa.String(64), nullable=False),
+    sa.Column("triton_version", sa.String(32), nullable=False),
+    sa.Column("host", sa.String(255), nullable=False),
+    sa.Column("created_at", Timestamp, nullable=False),
+    sa.Column("used_at", Timestamp, nullable=False),
+    sa.Column("hit_count", sa.Integer, nullable=False, default=0),
+    sa.Column("signature", sa.Text, nullable=True),  # tunecache.signing.sign_row's, or None (unsigned)
+    sa.Index(None, "driver_version"),
+    sa.Index(None, "used_at"),  # gc
+)
+
 if tuple(c.name for c in problems.c) != PROBLEM_COLUMNS or tuple(c.name for c in configs.c)[1:] != CONFIG_ROW_COLUMNS:
     raise AssertionError("the tables' columns must be tunecache.model's row shape, in its order")  # pragma: no cover
 
 #: The migrations this code knows, oldest first (tests check it against Alembic's script directory).
 #: Kept as constants so that opening an up-to-date store, on every server start, needs no Alembic
 #: import (about 0.3 s): Alembic is loaded only when there is something to migrate.
-SCHEMA_REVISIONS = ("0001", "0002", "0003", "0004", "0005", "0006")
+SCHEMA_REVISIONS = ("0001", "0002", "0003", "0004", "0005", "0006", "0007")
 SCHEMA_HEAD = SCHEMA_REVISIONS[-1]

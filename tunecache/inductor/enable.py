@@ -1,0 +1,112 @@
+"""Enable: make tunecache the backend of torch.compile's remote caches, and turn those caches on.
+
+The seam is each cache class's ``backend_override_cls`` (torch >= 2.5): a class attribute Inductor
+reads whenever it builds a remote cache, whichever code path builds it, with no subclass or module
+attribute of torch replaced. A cache the user turned off (``TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE=0``,
+``torch._inductor.config.fx_graph_remote_cache = False``...) stays off: only the unset ones (None,
+torch's default) are turned on, and only for the caches whose backend was set here. The bundled
+autotune cache is turned on only where Triton has a GPU backend (Inductor asserts without one).
+
+With ``TUNECACHE_INSTALL`` and ``TUNECACHE_INDUCTOR`` set, the start-up hook calls :func:`activate`
+when a process first imports ``torch._inductor.remote_cache`` (Inductor's compile workers too);
+processes that never compile never import torch._inductor because of tunecache.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from tunecache import settings
+from tunecache.inductor.entries import InductorStore
+
+log = logging.getLogger("tunecache")
+
+#: The config switch (module, attribute) that turns each cache on.
+SWITCHES = {
+    "autotune": ("torch._inductor.config", "autotune_remote_cache"),
+    "bundled_autotune": ("torch._inductor.config", "bundled_autotune_remote_cache"),
+    "fx_graph": ("torch._inductor.config", "fx_graph_remote_cache"),
+    "aot_autograd": ("torch._functorch.config", "enable_remote_autograd_cache"),
+}
+
+_switched: dict[tuple[str, str], Any] = {}  # the switches enable() turned on, and their values before
+
+
+def enable(entries: InductorStore | None = None, *, switch_on: bool = True) -> list[str]:
+    """Make tunecache the backend of every Inductor remote cache this torch has; with ``switch_on``,
+    turn on those not set either way. Returns the kinds of cache now backed by tunecache (empty on a
+    torch without the seam, < 2.5, which is logged)."""
+    import importlib
+
+    from torch._inductor import remote_cache
+
+    from tunecache.inductor.backend import CACHE_CLASSES, backend_cls
+
+    done = []
+    for cls_name, kind in CACHE_CLASSES.items():
+        cls = getattr(remote_cache, cls_name, None)
+        if cls is None or not hasattr(cls, "backend_override_cls"):
+            continue
+        cls.backend_override_cls = backend_cls(kind, entries)
+        done.append(kind)
+        module, attr = SWITCHES[kind]
+        if switch_on and not (kind == "bundled_autotune" and not _gpu_triton()):
+            try:
+                config = importlib.import_module(module)
+            except ImportError:  # pragma: no cover - a torch without it
+                continue
+            if getattr(config, attr, False) is None:
+                _switched.setdefault((module, attr), None)
+                setattr(config, attr, True)
+    if not done:
+        import torch
+
+        log.warning(
+            "tunecache: TUNECACHE_INDUCTOR: torch %s has no remote cache backend seam (torch >= 2.5 has); "
+            "torch.compile runs without tunecache",
+            torch.__version__,
+        )
+    return done
+
+
+def _gpu_triton() -> bool:
+    """Whether Triton has a GPU backend here: without one, Inductor's bundled autotune cache asserts
+    on its backend hash (torch 2.13 on a CPU-only host), so tunecache leaves that switch alone."""
+    try:
+        from torch.utils._triton import has_triton
+
+        return bool(has_triton())
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def disable() -> None:
+    """Undo :func:`enable` (tests): torch's own backends, and the switches it turned on unset again."""
+    import importlib
+
+    from torch._inductor import remote_cache
+
+    from tunecache.inductor.backend import CACHE_CLASSES
+
+    for cls_name in CACHE_CLASSES:
+        cls = getattr(remote_cache, cls_name, None)
+        # Only ours (they have a kind), not a test's mock.
+        if cls is not None and getattr(getattr(cls, "backend_override_cls", None), "kind", None):
+            cls.backend_override_cls = None
+    for (module, attr), before in list(_switched.items()):
+        setattr(importlib.import_module(module), attr, before)
+    _switched.clear()
+
+
+def activate() -> None:
+    """What the start-up hook runs when torch._inductor.remote_cache is imported: :func:`enable` if
+    ``TUNECACHE_INDUCTOR`` says so. Never raises (a bad setting: one warning, stock Inductor)."""
+    try:
+        if settings.usable() and settings.get("TUNECACHE_INDUCTOR"):
+            enable()
+    except Exception as e:  # noqa: BLE001 - a broken hook must not break torch.compile
+        log.warning("tunecache: TUNECACHE_INDUCTOR: not enabled: %r", e)
+
+
+__all__ = ["SWITCHES", "activate", "disable", "enable"]

@@ -1,0 +1,157 @@
+"""Entries: what tunecache does with the bytes Inductor's remote caches get and put, without torch.
+
+Inductor treats a remote cache as best effort: a miss means it compiles (or autotunes) as it would
+without one. So every failure here (a store that does not answer, a read-only store, a row that
+does not verify) is a miss on get and nothing on put, logged once per process, never an exception
+into Inductor. Entries are bound to the target (:func:`inductor_target`): what Inductor's own key
+does not include (the device, its driver, the torch and Triton versions).
+
+Modes (``TUNECACHE_MODE``): readwrite and strict read and write; readonly only reads (nothing is
+written, not even a hit); offline and off use no store at all.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any
+
+from tunecache import counters, settings, trust
+from tunecache.identity import canonical_json, sha256_hex
+from tunecache.model import INDUCTOR_KINDS, InductorEntry
+from tunecache.store.opening import shared_store
+from tunecache.store.store import Store
+from tunecache.target import detect_target
+
+log = logging.getLogger("tunecache")
+
+#: Versions of the target digest of Inductor entries (bumped if its fields change).
+TARGET_VERSION = 1
+
+
+@functools.lru_cache(maxsize=1)
+def inductor_target() -> tuple[str, dict[str, str]]:
+    """(digest, description) of this process's target as Inductor entries are bound to it.
+
+    Inductor's keys hash the graph, the config and (for FX graphs) torch's sources, but not always
+    the driver, and a stored compiled graph holds device code: an entry is served only where all of
+    these are the same."""
+    import torch  # the process compiles with torch: it is loaded already
+
+    t = detect_target()
+    desc = {
+        "backend": t.backend,
+        "arch": t.arch,
+        "device_name": t.device_name,
+        "driver_version": t.driver_version,
+        "torch_version": str(torch.__version__),
+        "triton_version": t.triton_version,
+    }
+    digest = sha256_hex(
+        canonical_json({"v": TARGET_VERSION, **t.digest_fields(), "torch_version": desc["torch_version"]})
+    )
+    return digest, desc
+
+
+class InductorStore:
+    """tunecache's side of Inductor's remote caches: ``get``/``put`` of bytes under (cache kind, key).
+
+    ``store`` pins one store (tests, tools); by default the process's shared store of ``TUNECACHE_URL``
+    is opened on first use."""
+
+    def __init__(self, store: Store | None = None) -> None:
+        self.store = store
+        self._policies: dict[int, trust.Policy] = {}
+
+    def _open(self) -> Store | None:
+        if settings.current_mode() in ("offline", "off"):
+            return None
+        return self.store if self.store is not None else shared_store()
+
+    def _policy(self, store: Store) -> trust.Policy:
+        p = self._policies.get(id(store))
+        if p is None:
+            p = self._policies[id(store)] = trust.policy(store)
+        return p
+
+    def get(self, kind: str, key: str) -> bytes | None:
+        """The bytes stored under ``key`` in cache ``kind`` for this target, or None (a miss)."""
+        if kind not in INDUCTOR_KINDS:
+            raise ValueError(f"{kind!r} is not an Inductor cache tunecache keeps: {', '.join(INDUCTOR_KINDS)}")
+        try:
+            store = self._open()
+            if store is None:
+                return None
+            digest, _ = inductor_target()
+            entry = store.get_inductor(kind, key, digest)
+            if entry is None:
+                counters.count(None, None, inductor_misses=1)
+                return None
+            why = self._policy(store).inductor(entry)
+        except Exception as e:  # noqa: BLE001 - Inductor compiles as without a remote cache
+            self._failed("get", e)
+            return None
+        if why is not None:
+            trust.refused(f"torch.compile {kind} entry", key[:60], why, store.masked_url)
+            counters.count(None, None, inductor_misses=1)
+            return None
+        counters.count(None, None, inductor_hits=1)
+        if not store.readonly and settings.current_mode() != "readonly":
+            try:
+                store.touch_inductor(entry)
+            except Exception as e:  # noqa: BLE001 - a hit not recorded only ages the entry sooner
+                self._failed("put", e)
+        return entry.value
+
+    def put(self, kind: str, key: str, data: bytes) -> None:
+        """Store ``data`` under ``key`` in cache ``kind`` for this target, signed with this process's
+        key; nothing in readonly, offline or off mode, or on a read-only store."""
+        if kind not in INDUCTOR_KINDS:
+            raise ValueError(f"{kind!r} is not an Inductor cache tunecache keeps: {', '.join(INDUCTOR_KINDS)}")
+        try:
+            if settings.current_mode() == "readonly":
+                return
+            store = self._open()
+            if store is None or store.readonly:
+                return
+            digest, desc = inductor_target()
+            entry = trust.sign_inductor(InductorEntry(kind, key, digest, bytes(data), desc))
+            store.put_inductor(entry)
+            counters.count(None, None, inductor_puts=1)
+        except Exception as e:  # noqa: BLE001 - Inductor keeps its result locally, as without a remote cache
+            self._failed("put", e)
+
+    def _failed(self, what: str, e: Exception) -> None:
+        counters.count(None, None, store_errors=1)
+        counters.warn_once(
+            "torch.compile",
+            f"inductor-{what}",
+            "tunecache: torch.compile's remote cache %s failed (%s); Inductor compiles as without a remote cache",
+            what,
+            _short(e),
+        )
+
+
+def _short(e: Exception) -> str:
+    text = str(e).splitlines()[0] if str(e) else type(e).__name__
+    return text[:300]
+
+
+_default: InductorStore | None = None
+
+
+def default() -> InductorStore:
+    """The process's InductorStore on ``TUNECACHE_URL`` (what the backends use)."""
+    global _default
+    if _default is None:
+        _default = InductorStore()
+    return _default
+
+
+def stats() -> dict[str, Any]:
+    """This process's Inductor cache counters: hits, misses, puts (untrusted and store_errors are shared)."""
+    s = counters.stats()
+    return {k: s[k] for k in ("inductor_hits", "inductor_misses", "inductor_puts", "untrusted", "store_errors")}
+
+
+__all__ = ["InductorStore", "default", "inductor_target", "stats"]
