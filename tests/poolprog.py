@@ -2,7 +2,10 @@
 
 Two ``multiprocessing.Pool`` runs used as context managers (``__exit__`` terminates the workers with
 SIGTERM; their atexit never runs): the first tunes an add kernel over ``SIZES`` in the workers, the
-second (fresh workers: a restart) hits the stored winners. After each, the parent reads what the
+second (fresh workers: a restart) hits the stored winners. The flusher's delay is longer than the
+runs, so only the end of each worker can write its counts. In the first run a worker may still be
+reading its stop sentinel (a normal end) when SIGTERM comes; in the second each worker is asleep in
+a task when the pool terminates it (SIGTERM for certain). After each, the parent reads what the
 store says about the kernel; it prints one JSON line.
 """
 
@@ -24,7 +27,22 @@ from tunecache.model import utcnow  # noqa: E402
 from tunecache.store.opening import open_store  # noqa: E402
 
 SIZES = [16, 40, 72, 100]
+CONFIGS = tinykernels.CONFIGS[:2]
 _kernel = None
+_asleep = None  # a queue the workers say "asleep" on
+
+
+def init(asleep) -> None:
+    global _asleep
+    from tunecache.tuner import writeback
+
+    writeback.FLUSH_DELAY_S = 600.0  # the flusher would write nothing before the worker ends
+    _asleep = asleep
+
+
+def sleep_in_task(_: int) -> None:
+    _asleep.put(os.getpid())
+    time.sleep(600)
 
 
 def work(args: tuple[str, int]) -> tuple[int, dict]:
@@ -32,21 +50,29 @@ def work(args: tuple[str, int]) -> tuple[int, dict]:
     global _kernel
     url, n = args
     if _kernel is None:
-        _kernel = tinykernels.make_add(store=url)
+        _kernel = tinykernels.make_add(configs=CONFIGS, store=url)
     tinykernels.launch(_kernel, n)
     return os.getpid(), tunecache.stats()
 
 
-def pool_run(method: str, url: str) -> dict:
-    """Run ``work`` over SIZES in a pool of 2 used as a context manager; the workers' own final counts."""
+def pool_run(method: str, url: str, asleep_at_exit: bool) -> dict:
+    """Run ``work`` over SIZES in a pool of 2 used as a context manager; the workers' own final
+    counts; ``asleep_at_exit``: each worker is asleep in a task when the pool ends (and how they died)."""
     ctx = multiprocessing.get_context(method)
-    with ctx.Pool(2) as p:
+    asleep = ctx.Queue()
+    with ctx.Pool(2, initializer=init, initargs=(asleep,)) as p:
         out = p.map(work, [(url, n) for n in SIZES], chunksize=1)
+        if asleep_at_exit:  # a worker asleep cannot take the other task: one each
+            p.map_async(sleep_in_task, range(2), chunksize=1)
+            for _ in range(2):
+                asleep.get(timeout=120)
+        workers = list(p._pool)
+    exitcodes = sorted({w.exitcode for w in workers})
     last: dict[int, dict] = {}
     for pid, st in out:  # each worker's tasks run in order: keep its largest counts
         if pid not in last or st["hits"] + st["misses"] >= last[pid]["hits"] + last[pid]["misses"]:
             last[pid] = st
-    return {k: sum(s[k] for s in last.values()) for k in ("hits", "misses", "benchmarks")}
+    return {k: sum(s[k] for s in last.values()) for k in ("hits", "misses", "benchmarks")}, exitcodes
 
 
 def store_view(url: str, cutoff=None) -> dict:
@@ -67,12 +93,12 @@ def store_view(url: str, cutoff=None) -> dict:
 if __name__ == "__main__":
     method, url = sys.argv[1], sys.argv[2]
     t0 = time.monotonic()
-    tuned = pool_run(method, url)
+    tuned, _ = pool_run(method, url, False)
     after_tune = store_view(url)
     time.sleep(0.05)
     cutoff = utcnow()
     time.sleep(0.05)
-    restarted = pool_run(method, url)
+    restarted, exitcodes = pool_run(method, url, True)
     after_restart = store_view(url, cutoff)
     print(
         json.dumps(
@@ -81,6 +107,7 @@ if __name__ == "__main__":
                 "after_tune": after_tune,
                 "restarted": restarted,
                 "after_restart": after_restart,
+                "restart_exitcodes": exitcodes,
                 "seconds": round(time.monotonic() - t0, 1),
             }
         ),
