@@ -208,6 +208,13 @@ SETTINGS: dict[str, Setting] = {
             _switch,
             "every Python process runs tunecache.install() when it imports Triton (the .pth start-up hook)",
         ),
+        Setting(
+            "TUNECACHE_SUMMARY",
+            "0",
+            _switch,
+            "each process that used tunecache writes one line on stderr as it ends: kernels covered, hits,"
+            " benchmarks, preloaded and skipped, seconds saved and spent benchmarking",
+        ),
         Setting("TUNECACHE_CPU_BENCH_REPS", "3", _count(1), "repetitions of the CPU timer under TRITON_INTERPRET=1"),
         Setting(
             "TUNECACHE_TARGET_OVERRIDE", None, _json_object, "JSON object replacing detected target fields (tests)"
