@@ -72,7 +72,8 @@ def pool_run(method: str, url: str, asleep_at_exit: bool) -> dict:
     for pid, st in out:  # each worker's tasks run in order: keep its largest counts
         if pid not in last or st["hits"] + st["misses"] >= last[pid]["hits"] + last[pid]["misses"]:
             last[pid] = st
-    return {k: sum(s[k] for s in last.values()) for k in ("hits", "misses", "benchmarks")}, exitcodes
+    counts = {k: sum(s[k] for s in last.values()) for k in ("hits", "misses", "benchmarks")}
+    return {**counts, "pids": sorted(last)}, exitcodes
 
 
 def store_view(url: str, cutoff=None) -> dict:

@@ -20,8 +20,9 @@ def test_pool_workers_terminated_at_exit_have_their_counts_written(request, stor
     # (a forked worker's never runs at all). Their hits, counters and coverage rows were lost:
     # `tunecache stats` said "kernels seen: 0" and gc took the problems they used for unused.
     url = request.getfixturevalue("sqlite_url" if store == "sqlite" else "pg_url")
-    got = run_json(["poolprog.py", method, url], timeout=240)
+    got, err = run_json_stderr(["poolprog.py", method, url], {"TUNECACHE_SUMMARY": "1"}, timeout=240)
     tuned, after_tune = got["tuned"], got["after_tune"]
+    pids = tuned.pop("pids") + got["restarted"].pop("pids")  # the workers that ran a launch
     assert tuned["benchmarks"] > 0 and tuned["hits"] == 0
     assert after_tune["problems"] == len(SIZES)
     assert after_tune["kernels_seen"] == 1, got  # the workers' kernel_stats row
@@ -32,6 +33,12 @@ def test_pool_workers_terminated_at_exit_have_their_counts_written(request, stor
     assert after["hit_counts"] == [1] * len(SIZES), got  # each problem's hit, once
     assert after["gc_would_delete"] == 0, got  # used since the cutoff: not unused
     assert got["restart_exitcodes"] == [-signal.SIGTERM]  # the workers still died of SIGTERM
+    # each worker that launched said its line (the SIGTERM'd ones too), with its pid; the parent,
+    # which launched nothing, none
+    lines = summaries(err)
+    assert sorted(int(ln["pid"] or 0) for ln in lines) == sorted(pids), err
+    for k in ("hits", "benchmarks"):
+        assert sum(int(ln[k]) for ln in lines) == tuned[k] + restarted[k], (k, err)
 
 
 # ---- the summary line (TUNECACHE_SUMMARY) ---------------------------------------------------------
@@ -96,3 +103,65 @@ def test_a_forked_child_summarises_its_own_counts_not_its_parents(sqlite_url):
     own = {k: v - got["child"]["before"].get(k, 0) for k, v in got["child"]["stats"].items()}
     assert int(child["hits"]) == own["hits"] == 1, (child, own)
     assert int(child["benchmarks"]) == 0
+
+
+TERM_PROGRAM = """
+import json, multiprocessing, os, signal, sys, time
+from tunecache import counters, processend
+from tunecache.tuner import writeback
+
+class Store:
+    readonly = False
+    def __init__(self, hang): self.hang = hang
+    def __hash__(self): return id(self)
+    def bump_stats(self, deltas): time.sleep(60 if self.hang else 0)
+    def record_hits(self, hits): time.sleep(60 if self.hang else 0)
+
+def program_handler(signum, frame):
+    pass  # the program's own choice: ignore SIGTERM
+
+def name(h):
+    return {signal.SIG_DFL: "default", program_handler: "program"}.get(h, "tunecache")
+
+def child(own_handler, q):
+    writeback.FLUSH_DELAY_S = 600.0
+    if own_handler:
+        signal.signal(signal.SIGTERM, program_handler)
+    counters.count("k", Store(hang=True), hits=1)  # queued for a store that never answers
+    q.put(name(signal.getsignal(signal.SIGTERM)))
+    time.sleep(60)
+
+out = {}
+counters.count("k", Store(hang=False), hits=1)  # queued in the main process, not a multiprocessing child
+out["main"] = name(signal.getsignal(signal.SIGTERM))
+ctx = multiprocessing.get_context("fork")
+for own in (False, True):
+    q = ctx.Queue()
+    p = ctx.Process(target=child, args=(own, q))
+    p.start()
+    handler = q.get(timeout=60)
+    t0 = time.monotonic()
+    p.terminate()
+    p.join(0.5 if own else processend.TERM_BUDGET_S + 5)
+    out["own" if own else "default"] = {"handler": handler, "exitcode": p.exitcode,
+                                        "seconds": time.monotonic() - t0}
+    if p.exitcode is None:
+        p.kill()
+        p.join()
+out["budget"] = processend.TERM_BUDGET_S
+print(json.dumps(out))
+"""
+
+
+def test_sigterm_is_watched_only_in_a_multiprocessing_child_whose_handler_was_the_default():
+    got = run_json(["-c", TERM_PROGRAM], timeout=120)
+    assert got["main"] == "default"  # a main process's signals are not touched
+    dflt = got["default"]
+    assert dflt["handler"] == "tunecache"
+    # its last words wait for a store that never answers: the watchdog ends them, and the worker
+    # dies of SIGTERM as it would have, within the budget (plus scheduling slack)
+    assert dflt["exitcode"] == -signal.SIGTERM, got
+    assert dflt["seconds"] < got["budget"] + 2.0, got
+    own = got["own"]
+    assert own["handler"] == "program"  # the program's handler is left alone: it ignores SIGTERM
+    assert own["exitcode"] is None, got  # and so the worker lived on (killed by the test)
