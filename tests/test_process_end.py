@@ -165,3 +165,36 @@ def test_sigterm_is_watched_only_in_a_multiprocessing_child_whose_handler_was_th
     own = got["own"]
     assert own["handler"] == "program"  # the program's handler is left alone: it ignores SIGTERM
     assert own["exitcode"] is None, got  # and so the worker lived on (killed by the test)
+
+
+ZERO_CODE = """
+import json, sys
+import torch, triton, triton.language as tl
+
+@triton.autotune(configs=[triton.Config({"BLOCK": 16}), triton.Config({"BLOCK": 32})], key=["N"])
+@triton.jit
+def add(x, y, out, N, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out + offs, tl.load(x + offs, mask=offs < N) + tl.load(y + offs, mask=offs < N), mask=offs < N)
+
+for n in (16, 40):
+    x, out = torch.arange(n, dtype=torch.float32), torch.empty(n)
+    add[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, x, out, n)
+    assert torch.equal(out, 2 * x)
+print(json.dumps({"stats": sys.modules["tunecache"].stats()}))  # imported by the start-up hook alone
+"""
+
+
+def test_the_summary_line_of_a_zero_code_process(tmp_path, sqlite_url):
+    # Only TUNECACHE_INSTALL=1: no handler on the "tunecache" logger, yet the line is on stderr.
+    prog = tmp_path / "zero.py"
+    prog.write_text(ZERO_CODE)
+    env = {"TUNECACHE_URL": sqlite_url, "TUNECACHE_INSTALL": "1", "TUNECACHE_SUMMARY": "1"}
+    first, err = run_json_stderr([str(prog)], env)
+    [line] = summaries(err)
+    agrees(line, first["stats"])
+    assert int(line["benchmarks"]) == 4 and int(line["hits"]) == 0  # 2 configs x 2 keys
+    restart, err = run_json_stderr([str(prog)], env)
+    [line] = summaries(err)
+    agrees(line, restart["stats"])
+    assert int(line["benchmarks"]) == 0 and int(line["hits"]) == 2 and int(line["covered"]) == 1
