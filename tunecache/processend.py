@@ -44,6 +44,7 @@ TERM_BUDGET_S = 1.0
 
 _words: dict[str, tuple[int, Callable[[], None]]] = {}  # name -> (order, fn)
 _armed = False  # this process is armed, or has nothing to arm (not a multiprocessing child)
+_finalized = False  # multiprocessing's exit finalizers will say them
 _saying = 0  # last words in progress (a count: a signal's handling may nest in a normal end's)
 
 
@@ -71,19 +72,21 @@ def last_words() -> None:
 def arm() -> None:
     """In a multiprocessing child, make sure its last words are said at its end (see the module
     docstring). Cheap after the first call; call it when there is something to lose."""
-    global _armed
+    global _armed, _finalized
     if _armed:
         return
     mp = sys.modules.get("multiprocessing")  # a multiprocessing child has imported it to start
     if mp is None or mp.parent_process() is None:
         _armed = True
         return
+    if not _finalized:
+        _finalized = True
+        from multiprocessing import util
+
+        util.Finalize(None, last_words, exitpriority=0)  # run at every child's normal end (no atexit under fork)
     if threading.current_thread() is not threading.main_thread():
         return  # signal handlers are set from the main thread: a later call from it arms
     _armed = True
-    from multiprocessing import util
-
-    util.Finalize(None, last_words, exitpriority=0)  # run by every child's normal end (no atexit under fork)
     try:
         if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
             signal.signal(signal.SIGTERM, _on_sigterm)
@@ -109,8 +112,8 @@ def _kill_later(signum: int) -> None:
 
 def _after_fork_in_child() -> None:
     """A forked child decides again whether it is a multiprocessing child (set up after this hook)."""
-    global _armed, _saying
-    _armed = False
+    global _armed, _finalized, _saying
+    _armed = _finalized = False
     _saying = 0
 
 

@@ -38,6 +38,7 @@ def hit(store: Any, digest: str) -> None:
     with _lock:
         _pending_hits[store][digest] += 1
         _schedule()
+    processend.arm()  # outside the lock: it may import and set a signal handler
 
 
 def add_stats(store: Any, kernel: str, deltas: Mapping[str, float]) -> None:
@@ -45,6 +46,7 @@ def add_stats(store: Any, kernel: str, deltas: Mapping[str, float]) -> None:
     with _lock:
         _pending_stats[store][kernel].update(deltas)
         _schedule()
+    processend.arm()  # outside the lock: it may import and set a signal handler
 
 
 def defer_put(store: Any, problem: Any, results: list[Any], replace: bool) -> None:
@@ -52,6 +54,7 @@ def defer_put(store: Any, problem: Any, results: list[Any], replace: bool) -> No
     with _lock:
         _pending_puts[store].append((problem, results, replace))
         _schedule()
+    processend.arm()  # outside the lock: it may import and set a signal handler
 
 
 def start() -> None:
@@ -70,11 +73,11 @@ def _ensure_flusher() -> None:
 
 
 def _schedule() -> None:
-    """Called with ``_lock`` held: wake the flusher (setting a flag, once it runs); see that this
-    process's end writes what is queued (a flag once armed)."""
+    """Called with ``_lock`` held: wake the flusher (setting a flag, once it runs). Its callers then
+    see that the process's end writes what is queued (:func:`tunecache.processend.arm`: a flag
+    once armed)."""
     _ensure_flusher()
     _wake.set()
-    processend.arm()
 
 
 def _flush_loop(wake: threading.Event) -> None:
