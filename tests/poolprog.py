@@ -11,6 +11,7 @@ store says about the kernel; it prints one JSON line.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import multiprocessing
 import os
@@ -27,6 +28,8 @@ from tunecache.model import utcnow  # noqa: E402
 from tunecache.store.opening import open_store  # noqa: E402
 
 SIZES = [16, 40, 72, 100]
+HANG_S = 150  # the parent still running then writes its threads' stacks and exits (the test's limit is 240 s);
+# not in the workers: a fork child that arms faulthandler's timer while the parent's runs deadlocks
 CONFIGS = tinykernels.CONFIGS[:2]
 _kernel = None
 _asleep = None  # a queue the workers say "asleep" on
@@ -93,6 +96,7 @@ def store_view(url: str, cutoff=None) -> dict:
 
 if __name__ == "__main__":
     method, url = sys.argv[1], sys.argv[2]
+    faulthandler.dump_traceback_later(HANG_S, exit=True)  # a hang fails with the stacks, not a bare timeout
     t0 = time.monotonic()
     tuned, _ = pool_run(method, url, False)
     after_tune = store_view(url)
