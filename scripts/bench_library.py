@@ -257,8 +257,7 @@ if "tunecache" in sys.modules:
     cov = tunecache.coverage()
     out["kernels_covered"] = sum(c["covered"] for c in cov.values())
     out["kernels_uncovered"] = {k: c["why"] for k, c in cov.items() if not c["covered"]}
-    reasons = getattr(tunecache, "preload_skip_reasons", None)
-    out["preload_skip_reasons"] = reasons() if reasons else None
+    out["preload_skip_reasons"] = tunecache.preload_skips()
 print("RESULT " + json.dumps(out))
 """
 

@@ -157,6 +157,7 @@ def locks(url: str) -> dict:
         "counters.lock": lambda: counters.fork_locks()["counters.lock"],
         "counters.warned_lock": lambda: counters.fork_locks()["counters.warned_lock"],
         "writeback.lock": lambda: writeback.fork_locks()["writeback.lock"],
+        "writeback.flush_lock": lambda: writeback.fork_locks()["writeback.flush_lock"],
         "companions.lock": lambda: companions.fork_locks()["companions.lock"],
         "breaker.lock": lambda: breaker.fork_locks()["breaker.lock"],
         "tuner.identity_lock": lambda: k.fork_locks()["tuner.identity_lock"],

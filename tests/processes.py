@@ -16,6 +16,11 @@ HERE = Path(__file__).parent
 def run_json(argv: list[str], env: dict | None = None, timeout: float = 300) -> dict:
     """Run ``python ARGV`` in a fresh process (a "restart"), from tests/; it must exit 0 and print
     one JSON object as its last line, which is returned."""
+    return run_json_stderr(argv, env, timeout)[0]
+
+
+def run_json_stderr(argv: list[str], env: dict | None = None, timeout: float = 300) -> tuple[dict, str]:
+    """:func:`run_json`, and what the process wrote on stderr."""
     r = subprocess.run(
         [sys.executable, *argv],
         env={**os.environ, **(env or {})},
@@ -25,7 +30,7 @@ def run_json(argv: list[str], env: dict | None = None, timeout: float = 300) -> 
         timeout=timeout,
     )
     assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return json.loads(r.stdout.strip().splitlines()[-1]), r.stderr
 
 
 def run_procs(cmd: str, nprocs: int, env: dict | None = None, timeout: float = 300, **args) -> list[dict]:

@@ -56,6 +56,7 @@ def test_child_writes_its_own_deferred_hits_and_results_exactly_once(sqlite_url,
 #: Every module that keeps per-process state a forked child must reset.
 RESETTING_MODULES = {
     "tunecache.counters",
+    "tunecache.processend",
     "tunecache.store.forkgate",
     "tunecache.store.migrate",
     "tunecache.store.opening",

@@ -14,6 +14,7 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from tunecache import buckets
+from tunecache import summary as _summary  # noqa: F401 - registers the TUNECACHE_SUMMARY line (at process end)
 from tunecache.counters import coverage, preload_skips, reset_stats, stats
 from tunecache.errors import (
     CaptureMissError,

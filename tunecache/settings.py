@@ -215,6 +215,13 @@ SETTINGS: dict[str, Setting] = {
             "torch.compile's remote caches (autotune, bundled autotune, FX graph, AOTAutograd) use the store; with"
             " TUNECACHE_INSTALL, set up when torch._inductor is first imported, else by tunecache.inductor.enable()",
         ),
+        Setting(
+            "TUNECACHE_SUMMARY",
+            "0",
+            _switch,
+            "each process that used tunecache writes one line on stderr as it ends: kernels covered, hits,"
+            " benchmarks, preloaded and skipped, seconds saved and spent benchmarking",
+        ),
         Setting("TUNECACHE_CPU_BENCH_REPS", "3", _count(1), "repetitions of the CPU timer under TRITON_INTERPRET=1"),
         Setting(
             "TUNECACHE_TARGET_OVERRIDE", None, _json_object, "JSON object replacing detected target fields (tests)"

@@ -4,12 +4,12 @@ Hit counts, per-kernel counters and results measured while the store was down ar
 and flushed by a background thread and at exit, so they never sit on the launch path and are not
 lost when the database blinks. The thread is started by the background prefetch (:func:`start`),
 before the first launch: starting a thread costs a first hit some 0.4 ms, in the middle of a
-restart's first pass.
+restart's first pass. What is still queued when the process ends is written by its last words
+(:mod:`tunecache.processend`), which also cover a multiprocessing child's ends that skip atexit.
 """
 
 from __future__ import annotations
 
-import atexit
 import logging
 import threading
 import time
@@ -17,11 +17,12 @@ from collections import Counter, defaultdict
 from collections.abc import Mapping
 from typing import Any
 
-from tunecache import counters, forks
+from tunecache import counters, forks, processend
 
 log = logging.getLogger("tunecache")
 
 _lock = threading.Lock()
+_flush_lock = threading.Lock()  # one flush at a time: a flush that returns found no write still running
 _pending_hits: dict[Any, Counter[str]] = defaultdict(Counter)  # store -> digest -> n
 _pending_stats: dict[Any, dict[str, Counter[str]]] = defaultdict(lambda: defaultdict(Counter))
 _pending_puts: dict[Any, list[tuple[Any, list[Any], bool]]] = defaultdict(list)
@@ -37,6 +38,7 @@ def hit(store: Any, digest: str) -> None:
     with _lock:
         _pending_hits[store][digest] += 1
         _schedule()
+    processend.arm()  # outside the lock: it may import and set a signal handler
 
 
 def add_stats(store: Any, kernel: str, deltas: Mapping[str, float]) -> None:
@@ -44,6 +46,7 @@ def add_stats(store: Any, kernel: str, deltas: Mapping[str, float]) -> None:
     with _lock:
         _pending_stats[store][kernel].update(deltas)
         _schedule()
+    processend.arm()  # outside the lock: it may import and set a signal handler
 
 
 def defer_put(store: Any, problem: Any, results: list[Any], replace: bool) -> None:
@@ -51,6 +54,7 @@ def defer_put(store: Any, problem: Any, results: list[Any], replace: bool) -> No
     with _lock:
         _pending_puts[store].append((problem, results, replace))
         _schedule()
+    processend.arm()  # outside the lock: it may import and set a signal handler
 
 
 def start() -> None:
@@ -69,7 +73,9 @@ def _ensure_flusher() -> None:
 
 
 def _schedule() -> None:
-    """Called with ``_lock`` held: wake the flusher (setting a flag, once it runs)."""
+    """Called with ``_lock`` held: wake the flusher (setting a flag, once it runs). Its callers then
+    see that the process's end writes what is queued (:func:`tunecache.processend.arm`: a flag
+    once armed)."""
     _ensure_flusher()
     _wake.set()
 
@@ -91,7 +97,13 @@ def _flush_loop(wake: threading.Event) -> None:
 
 
 def flush() -> bool:
-    """Write queued counters and results; True when nothing is left queued."""
+    """Write queued counters and results; True when nothing is left queued. Waits for a flush that
+    another thread is running: a process about to end must not cut its writes short."""
+    with _flush_lock:
+        return _flush()
+
+
+def _flush() -> bool:
     from tunecache.errors import StoreError
 
     with _lock:
@@ -144,7 +156,7 @@ def pending_hits() -> int:
 
 def fork_locks() -> dict[str, Any]:
     """This module's locks, which a forked child gets fresh (for tests/test_fork.py)."""
-    return {"writeback.lock": _lock}
+    return {"writeback.lock": _lock, "writeback.flush_lock": _flush_lock}
 
 
 def _after_fork_in_child() -> None:
@@ -154,8 +166,9 @@ def _after_fork_in_child() -> None:
     inherited queue is the parent's to write: flushed by the child too, it is counted twice. A lock
     or event a parent's thread held at the fork would stay taken.
     """
-    global _lock, _wake, _flusher
+    global _lock, _flush_lock, _wake, _flusher
     _lock = threading.Lock()
+    _flush_lock = threading.Lock()
     _wake = threading.Event()
     _flusher = None
     _pending_hits.clear()
@@ -167,9 +180,11 @@ forks.register(__name__, _after_fork_in_child)
 counters.persist_with(add_stats)
 
 
-@atexit.register
-def _flush_at_exit() -> None:
+def _flush_at_end() -> None:
     try:
         flush()
     except Exception:  # noqa: BLE001 - never fail interpreter shutdown
         log.debug("tunecache: final flush failed", exc_info=True)
+
+
+processend.at_end(__name__, _flush_at_end, order=1)
