@@ -21,6 +21,7 @@ import datetime as dt
 import json
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -189,6 +190,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1, help="run the trees in turn this many times (median reported)")
     ap.add_argument("--store", type=Path, help="keep (or reuse) the generated store at this path")
     ap.add_argument("--child", nargs=2, metavar=("URL", "OUT"), help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--schema",
+        action="append",
+        default=[],
+        help="NAME=REVISION: that tree reads its own copy of the store, migrated down to REVISION with "
+        "Alembic (an older tree refuses a store whose schema is newer than its own)",
+    )
     a = ap.parse_args()
     if a.child:
         child(*a.child)
@@ -201,12 +209,26 @@ def main() -> None:
             t0 = time.perf_counter()
             generate(url, a.problems)
             print(f"generated {a.problems} problems in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
+        urls = {name: url for name, _ in trees}
+        for name, revision in (x.split("=", 1) for x in a.schema):
+            copy = Path(tmp) / f"store-{name}.sqlite3"
+            shutil.copy(path, copy)
+            urls[name] = f"sqlite:///{copy}"
+            from alembic import command
+
+            from tunecache.store.migrate import alembic_config
+            from tunecache.store.opening import open_store
+
+            store = open_store(urls[name])
+            with store.engine.begin() as conn:
+                command.downgrade(alembic_config(conn), revision)
+            store.close()
         runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in trees}
         for _ in range(a.rounds):  # in turn: a load that changes over the run hits every tree alike
             for name, tree in trees:
                 env = {**os.environ, "PYTHONPATH": os.pathsep.join([tree, os.environ.get("PYTHONPATH", "")])}
                 out = subprocess.run(
-                    [sys.executable, __file__, "--child", url, str(Path(tmp) / f"{name}.html")],
+                    [sys.executable, __file__, "--child", urls[name], str(Path(tmp) / f"{name}.html")],
                     env=env,
                     check=True,
                     capture_output=True,

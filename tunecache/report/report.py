@@ -65,14 +65,25 @@ def _target_label(device: str, arch: str, driver: str) -> str:
     return f"{device} ({arch}, driver {driver})" if driver else f"{device} ({arch})"
 
 
-def iter_fleet_keys(store: Store, filters: Filters, max_keys: int = MAX_FLEET_KEYS) -> Iterator[fleet.KeyTimings]:
+def iter_fleet_keys(
+    store: Store,
+    filters: Filters,
+    max_keys: int = MAX_FLEET_KEYS,
+    dates: dict[tuple[str, str], tuple[dt.datetime, dt.datetime]] | None = None,
+) -> Iterator[fleet.KeyTimings]:
     """Every key timed by more than one host, in digest order, at most ``max_keys``, a batch of
-    ``FLEET_BATCH`` per query, each packed small (:class:`tunecache.report.fleet.KeyTimings`)."""
+    ``FLEET_BATCH`` per query, each packed small (:class:`tunecache.report.fleet.KeyTimings`).
+    ``dates`` gathers, as the keys are read, when each host timed each kernel: ``{(host, kernel):
+    (first, last measured_at)}`` over the timings read (the same batches: no second scan)."""
     last, seen, shared = "", 0, {}
     while seen < max_keys:
-        ids, meta, rows = reports.fleet_batch(store, filters, last, min(FLEET_BATCH, max_keys - seen))
+        ids, meta, rows, batch_dates = reports.fleet_batch(store, filters, last, min(FLEET_BATCH, max_keys - seen))
         if not ids:
             return
+        if dates is not None:
+            for host, kernel, lo, hi in batch_dates:
+                old = dates.get((host, kernel))
+                dates[(host, kernel)] = (lo, hi) if old is None else (min(old[0], lo), max(old[1], hi))
         for d in ids:
             r = meta[d]
             info = {"digest": d, "kernel": r.kernel, "key_json": r.key_json, "device": r.device_name}
@@ -91,8 +102,9 @@ def hosts(
 ) -> fleet.FleetAnalysis:
     """The fleet analysis of ``tunecache hosts`` and of the page (:func:`tunecache.report.fleet.judge`)."""
     filters = filters or Filters()
-    dates = reports.fleet_dates(store, filters)
-    return fleet.judge(iter_fleet_keys(store, filters, max_keys), threshold, min_keys, dates)
+    dates: dict[tuple[str, str], tuple[dt.datetime, dt.datetime]] = {}
+    keys = list(iter_fleet_keys(store, filters, max_keys, dates))  # fills dates before judging
+    return fleet.judge(keys, threshold, min_keys, dates)
 
 
 # ---- kernel x target groups --------------------------------------------------------------------

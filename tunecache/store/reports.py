@@ -43,10 +43,11 @@ def clauses(filters: ReportFilters, t: sa.Table = problems, *, dated: bool = Tru
 
 def fleet_batch(
     store: Store, filters: ReportFilters, after: str, limit: int
-) -> tuple[list[str], dict[str, Row], dict[str, list[tuple[str, str, float]]]]:
+) -> tuple[list[str], dict[str, Row], dict[str, list[tuple[str, str, float]]], list[Row]]:
     """The next ``limit`` digests after ``after`` that more than one host measured, their problems'
-    rows (digest, kernel, key_json, device_name, arch, driver_version) and ``{digest: [(host,
-    config_hash, median_ms)]}`` (the dates: :func:`fleet_dates`, not one datetime per row).
+    rows (digest, kernel, key_json, device_name, arch, driver_version), ``{digest: [(host,
+    config_hash, median_ms)]}`` and when each host timed each kernel among them (rows: host, kernel,
+    first and last ``measured_at``: one aggregate over the batch, not one datetime per row).
 
     ``filters.since`` applies to the timings (``measured_at``), not to the problems: a host's old
     timings of a problem that another host re-tuned today must not count as recent evidence."""
@@ -67,7 +68,7 @@ def fleet_batch(
             .all()
         )
         if not ids:
-            return [], {}, {}
+            return [], {}, {}, []
         meta = {
             r.digest: r
             for r in conn.execute(
@@ -80,30 +81,13 @@ def fleet_batch(
         q = sa.select(m.digest, m.host, m.config_hash, m.median_ms).where(m.digest.in_(ids), *recent)
         for d, host, ch, ms in conn.execute(q):
             rows.setdefault(d, []).append((host, ch, ms))
-    return list(ids), meta, rows
-
-
-def fleet_dates(store: Store, filters: ReportFilters) -> dict[tuple[str, str], tuple[dt.datetime, dt.datetime]]:
-    """When each host timed each kernel: ``{(host, kernel): (first, last measured_at)}`` over the
-    timings :func:`fleet_batch` reads (keys more than one host measured, ``since`` on the timings).
-    One aggregate in SQL: parsing a datetime per measurement row would double the fleet's time."""
-    m, p = measurements.c, problems.c
-    recent = [m.measured_at >= filters.since] if filters.since else []
-    shared = (
-        sa.select(m.digest)
-        .where(*recent)
-        .group_by(m.digest)
-        .having(sa.func.count(sa.distinct(m.host)) > 1)
-        .scalar_subquery()
-    )
-    q = (
-        sa.select(m.host, p.kernel, sa.func.min(m.measured_at), sa.func.max(m.measured_at))
-        .join(problems, p.digest == m.digest)
-        .where(*clauses(filters, dated=False), *recent, m.digest.in_(shared))
-        .group_by(m.host, p.kernel)
-    )
-    with store.snapshot("fleet") as conn:
-        return {(host, kernel): (lo, hi) for host, kernel, lo, hi in conn.execute(q)}
+        dates = conn.execute(
+            sa.select(m.host, p.kernel, sa.func.min(m.measured_at), sa.func.max(m.measured_at))
+            .join(problems, p.digest == m.digest)
+            .where(m.digest.in_(ids), *recent)
+            .group_by(m.host, p.kernel)
+        ).all()
+    return list(ids), meta, rows, dates
 
 
 def groups(
