@@ -18,7 +18,7 @@ from realcli import tc
 from tunecache.cli import main
 from tunecache.identity import problem_digest
 from tunecache.model import ConfigResult, Problem
-from tunecache.report import fleet, report
+from tunecache.report import fleet, labels, report
 from tunecache.store.opening import open_store
 from tunecache.store.schema import measurements
 from tunecache.target import Target
@@ -163,7 +163,7 @@ def test_report_names_the_outlier_the_winners_and_the_failure_reasons(skewed, tm
     for bucket, winner, ms in rows:
         b = int(bucket)
         best = min(times(b), key=times(b).get)
-        assert winner == report.config_label(cfg(int(best[1:]))), (b, winner)
+        assert winner == labels.config_label(cfg(int(best[1:]))), (b, winner)
         assert float(ms) == pytest.approx(times(b)[best], rel=1e-3)
     assert [int(b) for b, _, _ in rows] == sorted(int(b) for b, _, _ in rows)
     # Failures with their reasons: OutOfResources with what it needs and the limit.

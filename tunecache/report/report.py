@@ -17,7 +17,6 @@ configs, and says how many it left out and how to see them wherever it left some
 from __future__ import annotations
 
 import datetime as dt
-import html
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,7 +24,18 @@ from typing import Any
 import orjson
 
 from tunecache.model import FAILED_STATUSES, utcnow
-from tunecache.report import compare, fleet
+from tunecache.report import compare, fleet, fleetpage
+from tunecache.report.html import escape as _e
+from tunecache.report.html import figure as _plot
+from tunecache.report.html import spread as _spread
+from tunecache.report.html import table as _table
+from tunecache.report.html import utc as _utc
+from tunecache.report.labels import (
+    config_labels,
+    key_axis,
+    key_order,
+    key_text,
+)
 from tunecache.store import reports
 from tunecache.store.store import Store
 
@@ -39,7 +49,6 @@ MAX_SAVED_BARS = 30  # time-saved bars
 MAX_OVER_TIME = 8  # kernels in the saved-over-time plot
 MAX_FLEET_KEYS = 100_000  # keys the fleet analysis reads (in digest order: a hash, so an unbiased sample)
 FLEET_BATCH = 500
-MAX_DOTS = 1500  # fleet plot: dots per host
 
 
 @dataclass
@@ -127,105 +136,6 @@ class Group:
     device: str = ""
 
 
-def key_items(key_json: str) -> list[tuple[str, Any]]:
-    """A tuning key's (field, value) pairs, in the key's order."""
-    try:
-        return [(str(k), v) for k, v in orjson.loads(key_json)]
-    except (orjson.JSONDecodeError, TypeError, ValueError):
-        return [("key", key_json)]
-
-
-def _value_order(v: Any) -> tuple[int, float, str]:
-    if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v:
-        return (0, float(v), "")
-    return (1, 0.0, str(v))
-
-
-def key_order(key_json: str) -> tuple[tuple[int, float, str], ...]:
-    """Sort order of keys: by each field's value in the key's order, numbers as numbers (1024 after
-    256), not as text."""
-    return tuple(_value_order(v) for _, v in key_items(key_json))
-
-
-def key_text(key_json: str) -> str:
-    """A key as a person reads it: ``B=1 N=128 q.dtype=torch.bfloat16`` (not its JSON)."""
-    return " ".join(f"{k}={v}" for k, v in key_items(key_json))
-
-
-@dataclass
-class KeyAxis:
-    """A group's keys as columns: labelled by the fields that vary between them, the constant ones
-    said once (``constant``), the axis title naming the varying fields."""
-
-    labels: list[str]
-    varying: list[str]
-    constant: list[str]
-
-    @property
-    def title(self) -> str:
-        if not self.varying:
-            return "tuning key"
-        return f"tuning key: {', '.join(self.varying)}" + (" (values)" if len(self.varying) == 1 else "")
-
-
-def key_axis(key_jsons: list[str]) -> KeyAxis:
-    items = [key_items(k) for k in key_jsons]
-    names = list(dict.fromkeys(n for it in items for n, _ in it))
-    values = {n: {orjson.dumps(dict(it).get(n)) for it in items} for n in names}
-    varying = [n for n in names if len(values[n]) > 1] if len(items) > 1 else []
-    constant = [f"{n}={dict(items[0]).get(n)}" for n in names if n not in varying] if items else []
-    if not varying:
-        labels = [key_text(k)[:60] for k in key_jsons]
-    elif len(varying) == 1:
-        labels = [str(dict(it).get(varying[0])) for it in items]
-    else:
-        labels = [" ".join(f"{n}={dict(it).get(n)}" for n in varying) for it in items]
-    return KeyAxis(_unique(labels), varying, constant)
-
-
-def _unique(labels: list[str]) -> list[str]:
-    """Labels made unique by a ``#n`` suffix where two are equal (so no column or row is mistaken
-    for another)."""
-    seen: dict[str, int] = {}
-    out = []
-    for lab in labels:
-        n = seen.get(lab, 0)
-        seen[lab] = n + 1
-        out.append(lab if n == 0 else f"{lab} #{n + 1}")
-    return out
-
-
-#: A config's fields shown by :func:`config_label` in every label (the rest only where they differ).
-_BASE_FIELDS = ("kwargs", "num_warps", "num_stages")
-
-
-def config_label(cfg: dict[str, Any]) -> str:
-    kw = " ".join(f"{k}={v}" for k, v in sorted(cfg.get("kwargs", {}).items()))
-    return f"{kw} w{cfg.get('num_warps')} s{cfg.get('num_stages')}".strip()
-
-
-def config_labels(cfgs: list[dict[str, Any]], hashes: list[str]) -> tuple[list[str], list[str]]:
-    """Unique labels for a group's configs: :func:`config_label`, plus every other field whose value
-    differs between them (``num_ctas``, ``maxnreg``, ...), plus the config hash where two still read
-    the same; and the other fields that are the same in all (said once, in the group's header)."""
-    names = sorted({k for c in cfgs for k in c if k not in _BASE_FIELDS})
-    differ = [n for n in names if len({orjson.dumps(c.get(n)) for c in cfgs}) > 1]
-    same = [f"{n}={cfgs[0].get(n)}" for n in names if n not in differ] if cfgs else []
-    labels = [" ".join([config_label(c), *(f"{n}={c.get(n)}" for n in differ)]) for c in cfgs]
-    counts: dict[str, int] = {}
-    for lab in labels:
-        counts[lab] = counts.get(lab, 0) + 1
-    labels = [f"{lab} [{h[:8]}]" if counts[lab] > 1 else lab for lab, h in zip(labels, hashes)]
-    return _unique(labels), same
-
-
-def _spread(items: list[Any], n: int) -> list[Any]:
-    """``n`` items evenly spread over a sorted list, the first and the last included."""
-    if len(items) <= n:
-        return items
-    return [items[round(i * (len(items) - 1) / (n - 1))] for i in range(n)]
-
-
 def _draw_keys(scan: list[Any]) -> list[Any]:
     """The keys drawn of a group: in key order (numeric), ``MAX_KEYS`` spread over them."""
     return _spread(sorted(scan, key=lambda r: key_order(r.key_json)), MAX_KEYS)
@@ -266,27 +176,6 @@ figure.plot svg{max-width:none;height:auto}
 .index{max-height:32em;overflow-y:auto;display:inline-block}
 code{font-size:.85em}
 """
-
-
-def _e(v: Any) -> str:
-    return html.escape(str(v))
-
-
-def _table(headers: list[str], rows: list[list[Any]], attrs: str = "") -> str:
-    head = "".join(f"<th>{_e(h)}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f"<td>{_e(v)}</td>" for v in r) + "</tr>" for r in rows)
-    return f"<table{attrs}><tr>{head}</tr>{body}</table>"
-
-
-def _plot(svg: str, title: str) -> str:
-    return f'<figure class="plot" data-title="{_e(title)}">{svg}</figure>'
-
-
-def _utc(v: Any) -> str:
-    """A stored time (naive UTC) as ``YYYY-MM-DD HH:MM:SS UTC``, no microseconds."""
-    if isinstance(v, str):
-        v = dt.datetime.fromisoformat(v)
-    return f"{v:%Y-%m-%d %H:%M:%S} UTC" if v else ""
 
 
 def _cmd(kernel: str, target_digest: str | None = None) -> str:
@@ -700,133 +589,6 @@ def _misses_section(store: Store, filters: Filters, plots: Any) -> str:
     return "".join(out)
 
 
-MAX_KERNEL_ROWS = 500  # fleet: host x kernel verdict rows listed
-
-
-def _evidence_table(worst: list[fleet.Evidence]) -> str:
-    if not worst:
-        return "<p>No key where it was slower.</p>"
-    rows = [[w.kernel, w.key_json, w.target, f"{w.ratio:.2f}x", f"{w.host_ms:.4g}", f"{w.peers_ms:.4g}"] for w in worst]
-    return _table(["kernel", "key", "target", "ratio", "host ms", "peers ms"], rows)
-
-
-def _fleet_section(a: fleet.FleetAnalysis, plots: Any, max_keys: int) -> str:
-    """The fleet's verdicts: the same :func:`tunecache.report.fleet.verdict` as ``tunecache hosts``."""
-    if not a.hosts:
-        return (
-            "<p>No key was timed by more than one host yet (hosts record their own timings in the "
-            "<code>measurements</code> table whenever they benchmark): nothing to compare.</p>"
-        )
-    out = [
-        f"<p>{a.keys_compared} keys timed by more than one host. A key's ratio: the host's median time over "
-        "the configs it shares with its peers, over the peers' median time on those configs; a host's ratio: "
-        f"the median of its per-key ratios. Outlier: above {1 + a.threshold:.2f}x over at least {a.min_keys} "
-        "keys, overall or on one kernel; fewer keys: too few to judge.</p>"
-    ]
-    if a.keys_compared >= max_keys:
-        out.append(
-            f'<p class="note">Sampled: the first {max_keys} keys in digest order (a hash: an unbiased sample).</p>'
-        )
-    for h in a.outliers:
-        when = fleet.measured_text(h.first_measured, h.last_measured)
-        if h.outlier:
-            out.append(
-                f'<p class="bad"><b>Outlier: {_e(h.host)}</b> ({_e(", ".join(h.gpus))}): '
-                f"{_e(h.verdict.ratio_text())} over {h.keys} keys; slower by more than {a.threshold:.0%} on "
-                f"{h.slower_share:.0%} of them; timings measured {_e(when)} UTC. "
-                "Keys where it was slower, worst first:</p>"
-            )
-            out.append(_evidence_table(h.worst))
-            if len(h.slow_kernels) > 1:
-                names = ", ".join(k.kernel for k in h.slow_kernels)
-                out.append(f"<p>{_e(h.host)} is an outlier on each of: {_e(names)}.</p>")
-            continue
-        for k in h.slow_kernels:
-            out.append(
-                f'<p class="bad"><b>Outlier on {_e(k.kernel)}: {_e(h.host)}</b>: {_e(k.verdict.ratio_text())} over '
-                f"{k.verdict.keys} keys; timings measured {_e(fleet.measured_text(k.first_measured, k.last_measured))} "
-                "UTC. Worst keys:</p>"
-            )
-            out.append(_evidence_table(k.worst))
-    for h in a.too_few:
-        out.append(
-            f'<p class="note"><b>Too few keys to judge: {_e(h.host)}</b>: {h.keys} of the {a.min_keys} keys needed '
-            f"({_e(h.verdict.ratio_text())}; timings measured "
-            f"{_e(fleet.measured_text(h.first_measured, h.last_measured))} UTC).</p>"
-        )
-    if not a.outliers and not a.too_few:
-        out.append(
-            f'<p class="good">No outlier: every host shared {a.min_keys}+ keys with its peers and none is more than '
-            f"{a.threshold:.0%} slower, overall or on one kernel.</p>"
-        )
-    elif not a.outliers:
-        out.append(f"<p>No outlier among the {len(a.hosts) - len(a.too_few)} hosts that could be judged.</p>")
-    if a.excluded:
-        out.append(
-            "<p>Peers' baselines leave out the flagged hosts ("
-            + _e(", ".join(sorted(a.excluded)))
-            + ") wherever another host timed the same config: a slow peer would make healthy hosts look faster "
-            "than 1.0x. A healthy host below 1.0x shared those keys with a flagged host only.</p>"
-        )
-    names = [h.host for h in a.hosts]
-    dots = {n: _spread(a.ratios[n], MAX_DOTS) for n in names}  # the medians and the table use every key
-    if any(len(dots[n]) < len(a.ratios[n]) for n in names):
-        out.append(f'<p class="note">The plot draws at most {MAX_DOTS} keys per host; its bars use them all.</p>')
-    out.append(
-        _plot(
-            plots.fleet_strip(
-                names,
-                [dots[n] for n in names],
-                a.threshold,
-                {h.host for h in a.outliers},
-                [h.median_ratio for h in a.hosts],
-            ),
-            "fleet",
-        )
-    )
-    rows = []
-    for h in a.hosts:
-        v = h.verdict
-        slow = ", ".join(k.kernel for k in h.slow_kernels)
-        rows.append(
-            [
-                h.host,
-                ", ".join(h.gpus),
-                v.keys,
-                f"{v.ratio:.3f}x",
-                f"{v.host_ms:.4g}",
-                f"{v.peers_ms:.4g}",
-                f"{h.slower_share:.0%}",
-                fleet.measured_text(h.first_measured, h.last_measured),
-                v.text(),
-                slow,
-            ]
-        )
-    headers = ["host", "GPU", "keys shared", "ratio", "host ms", "peers ms", "keys slower than threshold"]
-    table = _table([*headers, "measured (UTC)", "verdict", "outlier on kernels"], rows)
-    out.append(f'<div id="fleet-hosts">{table}</div>')
-    per_kernel = [(h, k) for h in a.hosts for k in h.kernels]
-    krows = [
-        [
-            k.kernel,
-            h.host,
-            k.verdict.keys,
-            f"{k.verdict.ratio:.3f}x",
-            f"{k.verdict.host_ms:.4g}",
-            f"{k.verdict.peers_ms:.4g}",
-            fleet.measured_text(k.first_measured, k.last_measured),
-            k.verdict.text(),
-        ]
-        for h, k in sorted(per_kernel, key=lambda hk: (hk[1].kernel, hk[0].host))[:MAX_KERNEL_ROWS]
-    ]
-    out.append(f"<details><summary>Verdicts per kernel and host ({len(per_kernel)})</summary>")
-    if len(per_kernel) > len(krows):
-        out.append(f'<p class="note">The first {len(krows)} of {len(per_kernel)} rows: use --kernel to see one.</p>')
-    kheaders = ["kernel", "host", "keys", "ratio", "host ms", "peers ms", "measured (UTC)", "verdict"]
-    out.append(_table(kheaders, krows) + "</details>")
-    return "".join(out)
-
-
 def render(
     store: Store,
     filters: Filters | None = None,
@@ -855,7 +617,8 @@ def render(
     if comparison is not None:
         body.append('<h2 id="compare">Compared with another store</h2>' + compare.to_html(comparison))
     body.append(
-        '<h2 id="fleet">Fleet: hosts against their peers</h2>' + _fleet_section(analysis, plots, MAX_FLEET_KEYS)
+        '<h2 id="fleet">Fleet: hosts against their peers</h2>'
+        + fleetpage.fleet_section(analysis, plots, MAX_FLEET_KEYS)
     )
     body.append('<h2 id="groups">Configs x keys, per kernel and target</h2>')
     body.append(
