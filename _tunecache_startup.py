@@ -28,9 +28,9 @@ import sys
 class _Loader:
     """The module's own loader, then its hook; every other attribute is the wrapped loader's."""
 
-    def __init__(self, loader: object, hook: object) -> None:
+    def __init__(self, loader: object, name: str) -> None:
         self._loader = loader
-        self._hook = hook
+        self._name = name
 
     def create_module(self, spec: object) -> object:
         return self._loader.create_module(spec)
@@ -38,7 +38,13 @@ class _Loader:
     def exec_module(self, module: object) -> None:
         module.__loader__ = module.__spec__.loader = self._loader  # the module keeps Triton's loader
         self._loader.exec_module(module)
-        self._hook()
+        # Used up here, where the module ran, not when a finder was asked: ``importlib.util.find_spec``
+        # probes (torch's logging, libraries checking for Triton) ask without importing.
+        hook = _pending.pop(self._name, None)
+        if not _pending:
+            _remove()
+        if hook is not None:
+            hook()
 
     def __getattr__(self, name: str) -> object:
         return getattr(self._loader, name)
@@ -48,11 +54,8 @@ class _Finder:
     """Finds nothing itself: wraps the loader of each watched module that the other finders find."""
 
     def find_spec(self, name: str, path: object = None, target: object = None) -> object:
-        hook = _pending.pop(name, None)
-        if hook is None:
+        if name not in _pending:
             return None
-        if not _pending:
-            _remove()
         for finder in sys.meta_path:
             if finder is _finder:
                 continue
@@ -60,7 +63,7 @@ class _Finder:
             spec = find(name, path, target) if find is not None else None
             if spec is not None:
                 if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _Loader(spec.loader, hook)
+                    spec.loader = _Loader(spec.loader, name)
                 return spec
         return None
 

@@ -124,6 +124,21 @@ def test_the_startup_hook_imports_nothing_until_triton_and_honours_zero():
     assert run_json(["-c", probe], {"TUNECACHE_INSTALL": "0"}) == [[], False, True]  # parsed, not installed
 
 
+def test_the_startup_hook_survives_a_find_spec_probe_before_the_import():
+    """Libraries probe for Triton with ``importlib.util.find_spec("triton")`` (torch's logging does so
+    for every module named in TORCH_LOGS) before importing it: the probe must not use up the hook, or
+    the real import later installs nothing (seen on the H200: TORCH_LOGS naming
+    torch._inductor.remote_cache left torch.compile without tunecache)."""
+    probe = (
+        "import importlib.util, sys, json; "
+        "assert importlib.util.find_spec('triton') is not None; "
+        "assert importlib.util.find_spec('triton') is not None; "
+        "import triton.runtime.autotuner as a; "
+        "print(json.dumps([hasattr(a.Autotuner.__init__, '__wrapped__'), 'tunecache' in sys.modules]))"
+    )
+    assert run_json(["-c", probe], {"TUNECACHE_INSTALL": "1"}) == [True, True]
+
+
 def hooked(code: str, env: dict) -> tuple[dict, str]:
     """Run ``code`` (which prints one JSON line last) in a fresh process with the start-up hook on;
     returns that JSON and the process's stderr (it must exit 0)."""
