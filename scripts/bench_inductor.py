@@ -17,7 +17,9 @@ over the sequence lengths, ``dynamic=False`` (one graph per length), one fresh p
 
 Per start: time from the first call to all outputs (``first_output_s``), the process's wall time,
 autotune benchmarks run (Inductor's CachingAutotuner.benchmark_all_configs calls, plus max-autotune's
-select_algorithm autotunes), Triton compiles and Triton cache hits (Triton's compilation listener,
+select_algorithm autotunes, counted where they run: an FX graph cache hit replays the compile's
+counters into Inductor's ``counters`` without running them), max-autotune's coordinate-descent
+tunings at launch (and of which kernels), Triton compiles and Triton cache hits (Triton's compilation listener,
 in every process of the start: Inductor's compile workers too), FX graph cache hits and misses,
 the store entries served (hits the store recorded, all processes), and whether the outputs equal
 stock's (cold, else warm). Writes DIR/bench_inductor.json and DIR/bench_inductor.md.
@@ -126,19 +128,59 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
             x = x + self.proj(a)
             return x + self.fc2(F.gelu(self.fc1(self.norm2(x)), approximate="tanh"))
 
-    benchmarks = {"n": 0}
-    try:  # Inductor's own runtime autotuning of a kernel's configs (main process)
-        from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+    # Autotuning that really ran in this process, counted where it runs: Inductor's counters are no
+    # measure of it, since an FX graph cache hit replays the compile's counter deltas
+    # (select_algorithm_autotune and the rest) into counters["inductor"] without running anything.
+    ran: dict[str, Any] = {"benchmark_all_configs": 0, "select_algorithm": 0, "coordesc": 0, "coordesc_kernels": []}
+    traced_once: set[str] = set()
 
-        original = CachingAutotuner.benchmark_all_configs
+    def trace(what: str) -> None:
+        """BENCH_TRACE_AUTOTUNE=1: the stack of the first autotune of each kind, on stderr."""
+        if os.environ.get("BENCH_TRACE_AUTOTUNE") and what not in traced_once:
+            import traceback
+
+            traced_once.add(what)
+            sys.stderr.write(f"bench: first {what} from:\n{''.join(traceback.format_stack(limit=60))}\n")
+
+    def counting(cls: Any, method: str, what: str) -> None:
+        original = getattr(cls, method)
 
         def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
-            benchmarks["n"] += 1
+            ran[what] += 1
+            if what == "coordesc":
+                ran["coordesc_kernels"].append(getattr(self, "inductor_meta", {}).get("kernel_name", "?"))
+            trace(what)
             return original(self, *args, **kwargs)
 
-        CachingAutotuner.benchmark_all_configs = counted
-    except Exception as e:  # noqa: BLE001 - report without the count
-        benchmarks["error"] = repr(e)
+        setattr(cls, method, counted)
+
+    try:
+        from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+        from torch._inductor.select_algorithm import AlgorithmSelectorCache
+
+        counting(CachingAutotuner, "benchmark_all_configs", "benchmark_all_configs")  # a kernel's configs
+        counting(CachingAutotuner, "coordinate_descent_tuning", "coordesc")  # max-autotune's runtime search
+        counting(AlgorithmSelectorCache, "benchmark", "select_algorithm")  # max-autotune's GEMM choices
+    except Exception as e:  # noqa: BLE001 - report without the counts
+        ran["error"] = repr(e)
+
+    by_kind: dict[str, int] = {}  # the store's answers per Inductor cache (main process)
+    if os.environ.get("TUNECACHE_INSTALL"):
+        from tunecache.inductor.entries import InductorStore
+
+        get, put = InductorStore.get, InductorStore.put
+
+        def counted_get(self: Any, kind: str, key: str) -> bytes | None:
+            value = get(self, kind, key)
+            tag = f"{kind}_{'hit' if value is not None else 'miss'}"
+            by_kind[tag] = by_kind.get(tag, 0) + 1
+            return value
+
+        def counted_put(self: Any, kind: str, key: str, data: bytes) -> None:
+            by_kind[f"{kind}_put"] = by_kind.get(f"{kind}_put", 0) + 1
+            put(self, kind, key, data)
+
+        InductorStore.get, InductorStore.put = counted_get, counted_put  # type: ignore[method-assign]
 
     torch.manual_seed(0)
     model = Block().to(device=device, dtype=dtype).eval()
@@ -175,14 +217,18 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         "first_output_s": round(first_output, 3),
         "per_seq_s": per_seq,
         "process_s": round(time.perf_counter() - t_proc, 3),
-        "autotune_benchmarks": benchmarks["n"] + inductor.get("select_algorithm_autotune", 0),
-        "benchmark_all_configs": benchmarks["n"],
-        "select_algorithm_autotune": inductor.get("select_algorithm_autotune", 0),
+        "autotune_benchmarks": ran["benchmark_all_configs"] + ran["select_algorithm"],
+        "benchmark_all_configs": ran["benchmark_all_configs"],
+        "select_algorithm_autotune": ran["select_algorithm"],
+        "coordesc_tunings": ran["coordesc"],
+        "coordesc_kernels": sorted(set(ran["coordesc_kernels"])),
         "fxgraph_cache_hit": inductor.get("fxgraph_cache_hit", 0),
         "fxgraph_cache_miss": inductor.get("fxgraph_cache_miss", 0),
+        "inductor_counters": {k: v for k, v in sorted(inductor.items()) if v},
         "tunecache": stats,
+        "tunecache_by_kind": by_kind,
         "fx_backend": backend,
-        **({"benchmark_count_error": benchmarks["error"]} if "error" in benchmarks else {}),
+        **({"benchmark_count_error": ran["error"]} if "error" in ran else {}),
     }
 
 
@@ -233,6 +279,7 @@ class Bench:
             [sys.executable, __file__, "--child", json.dumps(spec)], env=env, capture_output=True, text=True
         )
         wall = time.perf_counter() - t
+        (self.out / "logs" / f"{mode}-{name}.stderr").write_text(r.stderr)
         if r.returncode != 0:
             raise SystemExit(f"{mode} {name} failed:\n{r.stderr[-4000:]}")
         res = json.loads(r.stdout.strip().splitlines()[-1])
@@ -250,7 +297,7 @@ class Bench:
         self.runs.append(res)
         print(
             f"{mode:>28} {name:<10} first output {res['first_output_s']:7.2f}s"
-            f"  benchmarks {res['autotune_benchmarks']:4d}"
+            f"  benchmarks {res['autotune_benchmarks']:4d}  coordesc {res['coordesc_tunings']:3d}"
             f"  compiles {res['triton_compiles']:4d}  fx hits {res['fxgraph_cache_hit']}"
             f"  served {res['entries_served'] if res['entries_served'] is not None else '-'}",
             flush=True,
@@ -374,6 +421,7 @@ class Bench:
             "first_output_s",
             "wall_s",
             "autotune_benchmarks",
+            "coordesc_tunings",
             "triton_compiles",
             "triton_cache_hits",
             "fxgraph_cache_hit",
@@ -403,12 +451,16 @@ def main() -> None:
         return
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("dir", nargs="?", help="where results, caches and stores go (default: a new temporary directory)")
-    p.add_argument("--modes", default=",".join(MODES), help="comma-separated: default, max-autotune-no-cudagraphs")
+    p.add_argument(
+        "--modes",
+        default=None,
+        help="comma-separated: default, max-autotune-no-cudagraphs (default: both; smoke: default)",
+    )
     p.add_argument("--seq", default=None, help="comma-separated sequence lengths (default 512,1024,2048)")
     p.add_argument("--url", default=None, help="a shared store for tc_first/tc_fresh (default: a SQLite file in DIR)")
     p.add_argument("--d", type=int, default=None, help="model width (default 1024; smoke 64)")
     p.add_argument("--heads", type=int, default=None, help="attention heads (default 8; smoke 4)")
-    p.add_argument("--smoke", action="store_true", help="CPU, tiny shapes, default mode, float32")
+    p.add_argument("--smoke", action="store_true", help="CPU, tiny shapes, float32 (default mode unless --modes)")
     p.add_argument(
         "--no-stock-cold",
         action="store_true",
@@ -419,7 +471,7 @@ def main() -> None:
     a.seq = [int(s) for s in a.seq.split(",")] if a.seq else ([16, 32] if a.smoke else list(DEFAULT_SEQ))
     a.d = a.d or (64 if a.smoke else 1024)
     a.heads = a.heads or (4 if a.smoke else 8)
-    modes = ["default"] if a.smoke else [m.strip() for m in a.modes.split(",") if m.strip()]
+    modes = [m.strip() for m in (a.modes or ("default" if a.smoke else ",".join(MODES))).split(",") if m.strip()]
     for m in modes:
         if m not in MODES:
             p.error(f"unknown mode {m!r}: one of {', '.join(MODES)}")
