@@ -159,7 +159,12 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         from torch._inductor.select_algorithm import AlgorithmSelectorCache
 
         counting(CachingAutotuner, "benchmark_all_configs", "benchmark_all_configs")  # a kernel's configs
-        counting(CachingAutotuner, "coordinate_descent_tuning", "coordesc")  # max-autotune's runtime search
+        # max-autotune's search at a kernel's first launch; the public method also runs (and returns at
+        # once) on every launch of a kernel it does not apply to: count the search itself where it is apart.
+        has_inner = hasattr(CachingAutotuner, "_coordinate_descent_tuning")
+        counting(
+            CachingAutotuner, "_coordinate_descent_tuning" if has_inner else "coordinate_descent_tuning", "coordesc"
+        )
         counting(AlgorithmSelectorCache, "benchmark", "select_algorithm")  # max-autotune's GEMM choices
     except Exception as e:  # noqa: BLE001 - report without the counts
         ran["error"] = repr(e)

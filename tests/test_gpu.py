@@ -311,10 +311,11 @@ def test_torch_compile_on_a_fresh_host_with_the_store_warm_runs_no_autotune_benc
     """Issue 28: max-autotune torch.compile of the bench's transformer block. A tunecache start with
     empty local caches and an empty store autotunes and fills the store; a fresh host (new empty
     Inductor and Triton caches, the store warm) runs 0 autotune benchmarks (counted where they run,
-    not from Inductor's counters, which a cache hit replays), no more coordinate-descent tunings and
-    Triton compiles than stock restarting on its own warm caches, serves entries from the store, and
-    computes what the filling start did (bit for bit: the same kernels and configs) and what stock
-    torch.compile does (to bf16 tolerance: stock's own autotuning may pick other GEMMs)."""
+    not from Inductor's counters, which a cache hit replays) and no more coordinate-descent tunings than
+    stock restarting on its own warm caches (torch 2.11 re-runs those at every warm start; their Triton
+    compiles are hits in stock's warm Triton cache, not on a fresh host: docs/benchmarks.md), serves
+    entries from the store, and computes what the filling start did (bit for bit: the same kernels
+    and configs) and what stock torch.compile does (to bf16 tolerance: stock's own autotuning may pick other GEMMs)."""
     import importlib.util
     import json
     from concurrent.futures import ThreadPoolExecutor
@@ -355,7 +356,6 @@ def test_torch_compile_on_a_fresh_host_with_the_store_warm_runs_no_autotune_benc
     assert first["fx_backend"] == "TunecacheFxGraphBackend" and first["autotune_benchmarks"] > 0, first
     assert fresh["autotune_benchmarks"] == 0, fresh
     assert fresh["coordesc_tunings"] <= warm["coordesc_tunings"], (fresh, warm)
-    assert fresh["triton_compiles"] <= warm["triton_compiles"], (fresh, warm)
     assert fresh["fxgraph_cache_hit"] == len(first_out) and fresh["tunecache"]["inductor_hits"] >= len(first_out)
     assert all(torch.equal(a, b) for a, b in zip(first_out, fresh_out))
     assert all(torch.allclose(a, b, rtol=2e-2, atol=2e-2) for a, b in zip(stock_out, fresh_out))
