@@ -17,7 +17,9 @@ configs, and says how many it left out and how to see them wherever it left some
 from __future__ import annotations
 
 import datetime as dt
+import gc
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -112,8 +114,23 @@ def hosts(
     """The fleet analysis of ``tunecache hosts`` and of the page (:func:`tunecache.report.fleet.judge`)."""
     filters = filters or Filters()
     dates: dict[tuple[str, str], tuple[dt.datetime, dt.datetime]] = {}
-    keys = list(iter_fleet_keys(store, filters, max_keys, dates))  # fills dates before judging
-    return fleet.judge(keys, threshold, min_keys, dates)
+    with _no_cycle_collection():
+        keys = list(iter_fleet_keys(store, filters, max_keys, dates))  # fills dates before judging
+        return fleet.judge(keys, threshold, min_keys, dates)
+
+
+@contextmanager
+def _no_cycle_collection() -> Iterator[None]:
+    """The cycle collector off while the fleet's keys are read and judged: they make no cycles, but
+    their hundreds of thousands of small objects would have it walk every held key again and again
+    (about a tenth of the analysis on 100k keys); reference counting still frees them."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 # ---- kernel x target groups --------------------------------------------------------------------
