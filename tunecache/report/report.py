@@ -50,7 +50,7 @@ MAX_SAVED_ROWS = 200  # time-saved table rows (kernels)
 MAX_SAVED_BARS = 30  # time-saved bars
 MAX_OVER_TIME = 8  # kernels in the saved-over-time plot
 MAX_FLEET_KEYS = 100_000  # keys the fleet analysis reads (in digest order: a hash, so an unbiased sample)
-FLEET_BATCH = 500
+FLEET_BATCH = 2000
 
 
 @dataclass
@@ -87,6 +87,7 @@ def iter_fleet_keys(
     ``dates`` gathers, as the keys are read, when each host timed each kernel: ``{(host, kernel):
     (first, last measured_at)}`` over the timings read (the same batches: no second scan)."""
     last, seen, shared = "", 0, {}
+    labels: dict[tuple[str, str, str], str] = {}  # a label per target, not per key
     while seen < max_keys:
         ids, meta, rows, batch_dates = reports.fleet_batch(store, filters, last, min(FLEET_BATCH, max_keys - seen))
         if not ids:
@@ -97,8 +98,12 @@ def iter_fleet_keys(
                 dates[(host, kernel)] = (lo, hi) if old is None else (min(old[0], lo), max(old[1], hi))
         for d in ids:
             r = meta[d]
-            info = {"digest": d, "kernel": r.kernel, "key_json": r.key_json, "device": r.device_name}
-            info["target"] = _target_label(r.device_name, r.arch, r.driver_version)
+            target = labels.get((r.device_name, r.arch, r.driver_version))
+            if target is None:
+                target = labels[(r.device_name, r.arch, r.driver_version)] = _target_label(
+                    r.device_name, r.arch, r.driver_version
+                )
+            info = {"digest": d, "kernel": r.kernel, "key_json": r.key_json, "device": r.device_name, "target": target}
             yield fleet.pack(info, rows.get(d, []), shared)
         seen += len(ids)
         last = ids[-1]

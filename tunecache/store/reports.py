@@ -9,6 +9,8 @@ rows; ``filters`` is anything with ``kernel``, ``target`` and ``since`` (the rep
 from __future__ import annotations
 
 import datetime as dt
+import itertools
+import operator
 from typing import Any, Protocol
 
 import sqlalchemy as sa
@@ -43,11 +45,12 @@ def clauses(filters: ReportFilters, t: sa.Table = problems, *, dated: bool = Tru
 
 def fleet_batch(
     store: Store, filters: ReportFilters, after: str, limit: int
-) -> tuple[list[str], dict[str, Row], dict[str, list[tuple[str, str, float]]], list[tuple[str, str, Any, Any]]]:
+) -> tuple[list[str], dict[str, Row], dict[str, list[Any]], list[tuple[str, str, Any, Any]]]:
     """The next ``limit`` digests after ``after`` that more than one host measured, their problems'
     rows (digest, kernel, key_json, device_name, arch, driver_version), ``{digest: [(host,
-    config_hash, median_ms)]}`` and when each host timed each kernel among them (host, kernel, first
-    and last ``measured_at``: one aggregate over the batch, not one datetime per row).
+    config_hash, median_ms, ...)]}`` (the rows as read, those three first) and when each host timed
+    each kernel among them (host, kernel, first and last ``measured_at``: one aggregate over the
+    batch, not one datetime per row).
 
     ``filters.since`` applies to the timings (``measured_at``), not to the problems: a host's old
     timings of a problem that another host re-tuned today must not count as recent evidence.
@@ -78,29 +81,35 @@ def fleet_batch(
             return [], {}, {}, []
         meta = {r.digest: r for r in found}
         when = sa.type_coerce(m.measured_at, sa.String)  # as stored: no datetime made per row
-        q = sa.select(m.digest, m.host, m.config_hash, m.median_ms, when).where(
-            m.digest > after, m.digest <= found[-1].digest, *recent
+        q = (
+            sa.select(m.host, m.config_hash, m.median_ms, when, m.digest)
+            .where(m.digest > after, m.digest <= found[-1].digest, *recent)
+            .order_by(m.digest)  # the primary key's order: no sort
         )
-        rows: dict[str, list[tuple[str, str, float]]] = {}
-        span: dict[tuple[str, str], list[Any]] = {}
-        for d, host, ch, ms, at in conn.execute(q).all():
+        rows: dict[str, list[Any]] = {}
+        span: dict[str, dict[str, list[Any]]] = {}  # kernel -> host -> [first, last]
+        for d, timings in itertools.groupby(conn.execute(q).all(), key=operator.itemgetter(4)):
             r = meta.get(d)
             if r is None:  # in the range, not shared
                 continue
-            rows.setdefault(d, []).append((host, ch, ms))
-            s = span.get((host, r.kernel))
-            if s is None:
-                span[(host, r.kernel)] = [at, at]
-            elif at < s[0]:
-                s[0] = at
-            elif at > s[1]:
-                s[1] = at
+            ts = rows[d] = list(timings)
+            hosts = span.get(r.kernel)
+            if hosts is None:
+                hosts = span[r.kernel] = {}
+            for host, _, _, at, _ in ts:
+                s = hosts.get(host)
+                if s is None:
+                    hosts[host] = [at, at]
+                elif at < s[0]:
+                    s[0] = at
+                elif at > s[1]:
+                    s[1] = at
         proc = measurements.c.measured_at.type.dialect_impl(conn.dialect).result_processor(conn.dialect, None)
 
         def stamp(v: Any) -> Any:  # a string where the driver gives one (SQLite), as the column would read
             return proc(v) if proc is not None and isinstance(v, str) else v
 
-        dates = [(host, kernel, stamp(lo), stamp(hi)) for (host, kernel), (lo, hi) in span.items()]
+        dates = [(h, k, stamp(lo), stamp(hi)) for k, hosts in span.items() for h, (lo, hi) in hosts.items()]
     return [r.digest for r in found], meta, rows, dates
 
 
