@@ -623,7 +623,19 @@ def render(
     its section."""
     from tunecache.report import plots
 
-    filters = filters or Filters()
+    with plots.measured_once():  # the figures' strings measured once for the page
+        return _render(store, plots, filters or Filters(), threshold, min_keys, title, comparison)
+
+
+def _render(
+    store: Store,
+    plots: Any,
+    filters: Filters,
+    threshold: float,
+    min_keys: int,
+    title: str | None,
+    comparison: compare.Comparison | None,
+) -> str:
     groups = load_groups(store, filters)
     per_kernel = reports.kernel_times(store, filters)
     summary = load_summary(store, filters, per_kernel, groups)
