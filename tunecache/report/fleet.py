@@ -330,6 +330,8 @@ def compare(k: KeyTimings, exclude: Iterable[str] = ()) -> KeyComparison:
     timed says nothing about hosts.
     """
     hosts, values, nh = k.hosts, k.values, len(k.hosts)
+    if nh == 2:  # the common case, whatever ``exclude`` says: each host is the other's only peer
+        return _compare_two(k)
     skip = {i for i, h in enumerate(hosts) if h in exclude} if exclude else set()
     own: list[list[float]] = [[] for _ in hosts]
     base: list[list[float]] = [[] for _ in hosts]
@@ -347,6 +349,26 @@ def compare(k: KeyTimings, exclude: Iterable[str] = ()) -> KeyComparison:
     peers = {hosts[i]: _median(t) for i, t in enumerate(base) if t}
     ratios = {h: times[h] / peers[h] for h in times}
     return KeyComparison(k.digest, k.kernel, k.key_json, k.target, ratios, times, peers, k.device)
+
+
+def _compare_two(k: KeyTimings) -> KeyComparison:
+    """:func:`compare` of a key two hosts timed: over the configs both timed, each host's time is
+    the other's peers' time (the same medians, the same ratios, no list per config)."""
+    a, b = k.hosts
+    values = k.values
+    mine: list[float] = []
+    theirs: list[float] = []
+    for c in range(0, len(values), 2):
+        x, y = values[c], values[c + 1]
+        if x == x and y == y:  # NaN: not timed
+            mine.append(x)
+            theirs.append(y)
+    if not mine:
+        return KeyComparison(k.digest, k.kernel, k.key_json, k.target, {}, {}, {}, k.device)
+    ta, tb = _median(mine), _median(theirs)
+    return KeyComparison(
+        k.digest, k.kernel, k.key_json, k.target, {a: ta / tb, b: tb / ta}, {a: ta, b: tb}, {a: tb, b: ta}, k.device
+    )
 
 
 def compare_key(

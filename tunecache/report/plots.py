@@ -11,17 +11,19 @@ read as TeX, since matplotlib takes ``$...$`` for math and mangles it or fails o
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import html
 import io
 import itertools
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 try:
     import matplotlib
+    import matplotlib.textpath
     from matplotlib.figure import Figure
 except ImportError as e:  # pragma: no cover - exercised by users without the extra
     from tunecache.errors import TunecacheError
@@ -44,10 +46,48 @@ def _plain_text(fn: _F) -> _F:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> str:
-        with matplotlib.rc_context(_PLAIN_TEXT):
+        with matplotlib.rc_context(_PLAIN_TEXT), measured_once():
             return fn(*args, **kwargs)
 
     return wrapper  # type: ignore[return-value]
+
+
+_measuring: list[bool] = []  # set while measured_once is active (the outermost one holds the cache)
+
+
+@contextlib.contextmanager
+def measured_once() -> Iterator[None]:
+    """Each string measured once, not once per renderer: saving an SVG lays a figure out with three
+    renderers (the layout's, the tight box's dry run, the output's) and matplotlib's metrics cache is
+    per renderer, so every tick label went through FreeType three or four times (a second or more of
+    the 100k-store report: 48 distinct key labels per figure, shared by a group's two figures).
+
+    The SVG renderer measures text with :class:`matplotlib.textpath.TextToPath` at a fixed scale and
+    DPI: the result depends only on the string, the font properties (by their hash, which is
+    matplotlib's own equality) and ``ismath``, all in the key, and on the rcParams that resolve a
+    font family, which nothing here changes while it is active. Every plot function enters it (one
+    figure); the page enters it around all of its figures; the outermost one restores matplotlib."""
+    if _measuring:
+        yield
+        return
+    cls = matplotlib.textpath.TextToPath
+    measure = cls.get_text_width_height_descent
+    memo: dict[tuple[str, int, Any], Any] = {}
+
+    def once(self: Any, s: str, prop: Any, ismath: Any) -> Any:
+        key = (s, hash(prop), ismath)
+        got = memo.get(key)
+        if got is None:
+            got = memo[key] = measure(self, s, prop, ismath)
+        return got
+
+    cls.get_text_width_height_descent = once  # type: ignore[method-assign]
+    _measuring.append(True)
+    try:
+        yield
+    finally:
+        _measuring.pop()
+        cls.get_text_width_height_descent = measure  # type: ignore[method-assign]
 
 
 class _Titles:

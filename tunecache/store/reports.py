@@ -9,6 +9,8 @@ rows; ``filters`` is anything with ``kernel``, ``target`` and ``since`` (the rep
 from __future__ import annotations
 
 import datetime as dt
+import itertools
+import operator
 from typing import Any, Protocol
 
 import sqlalchemy as sa
@@ -43,51 +45,72 @@ def clauses(filters: ReportFilters, t: sa.Table = problems, *, dated: bool = Tru
 
 def fleet_batch(
     store: Store, filters: ReportFilters, after: str, limit: int
-) -> tuple[list[str], dict[str, Row], dict[str, list[tuple[str, str, float]]], list[Row]]:
+) -> tuple[list[str], dict[str, Row], dict[str, list[Any]], list[tuple[str, str, Any, Any]]]:
     """The next ``limit`` digests after ``after`` that more than one host measured, their problems'
     rows (digest, kernel, key_json, device_name, arch, driver_version), ``{digest: [(host,
-    config_hash, median_ms)]}`` and when each host timed each kernel among them (rows: host, kernel,
-    first and last ``measured_at``: one aggregate over the batch, not one datetime per row).
+    config_hash, median_ms, ...)]}`` (the rows as read, those three first) and when each host timed
+    each kernel among them (host, kernel, first and last ``measured_at``: one aggregate over the
+    batch, not one datetime per row).
 
     ``filters.since`` applies to the timings (``measured_at``), not to the problems: a host's old
-    timings of a problem that another host re-tuned today must not count as recent evidence."""
+    timings of a problem that another host re-tuned today must not count as recent evidence.
+
+    Two queries: the digests with their problems' fields (one join), then every timing of the
+    digest range they span (the primary key's order; a digest of the range that is not in the batch
+    is skipped), whose ``measured_at`` is read as stored and compared as read (what ``min``/``max``
+    do in SQL), then converted once per (host, kernel): no join and no datetime per row."""
     m, p = measurements.c, problems.c
     recent = [m.measured_at >= filters.since] if filters.since else []
+    shared = (
+        sa.select(m.digest)
+        .join(problems, p.digest == m.digest)
+        .where(*clauses(filters, dated=False), *recent, m.digest > after)
+        .group_by(m.digest)
+        .having(sa.func.count(sa.distinct(m.host)) > 1)
+        .order_by(m.digest)
+        .limit(limit)
+        .subquery()
+    )
     with store.snapshot("fleet") as conn:
-        ids = (
-            conn.execute(
-                sa.select(m.digest)
-                .join(problems, p.digest == m.digest)
-                .where(*clauses(filters, dated=False), *recent, m.digest > after)
-                .group_by(m.digest)
-                .having(sa.func.count(sa.distinct(m.host)) > 1)
-                .order_by(m.digest)
-                .limit(limit)
-            )
-            .scalars()
-            .all()
-        )
-        if not ids:
-            return [], {}, {}, []
-        meta = {
-            r.digest: r
-            for r in conn.execute(
-                sa.select(p.digest, p.kernel, p.key_json, p.device_name, p.arch, p.driver_version).where(
-                    p.digest.in_(ids)
-                )
-            )
-        }
-        rows: dict[str, list[tuple[str, str, float]]] = {}
-        q = sa.select(m.digest, m.host, m.config_hash, m.median_ms).where(m.digest.in_(ids), *recent)
-        for d, host, ch, ms in conn.execute(q):
-            rows.setdefault(d, []).append((host, ch, ms))
-        dates = conn.execute(
-            sa.select(m.host, p.kernel, sa.func.min(m.measured_at), sa.func.max(m.measured_at))
-            .join(problems, p.digest == m.digest)
-            .where(m.digest.in_(ids), *recent)
-            .group_by(m.host, p.kernel)
+        found = conn.execute(
+            sa.select(p.digest, p.kernel, p.key_json, p.device_name, p.arch, p.driver_version)
+            .join(shared, shared.c.digest == p.digest)
+            .order_by(p.digest)
         ).all()
-    return list(ids), meta, rows, dates
+        if not found:
+            return [], {}, {}, []
+        meta = {r.digest: r for r in found}
+        when = sa.type_coerce(m.measured_at, sa.String)  # as stored: no datetime made per row
+        q = (
+            sa.select(m.host, m.config_hash, m.median_ms, when, m.digest)
+            .where(m.digest > after, m.digest <= found[-1].digest, *recent)
+            .order_by(m.digest)  # the primary key's order: no sort
+        )
+        rows: dict[str, list[Any]] = {}
+        span: dict[str, dict[str, list[Any]]] = {}  # kernel -> host -> [first, last]
+        for d, timings in itertools.groupby(conn.execute(q).all(), key=operator.itemgetter(4)):
+            r = meta.get(d)
+            if r is None:  # in the range, not shared
+                continue
+            ts = rows[d] = list(timings)
+            hosts = span.get(r.kernel)
+            if hosts is None:
+                hosts = span[r.kernel] = {}
+            for host, _, _, at, _ in ts:
+                s = hosts.get(host)
+                if s is None:
+                    hosts[host] = [at, at]
+                elif at < s[0]:
+                    s[0] = at
+                elif at > s[1]:
+                    s[1] = at
+        proc = measurements.c.measured_at.type.dialect_impl(conn.dialect).result_processor(conn.dialect, None)
+
+        def stamp(v: Any) -> Any:  # a string where the driver gives one (SQLite), as the column would read
+            return proc(v) if proc is not None and isinstance(v, str) else v
+
+        dates = [(h, k, stamp(lo), stamp(hi)) for k, hosts in span.items() for h, (lo, hi) in hosts.items()]
+    return [r.digest for r in found], meta, rows, dates
 
 
 def groups(
