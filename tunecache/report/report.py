@@ -27,11 +27,7 @@ import orjson
 
 from tunecache.model import FAILED_STATUSES, utcnow
 from tunecache.report import compare, fleet, fleetpage
-from tunecache.report.html import escape as _e
-from tunecache.report.html import figure as _plot
-from tunecache.report.html import spread as _spread
-from tunecache.report.html import table as _table
-from tunecache.report.html import utc as _utc
+from tunecache.report.html import escape, figure, spread, table, utc
 from tunecache.report.labels import (
     config_labels,
     key_axis,
@@ -160,7 +156,7 @@ class Group:
 
 def _draw_keys(scan: list[Any]) -> list[Any]:
     """The keys drawn of a group: in key order (numeric), ``MAX_KEYS`` spread over them."""
-    return _spread(sorted(scan, key=lambda r: key_order(r.key_json)), MAX_KEYS)
+    return spread(sorted(scan, key=lambda r: key_order(r.key_json)), MAX_KEYS)
 
 
 def load_groups(store: Store, filters: Filters) -> list[Group]:
@@ -216,7 +212,8 @@ def failure_text(f: dict[str, Any] | None) -> str:
 
 
 def _group_head(g: Group) -> str:
-    return f'<h3 id="{g.anchor}">{_e(g.kernel)} &middot; source {_e(g.source_hash[:10])} &middot; {_e(g.target)}</h3>'
+    source = escape(g.source_hash[:10])
+    return f'<h3 id="{g.anchor}">{escape(g.kernel)} &middot; source {source} &middot; {escape(g.target)}</h3>'
 
 
 def _group_section(g: Group, plots: Any) -> str:
@@ -267,16 +264,17 @@ def _group_section(g: Group, plots: Any) -> str:
         titles.append(tline)
     winners = [shown.index(k["winner_config_hash"]) if k["winner_config_hash"] in shown else None for k in keys]
     parts = [_group_head(g)]
-    parts.append(f"<p>{g.problems} keys stored, Triton {_e(g.triton)}.")
+    parts.append(f"<p>{g.problems} keys stored, Triton {escape(g.triton)}.")
     if axis.constant:
-        parts.append(f" Every key has {_e(', '.join(axis.constant))}.")
+        parts.append(f" Every key has {escape(', '.join(axis.constant))}.")
     if same:
-        parts.append(f" Every config has {_e(', '.join(same))}.")
+        parts.append(f" Every config has {escape(', '.join(same))}.")
     if g.problems > len(keys):
         parts.append(
             f' <span class="note">Drawn: {len(keys)} of {g.problems} keys, spread over '
             f"{'them' if g.problems <= MAX_SCAN else f'the first {MAX_SCAN} by bucket'} in key order "
-            f"({g.problems - len(keys)} left out; every key: <code>tunecache ls --kernel {_e(g.kernel)}</code>).</span>"
+            f"({g.problems - len(keys)} left out; every key: "
+            f"<code>tunecache ls --kernel {escape(g.kernel)}</code>).</span>"
         )
     if len(order) > len(shown):
         parts.append(
@@ -301,12 +299,12 @@ def _group_section(g: Group, plots: Any) -> str:
             for f, k in zip(full, keys)
         ],
     )
-    parts.append(_plot(svg, f"heatmap {g.kernel}"))
+    parts.append(figure(svg, f"heatmap {g.kernel}"))
     dead = [labels[j] for j, k in enumerate(keys) if not k["winner_config_hash"]]
     if dead:
         parts.append(
             f'<p class="note">Every config failed for {len(dead)} drawn key(s), a grey column: '
-            f"{_e(', '.join(dead[:20]))}{' ...' if len(dead) > 20 else ''}. Nothing stored can run there: "
+            f"{escape(', '.join(dead[:20]))}{' ...' if len(dead) > 20 else ''}. Nothing stored can run there: "
             "Triton's own autotuning runs on such keys (see the reasons below).</p>"
         )
     if reasons:
@@ -315,7 +313,7 @@ def _group_section(g: Group, plots: Any) -> str:
             for (c, st, why), ks in reasons.items()
         ]
         parts.append("<p>Configs that did not run (grey cells):</p>")
-        parts.append(_table(["config", "status", "reason", "keys", "which"], rows))
+        parts.append(table(["config", "status", "reason", "keys", "which"], rows))
     line = [(lab, f, k) for lab, f, k in zip(labels, full, keys) if k["winner_ms"]]
     if line:
         wn = [name.get(k["winner_config_hash"], "?") for _, _, k in line]
@@ -326,19 +324,19 @@ def _group_section(g: Group, plots: Any) -> str:
             key_axis=axis.title,
             titles=[f"key {f}: {w}, {k['winner_ms']:.4g} ms" for (_, f, k), w in zip(line, wn)],
         )
-        parts.append(_plot(svg, f"winners {g.kernel}"))
+        parts.append(figure(svg, f"winners {g.kernel}"))
         rows = [[lab, w, f"{k['winner_ms']:.4g}"] for (lab, _, k), w in zip(line, wn)]
         parts.append("<details><summary>Winner per key (table)</summary>")
-        parts.append(_table([axis.title, "winner", "ms"], rows) + "</details>")
+        parts.append(table([axis.title, "winner", "ms"], rows) + "</details>")
     return "".join(parts)
 
 
 def _undrawn_section(g: Group) -> str:
     failed = ", ".join(f"{n} {s}" for s, n in sorted(g.failures.items())) or "none"
     return (
-        _group_head(g) + f"<p>{g.problems} keys stored, Triton {_e(g.triton)}; keys with no working config: "
-        f"{g.no_working_config}; config rows that did not run: {_e(failed)}. Not drawn: draw it with "
-        f"<code>{_e(_cmd(g.kernel, g.target_digest))}</code>.</p>"
+        _group_head(g) + f"<p>{g.problems} keys stored, Triton {escape(g.triton)}; keys with no working config: "
+        f"{g.no_working_config}; config rows that did not run: {escape(failed)}. Not drawn: draw it with "
+        f"<code>{escape(_cmd(g.kernel, g.target_digest))}</code>.</p>"
     )
 
 
@@ -446,8 +444,8 @@ def _summary_section(s: Summary, a: fleet.FleetAnalysis) -> str:
         ("fleet", verdict, "see Fleet below"),
     ]
     cells = "".join(
-        f'<tr><th>{_e(k)}</th><td data-key="{_e(k)}">{_e(f"{v:,}" if isinstance(v, int) else v)}</td>'
-        f"<td>{_e(why)}</td></tr>"
+        f'<tr><th>{escape(k)}</th><td data-key="{escape(k)}">{escape(f"{v:,}" if isinstance(v, int) else v)}</td>'
+        f"<td>{escape(why)}</td></tr>"
         for k, v, why in rows
     )
     cls = "bad" if a.outliers else ("note" if a.too_few else "good")
@@ -459,7 +457,7 @@ def _index_section(groups: list[Group]) -> str:
     for g in groups:
         failed = sum(n for s, n in g.failures.items() if s in FAILED_STATUSES)
         rows.append(
-            f'<tr><td><a href="#{g.anchor}">{_e(g.kernel)}</a></td><td>{_e(g.target)}</td>'
+            f'<tr><td><a href="#{g.anchor}">{escape(g.kernel)}</a></td><td>{escape(g.target)}</td>'
             f'<td class="n">{g.problems}</td><td class="n">{failed}</td><td class="n">{g.no_working_config}</td>'
             f"<td>{'drawn' if g.drawn else 'not drawn'}</td></tr>"
         )
@@ -485,7 +483,7 @@ def _index_section(groups: list[Group]) -> str:
 def _saved_section(store: Store, filters: Filters, per_kernel: list[Any], plots: Any) -> str:
     if not per_kernel:
         return "<p>No problems match.</p>"
-    out = [f"<p>Saved: {_e(SAVED_DEFINITION)} Spent: {_e(SPENT_DEFINITION)}</p>"]
+    out = [f"<p>Saved: {escape(SAVED_DEFINITION)} Spent: {escape(SPENT_DEFINITION)}</p>"]
     shown = per_kernel[:MAX_SAVED_ROWS]
     rows = [
         [r.kernel, r.keys, r.hits or 0, r.host_benchmarks or 0, f"{r.spent or 0:.1f}", f"{r.saved or 0:.1f}"]
@@ -498,7 +496,7 @@ def _saved_section(store: Store, filters: Filters, per_kernel: list[Any], plots:
             "<code>tunecache report --kernel NAME</code>).</p>"
         )
     hdr = ["kernel", "keys", "hits", "host benchmarks", "spent tuning s", "saved s"]
-    out.append(_table(hdr, rows))
+    out.append(table(hdr, rows))
     bars = per_kernel[:MAX_SAVED_BARS]
     short = _short_names([r.kernel for r in bars])  # the full names: the table, the hover text
     if len(per_kernel) > len(bars):
@@ -507,7 +505,7 @@ def _saved_section(store: Store, filters: Filters, per_kernel: list[Any], plots:
             f"({len(per_kernel) - len(bars)} left out of the plot; the table has them).</p>"
         )
     out.append(
-        _plot(
+        figure(
             plots.saved_bars(
                 [short[r.kernel] for r in bars],
                 [r.saved or 0 for r in bars],
@@ -536,7 +534,7 @@ def _saved_section(store: Store, filters: Filters, per_kernel: list[Any], plots:
                 f"({len(per_kernel) - len(top)} left out; one kernel: <code>tunecache report --kernel NAME</code>).</p>"
             )
         names = _short_names(list(series))
-        out.append(_plot(plots.saved_over_time({names[k]: v for k, v in series.items()}), "saved over time"))
+        out.append(figure(plots.saved_over_time({names[k]: v for k, v in series.items()}), "saved over time"))
     else:
         out.append("<p>All these problems were tuned on one day: no plot over time.</p>")
     return "".join(out)
@@ -590,12 +588,12 @@ def _misses_section(store: Store, filters: Filters, plots: Any) -> str:
             "<code>tunecache report --kernel NAME</code>).</p>"
         )
     out.append(
-        _plot(
+        figure(
             plots.miss_bars(
                 labels,
                 {r: [e["counts"].get(r, 0) for e in entries] for r in reasons},
                 titles=[
-                    f"{e['kernel']}\nkey {e['key']}\n{target(e)}\n{_counts(e)}\nlast: {e['host']} at {_utc(e['last'])}"
+                    f"{e['kernel']}\nkey {e['key']}\n{target(e)}\n{_counts(e)}\nlast: {e['host']} at {utc(e['last'])}"
                     for e in entries
                 ],
             ),
@@ -603,9 +601,9 @@ def _misses_section(store: Store, filters: Filters, plots: Any) -> str:
         )
     )
     out.append(
-        _table(
+        table(
             ["kernel", "key", "GPU (target)", "misses", "last host to miss", "last seen"],
-            [[e["kernel"], e["key"], target(e), _counts(e), e["host"], _utc(e["last"])] for e in entries],
+            [[e["kernel"], e["key"], target(e), _counts(e), e["host"], utc(e["last"])] for e in entries],
         )
     )
     return "".join(out)
@@ -641,10 +639,10 @@ def _render(
     summary = load_summary(store, filters, per_kernel, groups)
     analysis = hosts(store, filters, threshold, min_keys)
     now = utcnow()
-    body = [f"<h1>{_e(title or 'tunecache report')}</h1>"]
+    body = [f"<h1>{escape(title or 'tunecache report')}</h1>"]
     body.append(
-        f"<p>Store <code>{_e(store.masked_url)}</code>, {now:%Y-%m-%d %H:%M} UTC. "
-        f"Filters: {_e(filters.describe())}.</p>"
+        f"<p>Store <code>{escape(store.masked_url)}</code>, {now:%Y-%m-%d %H:%M} UTC. "
+        f"Filters: {escape(filters.describe())}.</p>"
     )
     body.append(_summary_section(summary, analysis))
     body.append(_index_section(groups))
@@ -658,7 +656,7 @@ def _render(
     body.append(
         "<p>Each cell: the config's median time over the key's best (1.0 = the best); "
         "&#9733; the stored winner; grey: did not run "
-        f"({_e(', '.join(f'{v} {k}' for k, v in plots.FAILED_CODES.items()))}); "
+        f"({escape(', '.join(f'{v} {k}' for k, v in plots.FAILED_CODES.items()))}); "
         "white: not timed for that key. Hover a cell for its time in ms, config, key and host.</p>"
     )
     drawn = [g for g in groups if g.drawn]
@@ -683,7 +681,7 @@ def _render(
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f'<meta http-equiv="Content-Security-Policy" content="{_CSP}">'
-        f"<title>{_e(title or 'tunecache report')}</title><style>{_CSS}</style></head><body>"
+        f"<title>{escape(title or 'tunecache report')}</title><style>{_CSS}</style></head><body>"
         + "\n".join(body)
         + "</body></html>\n"
     )
