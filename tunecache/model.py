@@ -161,8 +161,9 @@ class Binary:
         return len(self.metadata) + len(self.binary)
 
 
-#: The caches of torch.compile (Inductor) whose entries tunecache keeps (:mod:`tunecache.inductor`).
-INDUCTOR_KINDS = ("autotune", "bundled_autotune", "fx_graph", "aot_autograd")
+#: The caches of torch.compile (Inductor) whose entries tunecache keeps (:mod:`tunecache.inductor`):
+#: Inductor's four remote caches, and the Triton kernels it compiles (:mod:`tunecache.inductor.tritoncache`).
+INDUCTOR_KINDS = ("autotune", "bundled_autotune", "fx_graph", "aot_autograd", "triton_kernel")
 
 
 @dataclass(frozen=True)

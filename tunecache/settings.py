@@ -216,6 +216,14 @@ SETTINGS: dict[str, Setting] = {
             " TUNECACHE_INSTALL, set up when torch._inductor is first imported, else by tunecache.inductor.enable()",
         ),
         Setting(
+            "TUNECACHE_INDUCTOR_KERNELS",
+            "1",
+            _switch,
+            "with TUNECACHE_INDUCTOR, the Triton kernels a process compiles are filed in the store (signed) and a"
+            " kernel the local Triton cache lacks is taken from there before Triton compiles it (not where"
+            " TRITON_CACHE_MANAGER names a cache manager of your own)",
+        ),
+        Setting(
             "TUNECACHE_SUMMARY",
             "0",
             _switch,

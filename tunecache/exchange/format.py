@@ -181,7 +181,7 @@ line would pass :data:`MAX_LINE_BYTES` is left out (counted, logged): the import
 ==============  ===========================================================================
 field           value
 ==============  ===========================================================================
-cache           ``autotune``, ``bundled_autotune``, ``fx_graph`` or ``aot_autograd``
+cache           ``autotune``, ``bundled_autotune``, ``fx_graph``, ``aot_autograd`` or ``triton_kernel``
 key             Inductor's key (a string, at most 4096 characters)
 target_digest   64 hex: the target the entry is bound to (:func:`tunecache.inductor.entries.inductor_target`)
 target          object of strings: backend, arch, device_name, driver_version, torch_version, triton_version

@@ -35,7 +35,9 @@ _switched: dict[tuple[str, str], Any] = {}  # the switches enable() turned on, a
 
 def enable(entries: InductorStore | None = None, *, switch_on: bool = True) -> list[str]:
     """Make tunecache the backend of every Inductor remote cache this torch has; with ``switch_on``,
-    turn on those not set either way. Returns the kinds of cache now backed by tunecache (empty on a
+    turn on those not set either way. With ``TUNECACHE_INDUCTOR_KERNELS`` (the default), Triton's
+    compile cache in this process is backed by the store too (:mod:`tunecache.inductor.tritoncache`).
+    Returns the kinds of cache now backed by tunecache (empty on a
     torch without the seam, < 2.5, which is logged)."""
     import importlib
 
@@ -59,6 +61,10 @@ def enable(entries: InductorStore | None = None, *, switch_on: bool = True) -> l
             if getattr(config, attr, False) is None:
                 _switched.setdefault((module, attr), None)
                 setattr(config, attr, True)
+    if done and settings.get("TUNECACHE_INDUCTOR_KERNELS"):
+        from tunecache.inductor import tritoncache
+
+        tritoncache.install(entries)
     if not done:
         import torch
 
@@ -94,6 +100,9 @@ def disable() -> None:
         # Only ours (they have a kind), not a test's mock.
         if cls is not None and getattr(getattr(cls, "backend_override_cls", None), "kind", None):
             cls.backend_override_cls = None
+    from tunecache.inductor import tritoncache
+
+    tritoncache.uninstall()
     for (module, attr), before in list(_switched.items()):
         setattr(importlib.import_module(module), attr, before)
     _switched.clear()

@@ -76,32 +76,37 @@ class InductorStore:
 
     def get(self, kind: str, key: str) -> bytes | None:
         """The bytes stored under ``key`` in cache ``kind`` for this target, or None (a miss)."""
+        return self.lookup(kind, key)[0]
+
+    def lookup(self, kind: str, key: str) -> tuple[bytes | None, bool]:
+        """(:meth:`get`'s answer, whether the store answered): (None, True) when the store lacks the
+        entry or holds one it does not vouch for, (None, False) with no store or on a failure."""
         if kind not in INDUCTOR_KINDS:
             raise ValueError(f"{kind!r} is not an Inductor cache tunecache keeps: {', '.join(INDUCTOR_KINDS)}")
         try:
             store = self._open()
             if store is None:
-                return None
+                return None, False
             digest, _ = inductor_target()
             entry = store.get_inductor(kind, key, digest)
             if entry is None:
                 counters.count(None, None, inductor_misses=1)
-                return None
+                return None, True
             why = self._policy(store).inductor(entry)
         except Exception as e:  # noqa: BLE001 - Inductor compiles as without a remote cache
             self._failed("get", e)
-            return None
+            return None, False
         if why is not None:
             trust.refused(f"torch.compile {kind} entry", key[:60], why, store.masked_url)
             counters.count(None, None, inductor_misses=1)
-            return None
+            return None, True
         counters.count(None, None, inductor_hits=1)
         if not store.readonly and settings.current_mode() != "readonly":
             try:
                 store.touch_inductor(entry)
             except Exception as e:  # noqa: BLE001 - a hit not recorded only ages the entry sooner
                 self._failed("put", e)
-        return entry.value
+        return entry.value, True
 
     def put(self, kind: str, key: str, data: bytes) -> None:
         """Store ``data`` under ``key`` in cache ``kind`` for this target, signed with this process's

@@ -184,7 +184,7 @@ binaries = sa.Table(
 inductor_entries = sa.Table(
     "inductor_entries",
     metadata,
-    sa.Column("kind", sa.String(32), primary_key=True),  # autotune | bundled_autotune | fx_graph | aot_autograd
+    sa.Column("kind", sa.String(32), primary_key=True),  # model.INDUCTOR_KINDS
     sa.Column("key_hash", Digest, primary_key=True),  # sha256 of Inductor's key (which may be long)
     sa.Column("target_digest", Digest, primary_key=True),
     sa.Column("key", sa.Text, nullable=False),

@@ -1,0 +1,216 @@
+"""Triton cache: the Triton kernels torch.compile compiles, shared through the store as signed code.
+
+Why: Inductor's FX graph entries bundle the binaries of the kernels a graph *uses*, not of every
+kernel its tuning compiled. In max-autotune, torch (2.11) runs its coordinate-descent search again at
+every start for some kernels (a persistent reduction, a pointwise), compiling each variant it tries:
+a warm host finds those in its local Triton cache, a fresh host compiles them all (run AQ: 41
+compiles against stock warm's 16). So a process with ``TUNECACHE_INDUCTOR`` files every Triton
+kernel it compiles in the store too (kind ``triton_kernel``, keyed by Triton's own cache key, bound
+to the target, signed where made), and looks a kernel up there when its local Triton cache lacks it,
+before Triton compiles it.
+
+Seam: Triton's cache-manager class (``triton.knobs.cache.manager_class``, what ``TRITON_CACHE_MANAGER``
+names), set in the process only when the user has not set one (one slot: a manager of yours stays,
+and this is off). :class:`StoreCacheManager` is Triton's own ``FileCacheManager`` with two additions:
+
+- ``get_group`` of a kernel the local cache lacks asks the store; a verified entry is written into
+  the local cache through ``FileCacheManager`` itself (as a compile would), and Triton loads it. A
+  local hit never touches the store, and a lookup only ever precedes what would be a compile.
+- ``put_group`` after a compile files the kernel's metadata and binary (what
+  ``TRITON_STORE_BINARY_ONLY`` keeps) in the store, if this process's lookup found it missing there.
+
+A stored kernel is native code: it is placed only if the store's trust policy vouches for the entry
+(:mod:`tunecache.trust`) and it passes the checks of a stored binary
+(:func:`tunecache.binaries.binaries.problems_of`: its metadata names the key it is filed under,
+plain file names, the backend's extension). Every failure is a miss: Triton compiles as without it.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import logging
+import threading
+
+import orjson
+from triton.runtime.cache import FileCacheManager
+
+from tunecache import forks
+from tunecache.binaries.binaries import problems_of
+from tunecache.inductor.entries import InductorStore, default
+from tunecache.model import BINARY_EXTS, Binary, binary_sha256
+
+log = logging.getLogger("tunecache")
+
+#: The kind of Inductor entry a compiled Triton kernel is stored as.
+KIND = "triton_kernel"
+#: Version of the entry's value format.
+FORMAT = 1
+
+_entries: InductorStore | None = None  # pinned by enable(entries=...); None: the process default
+_missing: set[tuple[str, str]] = set()  # (key, name) this process looked up and the store lacked
+_lock = threading.Lock()
+
+
+def hex_key(key: str) -> str | None:
+    """Triton's cache key (64 hex digits) from the base32 directory name its cache manager is given."""
+    try:
+        raw = base64.b32decode(key + "=" * (-len(key) % 8))
+    except (binascii.Error, ValueError):
+        return None
+    return raw.hex() if len(raw) == 32 else None
+
+
+def encode(b: Binary) -> bytes:
+    """The entry value of binary ``b``: JSON, the binary in base64."""
+    return orjson.dumps(
+        {
+            "format": FORMAT,
+            "name": b.name,
+            "ext": b.ext,
+            "triton_version": b.triton_version,
+            "metadata": b.metadata.decode("utf-8"),
+            "binary": base64.b64encode(b.binary).decode("ascii"),
+        }
+    )
+
+
+def decode(triton_key: str, value: bytes) -> Binary:
+    """The binary an entry value holds for ``triton_key``; ValueError if it is not one."""
+    try:
+        obj = orjson.loads(value)
+        if not isinstance(obj, dict) or obj.get("format") != FORMAT:
+            raise ValueError(f"not a format-{FORMAT} Triton kernel entry")
+        name, ext, version = str(obj["name"]), str(obj["ext"]), str(obj["triton_version"])
+        metadata = str(obj["metadata"]).encode("utf-8")
+        binary = base64.b64decode(str(obj["binary"]), validate=True)
+    except (orjson.JSONDecodeError, KeyError, TypeError, binascii.Error) as e:
+        raise ValueError(f"not a Triton kernel entry: {e}") from e
+    sha = binary_sha256(triton_key, name, ext, version, metadata, binary)
+    return Binary(triton_key, sha, name, ext, version, metadata, binary)
+
+
+def _triton_version() -> str:
+    import triton
+
+    return str(triton.__version__)
+
+
+class StoreCacheManager(FileCacheManager):  # type: ignore[misc]
+    """Triton's file cache, with the store behind it for the kernels it lacks (module docstring)."""
+
+    def __init__(self, key: str, override: bool = False, dump: bool = False) -> None:
+        super().__init__(key, override=override, dump=dump)
+        self._shared = not override and not dump  # override and dump directories stay local
+
+    def get_group(self, filename: str) -> dict[str, str] | None:
+        group = super().get_group(filename)
+        if group is None and self._shared and filename.endswith(".json") and self._fetch(filename[: -len(".json")]):
+            group = super().get_group(filename)
+        return group
+
+    def put_group(self, filename: str, group: dict[str, str]) -> str:
+        path = super().put_group(filename, group)
+        if self._shared and filename.endswith(".json"):
+            self._keep(filename[: -len(".json")], group)
+        return str(path)
+
+    # ---- the store side: never raises into Triton ----------------------------------------------
+
+    def _fetch(self, name: str) -> bool:
+        """Place the stored kernel ``name`` of this key into the local cache; whether it was placed."""
+        key = hex_key(self.key)
+        if key is None:
+            return False
+        value, answered = (_entries or default()).lookup(KIND, key)  # verified against the trust policy
+        if value is None:
+            if answered:  # the store lacks it (or holds one it does not vouch for): file ours after the compile
+                with _lock:
+                    _missing.add((key, name))
+            return False
+        try:
+            b = decode(key, value)
+        except ValueError as e:
+            why: str | None = str(e)
+        else:
+            why = problems_of(b) or (None if b.name == name else f"it is named {b.name!r}, not {name!r}")
+        if why is not None:
+            log.warning("tunecache: stored Triton kernel %s... not placed: %s; Triton compiles it", key[:16], why)
+            return False
+        try:
+            paths = {
+                f"{name}.{b.ext}": FileCacheManager.put(self, b.binary, f"{name}.{b.ext}", binary=True),
+                f"{name}.json": FileCacheManager.put(self, b.metadata, f"{name}.json"),
+            }
+            FileCacheManager.put_group(self, f"{name}.json", paths)  # last: whole files only
+        except OSError as e:
+            log.warning("tunecache: stored Triton kernel %s... not placed: %s", key[:16], e)
+            return False
+        return True
+
+    def _keep(self, name: str, group: dict[str, str]) -> None:
+        """File a kernel Triton just compiled in the store, if this process found the store lacking it."""
+        key = hex_key(self.key)
+        if key is None:
+            return
+        with _lock:
+            if (key, name) not in _missing:
+                return
+            _missing.discard((key, name))
+        try:
+            md_path = group[f"{name}.json"]
+            with open(md_path, "rb") as f:
+                metadata = f.read()
+            backend = (orjson.loads(metadata).get("target") or {}).get("backend")
+            ext = BINARY_EXTS.get(str(backend))
+            if ext is None or f"{name}.{ext}" not in group:
+                return
+            with open(group[f"{name}.{ext}"], "rb") as f:
+                binary = f.read()
+        except (OSError, KeyError, ValueError, AttributeError):
+            return  # not a kernel group tunecache knows how to carry
+        version = _triton_version()
+        b = Binary(key, binary_sha256(key, name, ext, version, metadata, binary), name, ext, version, metadata, binary)
+        if problems_of(b) is None:
+            (_entries or default()).put(KIND, key, encode(b))
+
+
+def install(entries: InductorStore | None = None) -> bool:
+    """Make :class:`StoreCacheManager` Triton's cache manager in this process, unless one is set
+    (``TRITON_CACHE_MANAGER`` or ``knobs.cache.manager_class``). Returns whether it is ours now."""
+    global _entries
+    from triton import knobs
+
+    current = knobs.cache.manager_class
+    if current is not None and current is not StoreCacheManager:
+        log.info(
+            "tunecache: Triton's cache manager is %s (TRITON_CACHE_MANAGER): torch.compile's Triton kernels"
+            " are not shared through the store",
+            getattr(current, "__qualname__", current),
+        )
+        return False
+    _entries = entries
+    knobs.cache.manager_class = StoreCacheManager
+    return True
+
+
+def uninstall() -> None:
+    """Undo :func:`install` (tests): Triton's default manager again, if ours is set."""
+    global _entries
+    from triton import knobs
+
+    if knobs.cache.manager_class is StoreCacheManager:
+        knobs.cache.manager_class = None
+    _entries = None
+    with _lock:
+        _missing.clear()
+
+
+def _after_fork_in_child() -> None:
+    global _lock
+    _lock = threading.Lock()  # a parent thread may have held it at the fork
+
+
+forks.register(__name__, _after_fork_in_child)
+
+__all__ = ["FORMAT", "KIND", "StoreCacheManager", "decode", "encode", "hex_key", "install", "uninstall"]
