@@ -369,11 +369,12 @@ class Bench:
 
     def clear_store(self, url: str) -> None:
         """A shared store starts without torch.compile entries (the first start fills it)."""
+        from tunecache.model import INDUCTOR_KINDS
         from tunecache.store.opening import open_store
 
         s = open_store(url)
         try:
-            s.delete_inductor(kinds=["autotune", "bundled_autotune", "fx_graph", "aot_autograd"])
+            s.delete_inductor(kinds=list(INDUCTOR_KINDS))
         finally:
             s.close()
 

@@ -312,8 +312,9 @@ def test_torch_compile_on_a_fresh_host_with_the_store_warm_runs_no_autotune_benc
     empty local caches and an empty store autotunes and fills the store; a fresh host (new empty
     Inductor and Triton caches, the store warm) runs 0 autotune benchmarks (counted where they run,
     not from Inductor's counters, which a cache hit replays) and no more coordinate-descent tunings than
-    stock restarting on its own warm caches (torch 2.11 re-runs those at every warm start; their Triton
-    compiles are hits in stock's warm Triton cache, not on a fresh host: docs/benchmarks.md), serves
+    stock restarting on its own warm caches (torch 2.11 re-runs those at every warm start), no more
+    Triton compiles than that warm start (the search's variants are Triton cache hits in stock's warm
+    cache, and come from the store's Triton kernels on a fresh host: docs/benchmarks.md), serves
     entries from the store, and computes what the filling start did (bit for bit: the same kernels
     and configs) and what stock torch.compile does (to bf16 tolerance: stock's own autotuning may pick other GEMMs)."""
     import importlib.util
@@ -356,6 +357,8 @@ def test_torch_compile_on_a_fresh_host_with_the_store_warm_runs_no_autotune_benc
     assert first["fx_backend"] == "TunecacheFxGraphBackend" and first["autotune_benchmarks"] > 0, first
     assert fresh["autotune_benchmarks"] == 0, fresh
     assert fresh["coordesc_tunings"] <= warm["coordesc_tunings"], (fresh, warm)
+    # The search's variants come from the store's Triton kernels (tunecache/inductor/tritoncache.py).
+    assert fresh["triton_compiles"] <= warm["triton_compiles"], (fresh, warm)
     assert fresh["fxgraph_cache_hit"] == len(first_out) and fresh["tunecache"]["inductor_hits"] >= len(first_out)
     assert all(torch.equal(a, b) for a, b in zip(first_out, fresh_out))
     assert all(torch.allclose(a, b, rtol=2e-2, atol=2e-2) for a, b in zip(stock_out, fresh_out))

@@ -40,6 +40,7 @@ COUNTERS = (
     "inductor_hits",
     "inductor_misses",
     "inductor_puts",
+    "inductor_lease_waits",
 )
 
 #: The counters a store keeps per kernel (table ``kernel_stats``).

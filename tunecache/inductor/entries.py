@@ -7,7 +7,8 @@ into Inductor. Entries are bound to the target (:func:`inductor_target`): what I
 does not include (the device, its driver, the torch and Triton versions).
 
 Modes (``TUNECACHE_MODE``): readwrite and strict read and write; readonly only reads (nothing is
-written, not even a hit); offline and off use no store at all.
+written, not even a hit, and no lease is taken); offline and off use no store at all. A miss of a
+costly entry takes its lease, or waits for the host that holds it (:mod:`tunecache.inductor.leases`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 
 from tunecache import counters, settings, trust
 from tunecache.identity import canonical_json, sha256_hex
+from tunecache.inductor import leases
 from tunecache.model import INDUCTOR_KINDS, InductorEntry
 from tunecache.store.opening import shared_store
 from tunecache.store.store import Store
@@ -89,6 +91,8 @@ class InductorStore:
                 return None, False
             digest, _ = inductor_target()
             entry = store.get_inductor(kind, key, digest)
+            if entry is None and self._writes(store):
+                entry = leases.on_miss(store, kind, key, digest)  # another host's, if it was computing it
             if entry is None:
                 counters.count(None, None, inductor_misses=1)
                 return None, True
@@ -101,7 +105,7 @@ class InductorStore:
             counters.count(None, None, inductor_misses=1)
             return None, True
         counters.count(None, None, inductor_hits=1)
-        if not store.readonly and settings.current_mode() != "readonly":
+        if self._writes(store):
             try:
                 store.touch_inductor(entry)
             except Exception as e:  # noqa: BLE001 - a hit not recorded only ages the entry sooner
@@ -123,8 +127,14 @@ class InductorStore:
             entry = trust.sign_inductor(InductorEntry(kind, key, digest, bytes(data), desc))
             store.put_inductor(entry)
             counters.count(None, None, inductor_puts=1)
+            leases.on_put(store, kind, key, digest)
         except Exception as e:  # noqa: BLE001 - Inductor keeps its result locally, as without a remote cache
             self._failed("put", e)
+
+    @staticmethod
+    def _writes(store: Store) -> bool:
+        """Whether this process writes to ``store`` (hits recorded, leases taken)."""
+        return not store.readonly and settings.current_mode() != "readonly"
 
     def _failed(self, what: str, e: Exception) -> None:
         counters.count(None, None, store_errors=1)
@@ -156,7 +166,8 @@ def default() -> InductorStore:
 def stats() -> dict[str, Any]:
     """This process's Inductor cache counters: hits, misses, puts (untrusted and store_errors are shared)."""
     s = counters.stats()
-    return {k: s[k] for k in ("inductor_hits", "inductor_misses", "inductor_puts", "untrusted", "store_errors")}
+    names = ("inductor_hits", "inductor_misses", "inductor_puts", "inductor_lease_waits", "untrusted", "store_errors")
+    return {k: s[k] for k in names}
 
 
 __all__ = ["InductorStore", "default", "inductor_target", "stats"]

@@ -852,6 +852,12 @@ class Store:
                 )
             return res.rowcount == 1
 
+    def lease_of(self, digest: str) -> dict[str, Any] | None:
+        """The lease row of a digest (holder, host, pid, expires_at as a Unix time), or None."""
+        with self._read("lease") as conn:
+            row = conn.execute(sa.select(leases).where(leases.c.digest == digest)).mappings().first()
+        return None if row is None else dict(row)
+
     def renew_lease(self, digest: str, holder: str, ttl: float) -> bool:
         with self._write("renew lease") as conn:
             res = conn.execute(
