@@ -34,8 +34,8 @@ from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from tunecache import counters, forks, trust
+from tunecache.configidentity import search_space_hash
 from tunecache.errors import StoreError, StoreReadOnlyError, driver_message
-from tunecache.identity import search_space_hash
 from tunecache.model import (
     CONFIG_ROW_COLUMNS,
     FAILED_STATUSES,
