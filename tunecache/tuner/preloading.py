@@ -12,6 +12,8 @@ import logging
 import time
 from typing import Any
 
+from triton.runtime.autotuner import Autotuner
+
 from tunecache import counters
 from tunecache.binaries import preload
 from tunecache.errors import StoreError
@@ -20,8 +22,9 @@ from tunecache.target import detect_target
 log = logging.getLogger("tunecache")
 
 
-class WinnerPreload:
-    """``ready_to_preload``, ``load_winners`` and ``record_hit_specs`` of a tuner."""
+class WinnerPreload(Autotuner):
+    """``ready_to_preload``, ``load_winners`` and ``record_hit_specs`` of a tuner. A subclass of
+    Triton's Autotuner, as :class:`~tunecache.tuner.recovery.WinnerRecovery` is (see there)."""
 
     def ready_to_preload(self) -> bool:
         """Whether :meth:`load_winners` can do its work now: the source is hashed or may be (its

@@ -14,6 +14,8 @@ import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from triton.runtime.autotuner import Autotuner
+
 from tunecache import counters
 from tunecache.target import detect_target
 from tunecache.tuner import basepatch, blame, measure
@@ -37,9 +39,12 @@ class _Nargs(dict):
     the reference dies with it and holds none of the call's tensors."""
 
 
-class WinnerRecovery:
+class WinnerRecovery(Autotuner):
     """``run`` that recovers from a stored winner's own failure, and the blame, reproduction and
-    marking behind it; the tuning key of a call."""
+    marking behind it; the tuning key of a call.
+
+    A subclass of Triton's Autotuner, not a plain mixin: a plain base class would give
+    TunecacheAutotuner another layout base, and adoption's ``__class__`` assignment would fail."""
 
     def _tc_mark_resolved(self, key: Any) -> None:
         """Mark the call that resolved ``key`` from the store (its ``nargs``), for :meth:`_blame`."""
