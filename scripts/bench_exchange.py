@@ -33,7 +33,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from tunecache.identity import canonical_json, config_hash_of, problem_digest, search_space_hash, sha256_hex
+from tunecache.configidentity import config_hash_of, search_space_hash
+from tunecache.identity import canonical_json, problem_digest, sha256_hex
 from tunecache.store.engine import resolve_url
 from tunecache.store.opening import open_store
 from tunecache.store.schema import configs, problems

@@ -37,7 +37,8 @@ def generate(url: str, n: int) -> None:
     sys.path.insert(0, str(HERE))
     from bench_exchange import KERNELS, TARGETS
 
-    from tunecache.identity import canonical_json, config_hash_of, problem_digest, search_space_hash, sha256_hex
+    from tunecache.configidentity import config_hash_of, search_space_hash
+    from tunecache.identity import canonical_json, problem_digest, sha256_hex
     from tunecache.store.opening import open_store
 
     store = open_store(url)

@@ -10,7 +10,8 @@ import json
 import textwrap
 from pathlib import Path
 
-from tunecache.identity import canonical_key, config_hash_of, problem_digest, sha256_hex
+from tunecache.configidentity import config_hash_of
+from tunecache.identity import canonical_key, problem_digest, sha256_hex
 from tunecache.model import ConfigResult, Problem
 from tunecache.store.opening import open_store
 from tunecache.target import Target

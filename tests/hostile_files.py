@@ -16,8 +16,9 @@ from pathlib import Path
 
 import orjson
 
+from tunecache.configidentity import config_hash_of
 from tunecache.exchange import FORMAT_NAME, MAX_LINE_BYTES, export
-from tunecache.identity import canonical_key, config_hash_of, problem_digest
+from tunecache.identity import canonical_key, problem_digest
 from tunecache.model import ConfigResult, Problem
 from tunecache.store.opening import open_store
 from tunecache.target import Target

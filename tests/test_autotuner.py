@@ -23,7 +23,7 @@ from processes import run_json, run_procs
 
 import tunecache
 from tunecache import settings
-from tunecache.identity import ConfigIds, config_identity
+from tunecache.configidentity import ConfigIds, config_identity
 from tunecache.store.opening import open_store
 from tunecache.tuner import autotuner as at
 from tunecache.tuner import background, measure

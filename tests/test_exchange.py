@@ -25,9 +25,10 @@ from realcli import cli_process, one_line_error
 
 from tunecache import exchange
 from tunecache.cli import main
+from tunecache.configidentity import config_hash_of
 from tunecache.errors import ImportFormatError, StoreError, StoreReadOnlyError
 from tunecache.exchange import FORMAT_VERSION, export, import_, importer, validate
-from tunecache.identity import canonical_key, config_hash_of, problem_digest
+from tunecache.identity import canonical_key, problem_digest
 from tunecache.model import (
     CONFIG_ROW_FIELDS,
     PROBLEM_FIELDS,

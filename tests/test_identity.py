@@ -13,7 +13,8 @@ import triton
 import triton.language as tl
 
 from tunecache import identity
-from tunecache.identity import canonical_key, config_identity, problem_digest, source_hash
+from tunecache.configidentity import config_identity, make_config
+from tunecache.identity import canonical_key, problem_digest, source_hash
 from tunecache.target import Target, detect_target
 
 
@@ -138,7 +139,7 @@ def test_config_identity_is_canonical_and_includes_options():
         "maxnreg": None,
         "pre_hook": None,
     }
-    assert identity.make_config(data).all_kwargs() == a.all_kwargs()
+    assert make_config(data).all_kwargs() == a.all_kwargs()
 
 
 def test_digest_has_driver_but_not_host_or_runtime():

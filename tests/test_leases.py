@@ -22,7 +22,7 @@ import sqlalchemy as sa
 import tinykernels
 
 import tunecache
-from tunecache.identity import config_identity
+from tunecache.configidentity import config_identity
 from tunecache.model import ConfigResult
 from tunecache.store import leases as leaseholder
 from tunecache.store.opening import open_store

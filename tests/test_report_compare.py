@@ -14,7 +14,8 @@ import pytest
 from click.testing import CliRunner
 
 from tunecache.cli import main
-from tunecache.identity import canonical_key, config_hash_of, problem_digest
+from tunecache.configidentity import config_hash_of
+from tunecache.identity import canonical_key, problem_digest
 from tunecache.model import ConfigResult, Problem
 from tunecache.report import compare
 from tunecache.store.opening import open_store

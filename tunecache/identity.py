@@ -9,8 +9,9 @@ the same. This module turns each of those into stable, portable strings:
   ``cache_key`` includes the line number).
 * :func:`tunecache.target.detect_target` describes the device (arch, name, SM count, shared
   memory, driver...); its fields that enter the digest are ``target.DIGEST_TARGET_FIELDS``.
-* :func:`canonical_key` and :func:`config_identity` serialise tuning keys and configs as
-  canonical JSON; anything that cannot be serialised raises ``TypeError`` naming the argument.
+* :func:`canonical_key` and :func:`tunecache.configidentity.config_identity` serialise tuning keys
+  and configs as canonical JSON; anything that cannot be serialised raises ``TypeError`` naming
+  the argument.
 * :func:`problem_digest` combines the three into the content address of a row.
 
 What goes into the digest, and why:
@@ -50,8 +51,8 @@ tuning key                the problem size (batch bucket, dtypes...)
 Not in the digest: hostname (every host of a fleet must share results), CUDA runtime version
 (Triton ships its own ptxas; the runtime does not touch Triton kernels), the config list (each
 config is its own row, so adding a config benchmarks only that one). A config's own identity
-(:func:`config_identity`) holds its kwargs, launch options, ``pre_hook`` (:func:`callable_identity`)
-and ``ir_override`` (the IR file's contents).
+(:mod:`tunecache.configidentity`) holds its kwargs, launch options, ``pre_hook``
+(:func:`callable_identity`) and ``ir_override`` (the IR file's contents).
 
 When: a kernel's identity is computed no earlier than its first launch, or once its module provably
 finished importing (:func:`module_imported`): a ``@jit`` helper defined below the kernel does not
@@ -68,7 +69,6 @@ import hashlib
 import inspect
 import logging
 import math
-import operator
 import os
 import sys
 import textwrap
@@ -513,7 +513,7 @@ def module_imported(fn: Any) -> bool:
 
 
 # --------------------------------------------------------------------------------------------
-# Tuning key and config identity
+# Tuning key and hook identity (a config's own: tunecache.configidentity)
 # --------------------------------------------------------------------------------------------
 
 
@@ -649,105 +649,6 @@ def _opaque(fn: Any, name: str) -> str:
             name,
         )
     return f"{name}:opaque:{_NONCE}:{os.getpid()}:{tag}"
-
-
-CONFIG_FIELDS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
-_VKEY_FIELDS = ("kwargs", "pre_hook", *CONFIG_FIELDS, "ir_override")  # what ConfigIds' memo key reads
-_VKEY_GET = operator.attrgetter(*_VKEY_FIELDS)
-
-
-def _vkey_fields(config: Any) -> tuple[Any, ...]:
-    """The config's ``_VKEY_FIELDS`` with getattr's semantics: one C-level ``attrgetter`` (this runs
-    for every config at each key's first launch); None for one a config type lacks."""
-    try:
-        return _VKEY_GET(config)
-    except AttributeError:
-        return tuple(getattr(config, f, None) for f in _VKEY_FIELDS)
-
-
-def config_dict(config: Any) -> dict[str, Any]:
-    """A Triton Config as plain data: kwargs plus launch options and the pre_hook identity."""
-    kwargs = {}
-    for k, v in config.kwargs.items():
-        if not isinstance(v, (bool, int, float, str)) and v is not None:
-            raise TypeError(f"config kwarg {k!r} has type {type(v).__name__}; configs must hold scalars")
-        kwargs[k] = v
-    out: dict[str, Any] = {"kwargs": kwargs}
-    for f in CONFIG_FIELDS:
-        out[f] = getattr(config, f, None)
-    out["pre_hook"] = hook_identity(getattr(config, "pre_hook", None))
-    ir = getattr(config, "ir_override", None)
-    if ir:  # a file of IR that replaces the compiled code: its contents are the config
-        out["ir_override"] = f"{os.path.basename(str(ir))}:{_file_hash(str(ir))}"
-    return out
-
-
-def _file_hash(path: str) -> str:
-    try:
-        with open(path, "rb") as f:
-            return sha256_hex(f.read())[:32]
-    except OSError:
-        return "unreadable"  # Triton cannot compile it either
-
-
-def config_hash_of(data: Mapping[str, Any]) -> str:
-    """A config's identity: 32 hex digits of its canonical JSON, so key order does not matter.
-
-    >>> config_hash_of({"num_warps": 4, "kwargs": {"BLOCK": 64}})
-    '1cb9b30067a7873db7f36443635937e4'
-    >>> config_hash_of({"kwargs": {"BLOCK": 64}, "num_warps": 4})
-    '1cb9b30067a7873db7f36443635937e4'
-    """
-    return sha256_hex(canonical_json(dict(data)))[:32]
-
-
-def config_identity(config: Any) -> tuple[str, str]:
-    """(canonical JSON, hash) of a Triton Config."""
-    d = config_dict(config)
-    return canonical_json(d), config_hash_of(d)
-
-
-class ConfigIds:
-    """:func:`config_identity` of a kernel's configs, memoised by the config's VALUE:
-    ``early_config_prune`` may build fresh Config objects at the addresses of freed ones. The
-    pre_hook enters by ``id``; the memo holds the hook itself, so that id is not reused while the
-    entry lives. At most ``max_size`` entries (a prune may build configs without end)."""
-
-    def __init__(self, max_size: int = 4096) -> None:
-        self.max_size = max_size
-        self._memo: dict[tuple, tuple[Any, tuple[str, str]]] = {}  # config value -> (pre_hook, identity)
-
-    def __len__(self) -> int:
-        return len(self._memo)
-
-    def __call__(self, config: Any) -> tuple[str, str]:
-        """(canonical JSON, hash) of ``config``."""
-        v = _vkey_fields(config)
-        hook = v[1]
-        try:
-            vkey = (tuple(sorted(v[0].items())), v[2:], id(hook) if hook is not None else None)
-            memo = self._memo.get(vkey)
-        except TypeError:  # an unhashable kwarg: config_identity names it
-            return config_identity(config)
-        if memo is not None:
-            return memo[1]
-        ident = config_identity(config)
-        if len(self._memo) >= self.max_size:
-            self._memo.clear()
-        self._memo[vkey] = (hook, ident)
-        return ident
-
-
-def make_config(data: Mapping[str, Any]) -> Any:
-    """Rebuild a ``triton.Config`` from stored data (without its pre_hook, which is code)."""
-    from triton import Config
-
-    opts = {f: data.get(f) for f in CONFIG_FIELDS if data.get(f) is not None}
-    return Config(dict(data.get("kwargs", {})), **opts)
-
-
-def search_space_hash(config_hashes: Sequence[str]) -> str:
-    return sha256_hex(",".join(sorted(config_hashes)))
 
 
 class DigestTarget(Protocol):

@@ -11,7 +11,7 @@ import sqlalchemy as sa
 import triton
 from faultlib import check_ok, collect, fault_report_fixture, log_lines, spawn  # noqa: F401
 
-from tunecache.identity import config_identity
+from tunecache.configidentity import config_identity
 from tunecache.model import pick_winner
 from tunecache.store.opening import open_store
 from tunecache.store.schema import configs, problems

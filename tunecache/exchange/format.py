@@ -80,7 +80,7 @@ A config row:
 field        value
 ===========  ==============================================================================
 config_hash  32 hex, recomputed on import from ``config``
-             (:func:`tunecache.identity.config_hash_of`)
+             (:func:`tunecache.configidentity.config_hash_of`)
 config       ``{"kwargs": {name: scalar}, "num_warps", "num_stages", "num_ctas", "maxnreg":
              integer or null, "pre_hook": string (the hook's identity, never code) or null}``, plus
              ``"ir_override"`` (string: the IR file's name and content hash) in configs that have one
@@ -227,8 +227,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from tunecache.configidentity import CONFIG_FIELDS
 from tunecache.errors import ImportFormatError, TunecacheError
-from tunecache.identity import CONFIG_FIELDS
 
 FORMAT_NAME = "tunecache-export"
 #: The version a plain export writes (problems and launch specs).

@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 
 from tunecache import signing
+from tunecache.configidentity import CONFIG_FIELDS, config_hash_of
 from tunecache.errors import ImportFormatError
 from tunecache.exchange.format import (
     BATCH,
@@ -42,7 +43,7 @@ from tunecache.exchange.format import (
     Rewind,
     tunecache_version,
 )
-from tunecache.identity import CONFIG_FIELDS, canonical_json, config_hash_of, problem_digest
+from tunecache.identity import canonical_json, problem_digest
 from tunecache.model import (
     BINARY_FIELDS,
     BINARY_FIELDS_SIGNED,

@@ -4,7 +4,9 @@ One SQL schema serves the embedded SQLite default and a shared PostgreSQL or MyS
 SQLAlchemy Core (no ORM objects: a warm start builds hundreds of rows and must stay cheap), and
 every write is one transaction, so a reader sees a problem with all its config rows or not at all.
 
-The engine, its SQLite settings and URL handling are :mod:`tunecache.store.engine`.
+The engine, its SQLite settings and URL handling are :mod:`tunecache.store.engine`; the rows of
+compiled binaries and of torch.compile's cache entries, :mod:`tunecache.store.binaryrows` and
+:mod:`tunecache.store.inductorrows`.
 
 A store whose file or directory is not writable (an image with a read-only root filesystem) is
 opened with ``mode=ro&immutable=1``: no lock files, no WAL, no writes; every write raises
@@ -32,20 +34,15 @@ from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from tunecache import counters, forks, trust
+from tunecache.configidentity import search_space_hash
 from tunecache.errors import StoreError, StoreReadOnlyError, driver_message
-from tunecache.identity import search_space_hash
 from tunecache.model import (
-    COMPANION_CONFIG,
     CONFIG_ROW_COLUMNS,
     FAILED_STATUSES,
-    INDUCTOR_KINDS,
     STATUSES,
-    Binary,
     ConfigResult,
-    InductorEntry,
     LaunchSpec,
     Problem,
-    binary_row,
     launch_spec_row,
     miss_fields,
     new_config_row,
@@ -55,9 +52,11 @@ from tunecache.model import (
     utcnow,
 )
 from tunecache.store import breaker, forkgate
+from tunecache.store.binaryrows import BinaryRows
 from tunecache.store.bulk import BulkWriter, bulk_writer
 from tunecache.store.engine import mask_url, scrub, store_error
 from tunecache.store.filters import filter_clauses
+from tunecache.store.inductorrows import InductorRows
 from tunecache.store.leases import lease_host, pid_alive
 from tunecache.store.migrate import (
     apply,
@@ -68,9 +67,7 @@ from tunecache.store.migrate import (
     in_process_lock,
 )
 from tunecache.store.schema import (
-    binaries,
     configs,
-    inductor_entries,
     kernel_stats,
     launch_specs,
     leases,
@@ -87,8 +84,11 @@ _live_stores: weakref.WeakSet[Store] = weakref.WeakSet()
 _inherited_pools: list[Any] = []  # a forked child's copies of its parent's pools: never used, never closed
 
 
-class Store:
-    """A connection to one tuning-results database. Thread-safe; cheap to keep for a process."""
+class Store(BinaryRows, InductorRows):
+    """A connection to one tuning-results database. Thread-safe; cheap to keep for a process.
+
+    The rows of compiled binaries and of Inductor's entries are queried by its mixins
+    (:mod:`tunecache.store.binaryrows`, :mod:`tunecache.store.inductorrows`)."""
 
     def __init__(self, url: URL, engine: Engine, readonly: bool) -> None:
         self.url = url
@@ -569,255 +569,6 @@ class Store:
             for t, *rest in conn.execute(q.where(c.source_hash == source_hash).order_by(c.spec_hash)):
                 out.setdefault(t, []).append(LaunchSpec(*rest))
         return out
-
-    # ---- compiled binaries (tunecache.binaries.binaries) -------------------------------------------------
-
-    def binary_heads(self, triton_keys: Sequence[str]) -> dict[str, tuple[str, str, str]]:
-        """(name, ext, sha256) of every stored binary among ``triton_keys``, without their bytes: a
-        restart reads the bytes only of binaries its Triton cache lacks."""
-        c = binaries.c
-        out: dict[str, tuple[str, str, str]] = {}
-        keys = sorted(set(triton_keys))
-        with self._read("binaries") as conn:
-            for i in range(0, len(keys), 500):
-                q = sa.select(c.triton_key, c.name, c.ext, c.sha256).where(c.triton_key.in_(keys[i : i + 500]))
-                out.update((k, (n, e, h)) for k, n, e, h in conn.execute(q))
-        return out
-
-    def get_binaries(self, triton_keys: Sequence[str]) -> list[Binary]:
-        """The stored binaries among ``triton_keys``, in key order (unverified: see tunecache.binaries.binaries)."""
-        c = binaries.c
-        cols = (c.triton_key, c.sha256, c.name, c.ext, c.triton_version, c.metadata, c.binary, c.signature)
-        keys = sorted(set(triton_keys))
-        out: list[Binary] = []
-        with self._read("binaries") as conn:
-            for i in range(0, len(keys), 100):
-                q = sa.select(*cols).where(c.triton_key.in_(keys[i : i + 100])).order_by(c.triton_key)
-                out += [Binary(k, h, n, e, v, bytes(m), bytes(b), sig) for k, h, n, e, v, m, b, sig in conn.execute(q)]
-        return out
-
-    def put_binaries(
-        self, kernel: str, source_hash: str, bins: Sequence[Binary], max_kernel_bytes: int | None = None
-    ) -> int:
-        """Store binaries of one kernel source that this process made, signed with its key (a binary
-        already stored is kept); returns how many were new. With ``max_kernel_bytes``, a binary that
-        would take the kernel's stored bytes past it is left out (checked in the writing transaction;
-        concurrent uploaders may pass it by a binary each)."""
-        if not bins:
-            return 0
-        bins = trust.sign_binaries(list(bins))  # signed where made
-        with self._write("store binaries") as conn:
-            used = 0
-            if max_kernel_bytes is not None:
-                q = sa.select(sa.func.coalesce(sa.func.sum(binaries.c.size), 0))
-                used = int(conn.execute(q.where(binaries.c.source_hash == source_hash)).scalar_one())
-            rows = []
-            for b in bins:
-                if max_kernel_bytes is not None and used + b.size > max_kernel_bytes:
-                    continue
-                used += b.size
-                rows.append(binary_row(kernel, source_hash, b))
-            return self.add_binaries(conn, rows)
-
-    def add_binaries(self, conn: Connection, rows: Sequence[dict[str, Any]]) -> int:
-        """Insert binaries rows (without host and created_at, stamped here) inside the caller's
-        transaction; a binary already stored under its key is kept. Returns how many were new."""
-        now, host = utcnow(), hostname()
-        return sum(self._inserted(conn, binaries, {**r, "host": host, "created_at": now}) for r in rows)
-
-    def binary_usage(self) -> dict[str, tuple[int, int]]:
-        """(count, bytes) of the stored binaries, by kernel name."""
-        c = binaries.c
-        q = sa.select(c.kernel, sa.func.count(), sa.func.coalesce(sa.func.sum(c.size), 0)).group_by(c.kernel)
-        with self._read("binaries") as conn:
-            return {k: (int(n), int(b)) for k, n, b in conn.execute(q)}
-
-    def _unreferenced_binaries(self) -> sa.ColumnElement[bool]:
-        """No launch spec that a stored winner (or a companion of a stored kernel and target) uses."""
-        s, p = launch_specs.c, problems.c
-        same = sa.and_(p.source_hash == s.source_hash, p.target_digest == s.target_digest)
-        used = sa.exists().where(
-            s.kernel_hash == binaries.c.triton_key,
-            sa.or_(
-                sa.exists().where(same, p.winner_config_hash == s.config_hash),
-                sa.and_(s.config_hash == COMPANION_CONFIG, sa.exists().where(same)),
-            ),
-        )
-        return ~used
-
-    def gc_binaries(self, *, dry_run: bool = False) -> list[tuple[str, str, int]]:
-        """Drop the binaries no winner references; returns (triton_key, kernel, size) of each one
-        dropped (or that would be)."""
-        c = binaries.c
-        q = sa.select(c.triton_key, c.kernel, c.size).where(self._unreferenced_binaries()).order_by(c.triton_key)
-        if dry_run:
-            with self._read("gc binaries") as conn:
-                return [(k, n, int(z)) for k, n, z in conn.execute(q)]
-        with self._write("gc binaries") as conn:
-            gone = [(k, n, int(z)) for k, n, z in conn.execute(q)]
-            keys = [g[0] for g in gone]
-            for i in range(0, len(keys), 500):
-                conn.execute(sa.delete(binaries).where(c.triton_key.in_(keys[i : i + 500])))
-        return gone
-
-    # ---- torch.compile's remote cache entries (tunecache.inductor) ---------------------------
-
-    _INDUCTOR_TARGET = ("backend", "arch", "device_name", "driver_version", "torch_version", "triton_version")
-
-    def _inductor_entry(self, r: Any) -> InductorEntry:
-        target = {k: r[k] for k in self._INDUCTOR_TARGET}
-        return InductorEntry(
-            r["kind"], r["key"], r["target_digest"], bytes(r["value"]), target, r["signature"], r["sha256"]
-        )
-
-    def get_inductor(self, kind: str, key: str, target_digest: str) -> InductorEntry | None:
-        """The entry of one Inductor cache under its key for one target, or None (unverified: see
-        :mod:`tunecache.inductor.entries`)."""
-        e = inductor_entries.c
-        key_hash = InductorEntry(kind, key, target_digest, b"", {}).key_hash
-        q = sa.select(inductor_entries).where(e.kind == kind, e.key_hash == key_hash, e.target_digest == target_digest)
-        with self._read("inductor entry") as conn:
-            row = conn.execute(q).mappings().first()
-        return None if row is None else self._inductor_entry(row)
-
-    def touch_inductor(self, entry: InductorEntry) -> None:
-        """Record a use of ``entry`` (its used_at and hit count: gc keeps what is used)."""
-        e = inductor_entries.c
-        with self._write("record inductor hit") as conn:
-            conn.execute(
-                sa.update(inductor_entries)
-                .where(e.kind == entry.kind, e.key_hash == entry.key_hash, e.target_digest == entry.target_digest)
-                .values(used_at=utcnow(), hit_count=e.hit_count + 1)
-            )
-
-    def put_inductor(self, entry: InductorEntry) -> None:
-        """Store ``entry`` (signed by the caller where it is made), replacing one under the same kind,
-        key and target: Inductor's remote caches are last-writer-wins, as with Redis."""
-        e = inductor_entries.c
-        with self._write("store inductor entry") as conn:
-            conn.execute(
-                sa.delete(inductor_entries).where(
-                    e.kind == entry.kind, e.key_hash == entry.key_hash, e.target_digest == entry.target_digest
-                )
-            )
-            self.add_inductor(conn, [entry], replace=False)
-
-    def add_inductor(self, conn: Connection, entries: Sequence[InductorEntry], *, replace: bool = False) -> int:
-        """Insert entries inside the caller's transaction (an import's); an entry already stored under
-        its kind, key and target is kept unless ``replace``. Returns how many were written."""
-        now, host = utcnow(), hostname()
-        n = 0
-        for en in entries:
-            row = {
-                "kind": en.kind,
-                "key_hash": en.key_hash,
-                "target_digest": en.target_digest,
-                "key": en.key,
-                "sha256": en.sha256,
-                "size": en.size,
-                "value": en.value,
-                **{k: str(en.target.get(k, ""))[: inductor_entries.c[k].type.length] for k in self._INDUCTOR_TARGET},
-                "host": host,
-                "created_at": now,
-                "used_at": now,
-                "hit_count": 0,
-                "signature": en.signature,
-            }
-            if replace:
-                e = inductor_entries.c
-                conn.execute(
-                    sa.delete(inductor_entries).where(
-                        e.kind == en.kind, e.key_hash == en.key_hash, e.target_digest == en.target_digest
-                    )
-                )
-            n += self._inserted(conn, inductor_entries, row)
-        return n
-
-    def _inductor_where(
-        self,
-        *,
-        kinds: Sequence[str] | None = None,
-        arch: str | None = None,
-        device: str | None = None,
-        driver: str | None = None,
-        not_driver: str | None = None,
-        target_digest: str | None = None,
-        unused_since: Any = None,
-    ) -> list[Any]:
-        e = inductor_entries.c
-        w: list[Any] = []
-        if kinds:
-            w.append(e.kind.in_(list(kinds)))
-        if arch:
-            w.append(e.arch == arch)
-        if device:
-            w.append(e.device_name == device)
-        if driver:
-            w.append(e.driver_version == driver)
-        if not_driver is not None:
-            w.append(e.driver_version != not_driver)
-        if target_digest:
-            w.append(e.target_digest == target_digest)
-        if unused_since is not None:
-            w.append(e.used_at < unused_since)
-        return w
-
-    def inductor_counts(self) -> dict[str, dict[str, int]]:
-        """Count, bytes and hits of the stored Inductor entries, by kind (every kind listed)."""
-        e = inductor_entries.c
-        q = sa.select(
-            e.kind,
-            sa.func.count(),
-            sa.func.coalesce(sa.func.sum(e.size), 0),
-            sa.func.coalesce(sa.func.sum(e.hit_count), 0),
-        )
-        out = {k: {"entries": 0, "bytes": 0, "hits": 0} for k in INDUCTOR_KINDS}
-        with self._read("inductor entries") as conn:
-            for kind, n, size, hits in conn.execute(q.group_by(e.kind)):
-                out[kind] = {"entries": int(n), "bytes": int(size), "hits": int(hits)}
-        return out
-
-    def list_inductor(self, limit: int | None = None, **filters: Any) -> list[dict[str, Any]]:
-        """The matching entries without their bytes, most recently used first (``tunecache ls --inductor``)."""
-        e = inductor_entries.c
-        cols = (e.kind, e.key, e.target_digest, *(e[k] for k in self._INDUCTOR_TARGET), e.size, e.hit_count)
-        q = sa.select(*cols, e.used_at, e.host, (e.signature.is_not(None)).label("signed"))
-        q = q.where(*self._inductor_where(**filters)).order_by(e.used_at.desc(), e.kind, e.key)
-        if limit:
-            q = q.limit(limit)
-        with self._read("inductor entries") as conn:
-            return [{str(k): v for k, v in r.items()} for r in conn.execute(q).mappings()]
-
-    def iter_inductor(self, batch: int = 200, **filters: Any) -> Iterator[InductorEntry]:
-        """Every matching entry, streamed in (kind, key, target) order (for export)."""
-        e = inductor_entries.c
-        where = self._inductor_where(**filters)
-        last: tuple[str, str, str] = ("", "", "")
-        order = (e.kind, e.key_hash, e.target_digest)
-        while True:
-            with self._read("export inductor entries") as conn:
-                q = sa.select(inductor_entries).where(*where, sa.tuple_(*order) > sa.tuple_(*last))
-                rows = conn.execute(q.order_by(*order).limit(batch)).mappings().all()
-            if not rows:
-                return
-            yield from (self._inductor_entry(r) for r in rows)
-            last = (rows[-1]["kind"], rows[-1]["key_hash"], rows[-1]["target_digest"])
-
-    def delete_inductor(self, *, dry_run: bool = False, **filters: Any) -> list[dict[str, Any]]:
-        """Delete matching Inductor entries (invalidate, gc); return (kind, key, target, size) of each
-        one deleted (or that would be). Refuses no filter at all, as :meth:`delete` does."""
-        e = inductor_entries.c
-        where = self._inductor_where(**filters)
-        if not where:
-            raise ValueError("refusing to delete every inductor entry without a filter")
-        q = sa.select(e.kind, e.key, e.target_digest, e.driver_version, e.size).where(*where).order_by(e.kind, e.key)
-        if dry_run:
-            with self._read("delete inductor entries") as conn:
-                return [dict(r) for r in conn.execute(q).mappings()]
-        with self._write("delete inductor entries") as conn:
-            gone = [dict(r) for r in conn.execute(q).mappings()]
-            conn.execute(sa.delete(inductor_entries).where(*where))
-        return gone
 
     # ---- leases (one benchmark per key across hosts) --------------------------------------
 

@@ -32,10 +32,11 @@ _adopt_lock = threading.RLock()
 
 def own_names() -> frozenset[str]:
     """The names a library's class must not define itself: those TunecacheAutotuner adds to
-    Triton's Autotuner (its methods and class attributes, and the instance attributes it declares),
-    derived from the class so that no list is kept by hand. Triton's own hooks (``run``,
-    ``prune_configs``...) a library may override: its ``super()`` calls reach tunecache's."""
-    names = set(vars(TunecacheAutotuner)) | set(inspect.get_annotations(TunecacheAutotuner))
+    Triton's Autotuner (its and its mixins' methods and class attributes, and the instance
+    attributes it declares), derived from the class so that no list is kept by hand. Triton's own
+    hooks (``run``, ``prune_configs``...) a library may override: its ``super()`` calls reach tunecache's."""
+    ours = [k for k in TunecacheAutotuner.__mro__ if not issubclass(Autotuner, k)]  # with its mixins
+    names = {n for k in ours for n in vars(k)} | set(inspect.get_annotations(TunecacheAutotuner))
     return frozenset(n for n in names if not (n.startswith("__") and n.endswith("__")) and not hasattr(Autotuner, n))
 
 

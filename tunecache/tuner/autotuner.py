@@ -17,7 +17,8 @@ Triton 3.4 to 3.9:
 * ``prune_configs(kwargs)``: only remembers ``kwargs`` to name the tuning-key values.
 
 ``run`` is wrapped, not copied, to recover from a stored winner that no longer compiles: blamed only
-when its failure reproduces under the stored key's arguments (the rule is in :mod:`tunecache.tuner.blame`).
+when its failure reproduces under the stored key's arguments (:mod:`tunecache.tuner.recovery`, a
+mixin of ``TunecacheAutotuner``; the rule is in :mod:`tunecache.tuner.blame`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ import logging
 import os
 import threading
 import time
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -36,16 +36,15 @@ from triton.runtime.autotuner import Autotuner
 
 from tunecache import counters, settings
 from tunecache.binaries import preload
+from tunecache.configidentity import ConfigIds, search_space_hash
 from tunecache.errors import CaptureMissError, ConfigurationError, StoreError
 from tunecache.identity import (
-    ConfigIds,
     KernelIdentity,
     canonical_key,
     kernel_identity,
     kernel_name,
     module_imported,
     problem_digest,
-    search_space_hash,
 )
 from tunecache.model import Problem
 from tunecache.settings import current_mode
@@ -54,7 +53,6 @@ from tunecache.target import detect_target, hostname, interpreting
 from tunecache.tuner import (
     background,
     basepatch,
-    blame,
     companions,
     measure,
     missspool,
@@ -65,6 +63,8 @@ from tunecache.tuner import (
 from tunecache.tuner.firstcall import FirstCall
 from tunecache.tuner.kernelstore import KernelStore
 from tunecache.tuner.measure import Round, classify, cpu_do_bench
+from tunecache.tuner.preloading import WinnerPreload
+from tunecache.tuner.recovery import WinnerRecovery
 from tunecache.tuner.singleflight import Lease
 
 log = logging.getLogger("tunecache")
@@ -75,18 +75,6 @@ log = logging.getLogger("tunecache")
 #: start-up hook), and tunecache's own calls go to these, never through the patch.
 BASE_INIT = basepatch.original("__init__")
 BASE_RUN = basepatch.original("run")
-_BASE_BENCH = Autotuner._bench
-
-#: Marks in ``_tc_resolved_by`` besides a weak reference to the resolving call's ``nargs``: the stored
-#: winner ran for the key here (a reproduction ran it), or a failure of it was not judged (judge the next).
-_PROVEN = object()
-_UNPROVEN = object()
-
-
-class _Nargs(dict):
-    """Triton's ``nargs`` of the call that resolved a key from the store, same contents: a dict that a
-    weak reference can follow. Triton drops it when that call's launch succeeds (``nargs = None``), so
-    the reference dies with it and holds none of the call's tensors."""
 
 
 class _computed:
@@ -128,7 +116,7 @@ class _Ctx:
             setattr(self, k, v)
 
 
-class TunecacheAutotuner(Autotuner):
+class TunecacheAutotuner(WinnerPreload, WinnerRecovery, Autotuner):
     """Triton's Autotuner, backed by a shared store of results."""
 
     # The instance attributes ``_tc_attach`` sets, declared: a library's class must not define them
@@ -272,45 +260,7 @@ class TunecacheAutotuner(Autotuner):
         """This tuner's locks, which a forked child gets fresh (for tests/test_fork.py)."""
         return {"tuner.identity_lock": self._tc_identity_lock, "tuner.lock": self._tc_lock}
 
-    # ---- preloading the winners' binaries ---------------------------------------------------------
-
-    def ready_to_preload(self) -> bool:
-        """Whether :meth:`load_winners` can do its work now: the source is hashed or may be (its
-        module finished importing), or the store holds nothing of this kernel."""
-        return self._tc_identity is not None or self._tc_ks.holds_nothing() or self._may_hash_here()
-
-    def load_winners(self, device: int | None = None) -> int:
-        """Load this kernel's stored winners for ``device`` (default: the current one) into
-        Triton's kernel cache; returns how many binaries were loaded. Never raises."""
-        t0 = time.perf_counter()
-        try:
-            import torch
-
-            dev = int(device) if device is not None else torch.cuda.current_device() if torch.cuda.is_available() else 0
-            ks = self._tc_ks
-            if ks.holds_nothing():
-                return 0
-            if self._tc_identity is None and not self._may_hash_here():
-                return 0  # the first launch loads its kernel as before
-            target = detect_target(device)  # device None: also warms the launch's own lookup
-            loaded, skipped = ks.preload_winners(
-                self.fn, self._known_hash(), lambda: self.identity.source_hash, target.digest, dev
-            )
-            for c in self.configs:  # the first launch's check_disk_cache finds their identities memoised
-                self.config_ids(c)
-        except Exception as e:  # noqa: BLE001 - best effort: launches load their kernels as before
-            log.debug("tunecache: %s: preload failed: %r", self._tc_name, e)
-            return 0
-        counters.count(None, None, preloaded=loaded)  # skips: counted by reason in preload.load
-        if loaded or skipped:
-            log.debug(
-                "tunecache: %s: preloaded %d binaries (%d skipped) in %.3f s",
-                self._tc_name,
-                loaded,
-                skipped,
-                time.perf_counter() - t0,
-            )
-        return loaded
+    # ---- companions, launch specs, reset (preloading the winners: tunecache.tuner.preloading) ------
 
     def companion_store(self) -> Store | None:
         """The store this kernel's companions are filed in (None: not open, or unreachable)."""
@@ -324,36 +274,6 @@ class TunecacheAutotuner(Autotuner):
             return
         specs = preload.capture(self.fn, config, best)
         self._tc_ks.record_specs(store, self.fn, self.identity.source_hash, ctx.target.digest, specs)
-
-    def record_hit_specs(self) -> int:
-        """Background, after Triton compiled this kernel (see :mod:`tunecache.tuner.heal`): record the
-        specialisations of the stored winners this process launched that the store holds under no
-        launch spec of this Triton key, with their binaries. Returns how many specs were recorded."""
-        hits: dict[str, dict[str, Any]] = {}  # target digest -> {config hash: config}
-        for key, (digest, h) in list(self._tc_from_store.items()):
-            config, p = self.cache.get(key), self._tc_ks.held(digest)
-            if config is not None and p is not None:
-                hits.setdefault(p.target.digest, {})[h] = config
-        store = self._tc_ks.store
-        ident = self._tc_identity
-        if not hits or store is None or store.readonly or ident is None:
-            return 0
-        captured = {t: [s for h, c in w.items() for s in preload.capture(self.fn, c, h)] for t, w in hits.items()}
-        if not any(captured.values()):
-            return 0  # interpreted, or compiled for no stored winner
-        try:
-            stored = store.get_specs(ident.source_hash)
-        except StoreError as e:
-            self._tc_ks.trouble("read", e)
-            return 0
-        n = 0
-        for target, specs in captured.items():
-            have = {(s.spec_hash, s.kernel_hash) for s in stored.get(target, [])}
-            new = [s for s in specs if (s.spec_hash, s.kernel_hash) not in have]
-            if new:
-                self._tc_ks.record_specs(store, self.fn, ident.source_hash, target, new, replace=True)
-                n += len(new)
-        return n
 
     def reset(self, store: str | Store | None = None) -> None:
         """Forget every in-memory resolution and bind to ``store`` (default: the environment's) anew.
@@ -518,9 +438,7 @@ class TunecacheAutotuner(Autotuner):
             self.__dict__["_tc_timings"] = timings
         if stored is not None:
             self._tc_from_store[key] = stored
-            if isinstance(self.nargs, dict):  # this call's own (Autotuner.run makes one per call)
-                self.nargs = nargs = _Nargs(self.nargs)
-                self._tc_resolved_by[key] = weakref.ref(nargs)
+            self._tc_mark_resolved(key)
 
     def _covers(self, p: Problem | None, ctx: _Ctx) -> bool:
         if p is None:
@@ -736,113 +654,6 @@ class TunecacheAutotuner(Autotuner):
         self._use(ctx, q, hit=False)
         return True
 
-    # ---- a stored winner that no longer works ---------------------------------------------------
-
-    def run(self, *args: Any, **kwargs: Any) -> Any:
-        # Triton sets best_config just before it launches: None after a failure means the call
-        # failed earlier (pruning, benchmarking, a bad argument), and no stored winner is to blame.
-        previous, self.best_config = getattr(self, "best_config", None), None
-        try:
-            return BASE_RUN(self, *args, **kwargs)
-        except Exception as e:
-            launched = self.best_config
-            if launched is None:
-                self.best_config = previous
-                raise
-            if not self._tc_from_store:
-                raise
-            key = self._tuning_key(args, kwargs)
-            if key not in self._tc_from_store or self.cache.get(key) is not launched:
-                raise
-            failure = self._blame(key, launched, args, kwargs, e)
-            if failure is None:
-                raise  # the call's failure, as stock Triton's cached config would fail it
-            self._poisoned([key], e, failure)
-        return BASE_RUN(self, *args, **kwargs)
-
-    def _blame(
-        self, key: Any, config: Any, args: Sequence[Any], kwargs: Mapping[str, Any], exc: Exception
-    ) -> tuple[str, dict[str, Any]] | None:
-        """The stored winner's own failure (status, detail) if the failed launch of ``config`` for
-        ``key`` reproduces under the key's arguments; None if it is the call's (:mod:`tunecache.tuner.blame`).
-
-        Whether it already ran for ``key`` here is learnt without work on the launch path: the call
-        that resolved ``key`` marked its ``nargs`` (see ``_settle``), which Triton leaves in place only
-        when the launch raises. A dead mark: that call's launch succeeded; this call's: this is it.
-        """
-        mark = self._tc_resolved_by.get(key)
-        ran_here = mark is _PROVEN or (isinstance(mark, weakref.ref) and mark() is not self.nargs)
-        if not type(exc).__module__.startswith("triton"):  # not Triton's failure (an illegal address...)
-            if not ran_here:
-                self._tc_resolved_by[key] = _UNPROVEN
-            return None
-        digest, h = self._tc_from_store[key]
-        passed = blame.call_constexprs(blame.constexpr_names(self.fn), self.arg_names, self.keys, config, args, kwargs)
-        specs = []
-        if not ran_here and passed:
-            p = self._tc_ks.held(digest)
-            target_digest = p.target.digest if p is not None else detect_target().digest
-            specs = self._tc_ks.specs_on(self.identity.source_hash, target_digest)
-        v = blame.verdict(ran_here=ran_here, passed=passed, specs=specs, config_hash=h, arg_names=self.arg_names)
-        if v == blame.REPRODUCE and measure.capturing():
-            v = blame.UNKNOWN  # a benchmark would break the capture: judge the next failure outside it
-        if v == blame.UNKNOWN:
-            self._tc_resolved_by[key] = _UNPROVEN
-            counters.warn_once(
-                self._tc_name,
-                "unblamed",
-                "tunecache: %s: stored winner %s failed for a call passing %s; not marked failed, since the "
-                "values it was stored with are unknown here (no launch spec recorded). If it fails for "
-                "every call, delete its rows with `tunecache invalidate --kernel %s` and tune again.",
-                self._tc_name,
-                h[:12],
-                sorted(passed),
-                self._tc_name,
-            )
-            return None
-        if v == blame.CALL:
-            if not ran_here:
-                self._tc_resolved_by[key] = _UNPROVEN  # its specs vouch for it, but it has not run here
-            log.debug(
-                "tunecache: %s: stored winner %s ran or compiled under its key; the call failed it",
-                self._tc_name,
-                h[:12],
-            )
-            return None
-        failure = self._reproduce(config, args, kwargs)
-        if failure is None:
-            self._tc_resolved_by[key] = _PROVEN
-            log.debug("tunecache: %s: stored winner %s runs when benchmarked alone", self._tc_name, h[:12])
-        return failure
-
-    def _reproduce(
-        self, config: Any, args: Sequence[Any], kwargs: Mapping[str, Any]
-    ) -> tuple[str, dict[str, Any]] | None:
-        """Benchmark ``config`` alone with the call's arguments (Triton's ``_bench``, with its reset
-        and restore hooks): its failure (status, detail), or None if it runs."""
-        with self._tc_lock:
-            rnd = self._tc_round = Round()
-            self.nargs = dict(zip(self.arg_names, args))
-            try:
-                timings = _BASE_BENCH(self, *args, config=config, **kwargs)
-            except Exception as e:  # noqa: BLE001 - the failure reproduced
-                return rnd.failure or classify(e)
-            finally:
-                self._tc_round = None
-                self.nargs = None
-        if float(timings[0]) == float("inf"):  # Triton's _bench maps compile failures to inf
-            return rnd.failure or ("compile_error", {"error": "unknown", "message": "timing inf"})
-        return None
-
-    def _tuning_key(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple:
-        """The tuning key ``Autotuner.run`` built for this call (the same steps in 3.4-3.9); used
-        only after a failed launch, to blame that key's stored winner and no other."""
-        all_args = {**dict(zip(self.arg_names, args)), **kwargs}
-        _args = {k: v for k, v in all_args.items() if k in self.arg_names}
-        key = [_args[k] for k in self.keys if k in _args]
-        key += [str(v.dtype) for v in _args.values() if hasattr(v, "dtype")]
-        return tuple(key)
-
     def _tc_record_uncovered(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
         """Record the first key of a kernel tunecache could not serve as a miss with reason
         ``uncovered`` (``tunecache misses``, ``tunecache stats``), written in the background. Never raises."""
@@ -860,24 +671,6 @@ class TunecacheAutotuner(Autotuner):
             log.debug("tunecache: %s: cannot record the uncovered key: %r", self._tc_name, e)
             return
         self._tc_ks.record_miss_later(problem, "uncovered")
-
-    def _poisoned(self, keys: list[Any], exc: Exception, reproduced: tuple[str, dict[str, Any]] | None = None) -> None:
-        """Mark each key's stored winner failed (``reproduced``: the failure of benchmarking it alone)."""
-        status, failure = reproduced or classify(exc)
-        for k in keys:
-            digest, h = self._tc_from_store.pop(k)
-            self._tc_resolved_by.pop(k, None)
-            self.cache.pop(k, None)
-            counters.count(None, None, poisoned=1)
-            log.warning(
-                "tunecache: %s: stored winner %s failed on this target (%s: %s); marked %s and re-resolving",
-                self._tc_name,
-                h[:12],
-                type(exc).__name__,
-                str(exc)[:200],
-                status,
-            )
-            self._tc_ks.mark_failed(digest, h, status, failure)
 
 
 def attach(tuner: Any) -> None:

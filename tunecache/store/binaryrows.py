@@ -1,0 +1,120 @@
+"""Store rows of Triton's compiled kernels (:mod:`tunecache.binaries`): the ``binaries`` table.
+
+A mixin of :class:`tunecache.store.store.Store`, which inherits it: binaries are keyed by Triton's
+cache key, not by problem, and are dropped by their own gc (no stored winner's launch spec uses
+them), so their queries live apart from the tuning results, through the store's own transactions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from tunecache import trust
+from tunecache.model import COMPANION_CONFIG, Binary, binary_row, utcnow
+from tunecache.store.schema import binaries, launch_specs, problems
+from tunecache.target import hostname
+
+
+class BinaryRows:
+    """The compiled-binary queries of :class:`~tunecache.store.store.Store` (heads, get, put, usage, gc)."""
+
+    if TYPE_CHECKING:  # provided by Store
+
+        def _read(self, what: str) -> contextlib.AbstractContextManager[Connection]: ...
+
+        def _write(self, what: str) -> contextlib.AbstractContextManager[Connection]: ...
+
+        def _inserted(self, conn: Connection, table: sa.Table, values: dict[str, Any]) -> bool: ...
+
+    def binary_heads(self, triton_keys: Sequence[str]) -> dict[str, tuple[str, str, str]]:
+        """(name, ext, sha256) of every stored binary among ``triton_keys``, without their bytes: a
+        restart reads the bytes only of binaries its Triton cache lacks."""
+        c = binaries.c
+        out: dict[str, tuple[str, str, str]] = {}
+        keys = sorted(set(triton_keys))
+        with self._read("binaries") as conn:
+            for i in range(0, len(keys), 500):
+                q = sa.select(c.triton_key, c.name, c.ext, c.sha256).where(c.triton_key.in_(keys[i : i + 500]))
+                out.update((k, (n, e, h)) for k, n, e, h in conn.execute(q))
+        return out
+
+    def get_binaries(self, triton_keys: Sequence[str]) -> list[Binary]:
+        """The stored binaries among ``triton_keys``, in key order (unverified: see tunecache.binaries.binaries)."""
+        c = binaries.c
+        cols = (c.triton_key, c.sha256, c.name, c.ext, c.triton_version, c.metadata, c.binary, c.signature)
+        keys = sorted(set(triton_keys))
+        out: list[Binary] = []
+        with self._read("binaries") as conn:
+            for i in range(0, len(keys), 100):
+                q = sa.select(*cols).where(c.triton_key.in_(keys[i : i + 100])).order_by(c.triton_key)
+                out += [Binary(k, h, n, e, v, bytes(m), bytes(b), sig) for k, h, n, e, v, m, b, sig in conn.execute(q)]
+        return out
+
+    def put_binaries(
+        self, kernel: str, source_hash: str, bins: Sequence[Binary], max_kernel_bytes: int | None = None
+    ) -> int:
+        """Store binaries of one kernel source that this process made, signed with its key (a binary
+        already stored is kept); returns how many were new. With ``max_kernel_bytes``, a binary that
+        would take the kernel's stored bytes past it is left out (checked in the writing transaction;
+        concurrent uploaders may pass it by a binary each)."""
+        if not bins:
+            return 0
+        bins = trust.sign_binaries(list(bins))  # signed where made
+        with self._write("store binaries") as conn:
+            used = 0
+            if max_kernel_bytes is not None:
+                q = sa.select(sa.func.coalesce(sa.func.sum(binaries.c.size), 0))
+                used = int(conn.execute(q.where(binaries.c.source_hash == source_hash)).scalar_one())
+            rows = []
+            for b in bins:
+                if max_kernel_bytes is not None and used + b.size > max_kernel_bytes:
+                    continue
+                used += b.size
+                rows.append(binary_row(kernel, source_hash, b))
+            return self.add_binaries(conn, rows)
+
+    def add_binaries(self, conn: Connection, rows: Sequence[dict[str, Any]]) -> int:
+        """Insert binaries rows (without host and created_at, stamped here) inside the caller's
+        transaction; a binary already stored under its key is kept. Returns how many were new."""
+        now, host = utcnow(), hostname()
+        return sum(self._inserted(conn, binaries, {**r, "host": host, "created_at": now}) for r in rows)
+
+    def binary_usage(self) -> dict[str, tuple[int, int]]:
+        """(count, bytes) of the stored binaries, by kernel name."""
+        c = binaries.c
+        q = sa.select(c.kernel, sa.func.count(), sa.func.coalesce(sa.func.sum(c.size), 0)).group_by(c.kernel)
+        with self._read("binaries") as conn:
+            return {k: (int(n), int(b)) for k, n, b in conn.execute(q)}
+
+    def _unreferenced_binaries(self) -> sa.ColumnElement[bool]:
+        """No launch spec that a stored winner (or a companion of a stored kernel and target) uses."""
+        s, p = launch_specs.c, problems.c
+        same = sa.and_(p.source_hash == s.source_hash, p.target_digest == s.target_digest)
+        used = sa.exists().where(
+            s.kernel_hash == binaries.c.triton_key,
+            sa.or_(
+                sa.exists().where(same, p.winner_config_hash == s.config_hash),
+                sa.and_(s.config_hash == COMPANION_CONFIG, sa.exists().where(same)),
+            ),
+        )
+        return ~used
+
+    def gc_binaries(self, *, dry_run: bool = False) -> list[tuple[str, str, int]]:
+        """Drop the binaries no winner references; returns (triton_key, kernel, size) of each one
+        dropped (or that would be)."""
+        c = binaries.c
+        q = sa.select(c.triton_key, c.kernel, c.size).where(self._unreferenced_binaries()).order_by(c.triton_key)
+        if dry_run:
+            with self._read("gc binaries") as conn:
+                return [(k, n, int(z)) for k, n, z in conn.execute(q)]
+        with self._write("gc binaries") as conn:
+            gone = [(k, n, int(z)) for k, n, z in conn.execute(q)]
+            keys = [g[0] for g in gone]
+            for i in range(0, len(keys), 500):
+                conn.execute(sa.delete(binaries).where(c.triton_key.in_(keys[i : i + 500])))
+        return gone

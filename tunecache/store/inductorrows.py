@@ -1,0 +1,188 @@
+"""Store rows of torch.compile's remote caches (:mod:`tunecache.inductor`): Inductor's entries.
+
+A mixin of :class:`tunecache.store.store.Store`, which inherits it: the ``inductor_entries`` table
+is read and written apart from the tuning results (its own keys, last-writer-wins, its own gc), so
+its queries live here, through the store's own connections and transactions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from tunecache.model import INDUCTOR_KINDS, InductorEntry, utcnow
+from tunecache.store.schema import inductor_entries
+from tunecache.target import hostname
+
+
+class InductorRows:
+    """The Inductor-entry queries of :class:`~tunecache.store.store.Store` (get, put, list, export, delete)."""
+
+    if TYPE_CHECKING:  # provided by Store
+
+        def _read(self, what: str) -> contextlib.AbstractContextManager[Connection]: ...
+
+        def _write(self, what: str) -> contextlib.AbstractContextManager[Connection]: ...
+
+        def _inserted(self, conn: Connection, table: sa.Table, values: dict[str, Any]) -> bool: ...
+
+    _INDUCTOR_TARGET = ("backend", "arch", "device_name", "driver_version", "torch_version", "triton_version")
+
+    def _inductor_entry(self, r: Any) -> InductorEntry:
+        target = {k: r[k] for k in self._INDUCTOR_TARGET}
+        return InductorEntry(
+            r["kind"], r["key"], r["target_digest"], bytes(r["value"]), target, r["signature"], r["sha256"]
+        )
+
+    def get_inductor(self, kind: str, key: str, target_digest: str) -> InductorEntry | None:
+        """The entry of one Inductor cache under its key for one target, or None (unverified: see
+        :mod:`tunecache.inductor.entries`)."""
+        e = inductor_entries.c
+        key_hash = InductorEntry(kind, key, target_digest, b"", {}).key_hash
+        q = sa.select(inductor_entries).where(e.kind == kind, e.key_hash == key_hash, e.target_digest == target_digest)
+        with self._read("inductor entry") as conn:
+            row = conn.execute(q).mappings().first()
+        return None if row is None else self._inductor_entry(row)
+
+    def touch_inductor(self, entry: InductorEntry) -> None:
+        """Record a use of ``entry`` (its used_at and hit count: gc keeps what is used)."""
+        e = inductor_entries.c
+        with self._write("record inductor hit") as conn:
+            conn.execute(
+                sa.update(inductor_entries)
+                .where(e.kind == entry.kind, e.key_hash == entry.key_hash, e.target_digest == entry.target_digest)
+                .values(used_at=utcnow(), hit_count=e.hit_count + 1)
+            )
+
+    def put_inductor(self, entry: InductorEntry) -> None:
+        """Store ``entry`` (signed by the caller where it is made), replacing one under the same kind,
+        key and target: Inductor's remote caches are last-writer-wins, as with Redis."""
+        e = inductor_entries.c
+        with self._write("store inductor entry") as conn:
+            conn.execute(
+                sa.delete(inductor_entries).where(
+                    e.kind == entry.kind, e.key_hash == entry.key_hash, e.target_digest == entry.target_digest
+                )
+            )
+            self.add_inductor(conn, [entry], replace=False)
+
+    def add_inductor(self, conn: Connection, entries: Sequence[InductorEntry], *, replace: bool = False) -> int:
+        """Insert entries inside the caller's transaction (an import's); an entry already stored under
+        its kind, key and target is kept unless ``replace``. Returns how many were written."""
+        now, host = utcnow(), hostname()
+        n = 0
+        for en in entries:
+            row = {
+                "kind": en.kind,
+                "key_hash": en.key_hash,
+                "target_digest": en.target_digest,
+                "key": en.key,
+                "sha256": en.sha256,
+                "size": en.size,
+                "value": en.value,
+                **{k: str(en.target.get(k, ""))[: inductor_entries.c[k].type.length] for k in self._INDUCTOR_TARGET},
+                "host": host,
+                "created_at": now,
+                "used_at": now,
+                "hit_count": 0,
+                "signature": en.signature,
+            }
+            if replace:
+                e = inductor_entries.c
+                conn.execute(
+                    sa.delete(inductor_entries).where(
+                        e.kind == en.kind, e.key_hash == en.key_hash, e.target_digest == en.target_digest
+                    )
+                )
+            n += self._inserted(conn, inductor_entries, row)
+        return n
+
+    def _inductor_where(
+        self,
+        *,
+        kinds: Sequence[str] | None = None,
+        arch: str | None = None,
+        device: str | None = None,
+        driver: str | None = None,
+        not_driver: str | None = None,
+        target_digest: str | None = None,
+        unused_since: Any = None,
+    ) -> list[Any]:
+        e = inductor_entries.c
+        w: list[Any] = []
+        if kinds:
+            w.append(e.kind.in_(list(kinds)))
+        if arch:
+            w.append(e.arch == arch)
+        if device:
+            w.append(e.device_name == device)
+        if driver:
+            w.append(e.driver_version == driver)
+        if not_driver is not None:
+            w.append(e.driver_version != not_driver)
+        if target_digest:
+            w.append(e.target_digest == target_digest)
+        if unused_since is not None:
+            w.append(e.used_at < unused_since)
+        return w
+
+    def inductor_counts(self) -> dict[str, dict[str, int]]:
+        """Count, bytes and hits of the stored Inductor entries, by kind (every kind listed)."""
+        e = inductor_entries.c
+        q = sa.select(
+            e.kind,
+            sa.func.count(),
+            sa.func.coalesce(sa.func.sum(e.size), 0),
+            sa.func.coalesce(sa.func.sum(e.hit_count), 0),
+        )
+        out = {k: {"entries": 0, "bytes": 0, "hits": 0} for k in INDUCTOR_KINDS}
+        with self._read("inductor entries") as conn:
+            for kind, n, size, hits in conn.execute(q.group_by(e.kind)):
+                out[kind] = {"entries": int(n), "bytes": int(size), "hits": int(hits)}
+        return out
+
+    def list_inductor(self, limit: int | None = None, **filters: Any) -> list[dict[str, Any]]:
+        """The matching entries without their bytes, most recently used first (``tunecache ls --inductor``)."""
+        e = inductor_entries.c
+        cols = (e.kind, e.key, e.target_digest, *(e[k] for k in self._INDUCTOR_TARGET), e.size, e.hit_count)
+        q = sa.select(*cols, e.used_at, e.host, (e.signature.is_not(None)).label("signed"))
+        q = q.where(*self._inductor_where(**filters)).order_by(e.used_at.desc(), e.kind, e.key)
+        if limit:
+            q = q.limit(limit)
+        with self._read("inductor entries") as conn:
+            return [{str(k): v for k, v in r.items()} for r in conn.execute(q).mappings()]
+
+    def iter_inductor(self, batch: int = 200, **filters: Any) -> Iterator[InductorEntry]:
+        """Every matching entry, streamed in (kind, key, target) order (for export)."""
+        e = inductor_entries.c
+        where = self._inductor_where(**filters)
+        last: tuple[str, str, str] = ("", "", "")
+        order = (e.kind, e.key_hash, e.target_digest)
+        while True:
+            with self._read("export inductor entries") as conn:
+                q = sa.select(inductor_entries).where(*where, sa.tuple_(*order) > sa.tuple_(*last))
+                rows = conn.execute(q.order_by(*order).limit(batch)).mappings().all()
+            if not rows:
+                return
+            yield from (self._inductor_entry(r) for r in rows)
+            last = (rows[-1]["kind"], rows[-1]["key_hash"], rows[-1]["target_digest"])
+
+    def delete_inductor(self, *, dry_run: bool = False, **filters: Any) -> list[dict[str, Any]]:
+        """Delete matching Inductor entries (invalidate, gc); return (kind, key, target, size) of each
+        one deleted (or that would be). Refuses no filter at all, as :meth:`delete` does."""
+        e = inductor_entries.c
+        where = self._inductor_where(**filters)
+        if not where:
+            raise ValueError("refusing to delete every inductor entry without a filter")
+        q = sa.select(e.kind, e.key, e.target_digest, e.driver_version, e.size).where(*where).order_by(e.kind, e.key)
+        if dry_run:
+            with self._read("delete inductor entries") as conn:
+                return [dict(r) for r in conn.execute(q).mappings()]
+        with self._write("delete inductor entries") as conn:
+            gone = [dict(r) for r in conn.execute(q).mappings()]
+            conn.execute(sa.delete(inductor_entries).where(*where))
+        return gone
