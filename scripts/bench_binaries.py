@@ -51,6 +51,7 @@ def main() -> None:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import make_backend
+    from tunecache.kernels import sparse_decode_sm90 as sm90
 
     from tunecache import signing
     from tunecache.binaries import binaries, preload
@@ -58,7 +59,6 @@ def main() -> None:
     from tunecache.configidentity import config_hash_of
     from tunecache.exchange import export, import_
     from tunecache.identity import canonical_key, problem_digest
-    from tunecache.kernels import sparse_decode_sm90 as sm90
     from tunecache.model import ConfigResult, Problem
     from tunecache.store.opening import open_store
     from tunecache.target import Target
