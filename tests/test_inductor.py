@@ -278,6 +278,36 @@ def test_export_import_carry_entries_with_their_signatures(tmp_path, keys, monke
         s_.close()
 
 
+def test_an_fx_graph_over_4_mib_travels_and_only_the_entries_section_may_be_that_long(tmp_path, monkeypatch):
+    """A max-autotune FX graph bundles its kernels' binaries: on the H200 two entries of the bench
+    passed the 4 MiB of an export line and a host built from the export compiled everything."""
+    from tunecache.errors import ImportFormatError
+    from tunecache.exchange import MAX_LINE_BYTES, export, import_
+
+    monkeypatch.setenv("TUNECACHE_TRUST_STORE", "yes")
+    src = open_store(f"sqlite:///{tmp_path / 'src.sqlite3'}")
+    graph = os.urandom(MAX_LINE_BYTES)  # base64 in the line: 5.3 MiB
+    InductorStore(src).put("fx_graph", "pt2:fx-graph-v1::big:c1", graph)
+    out = export(src, tmp_path / "big.jsonl.gz", with_inductor=True)
+    assert (out["inductor_entries"], out["inductor_too_large"]) == (1, 0)
+    dst = open_store(f"sqlite:///{tmp_path / 'dst.sqlite3'}")
+    assert import_(dst, tmp_path / "big.jsonl.gz", with_inductor=True, trust_unsigned=True).inductor_new == 1
+    assert InductorStore(dst).get("fx_graph", "pt2:fx-graph-v1::big:c1") == graph
+
+    # The header says which lines are entries: a line that long anywhere else is still refused.
+    import gzip
+
+    lines = gzip.decompress((tmp_path / "big.jsonl.gz").read_bytes()).split(b"\n")
+    header = json.loads(lines[0])
+    header["problems"], header["inductor_entries"] = 1, 0  # the same line, now where a problem goes
+    bad = b"\n".join([json.dumps(header).encode(), *lines[1:]])
+    (tmp_path / "bad.jsonl").write_bytes(bad)
+    with pytest.raises(ImportFormatError, match="line 2: line longer than"):
+        import_(dst, tmp_path / "bad.jsonl", with_inductor=True, trust_unsigned=True)
+    src.close()
+    dst.close()
+
+
 def compile_in_fresh_process(tmp_path: Path, name: str, url: str, *, hook: bool, **env: str) -> dict:
     """tests/inductor_prog.py in a new process with empty local Inductor caches, on store ``url``;
     tunecache enabled by the start-up hook (``hook``) or by enable() in code."""
@@ -347,7 +377,7 @@ def test_enable_sets_the_seam_and_only_the_switches_left_unset_and_disable_undoe
         assert remote_cache.RemoteAOTAutogradCache.backend_override_cls.kind == "aot_autograd"
         assert config.fx_graph_remote_cache is True and functorch_config.enable_remote_autograd_cache is True
         assert config.autotune_remote_cache is False
-        assert config.bundled_autotune_remote_cache is None  # no GPU Triton here: Inductor would assert
+        assert config.bundled_autotune_remote_cache is None  # backed, not turned on (enable.SWITCHED_ON)
     finally:
         enable.disable()
     assert remote_cache.RemoteFxGraphCache.backend_override_cls is None

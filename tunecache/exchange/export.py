@@ -34,6 +34,7 @@ from tunecache.exchange.format import (
     FORMAT_VERSION,
     GZIP_LEVEL,
     INDUCTOR_VERSION,
+    MAX_INDUCTOR_LINE_BYTES,
     MAX_LINE_BYTES,
     SIGNED_ROWS_VERSION,
     Progress,
@@ -499,14 +500,14 @@ def _write_inductor(conn: Any, body: IO[bytes], sha: Any, vouch: trust.Policy | 
             },
             option=orjson.OPT_APPEND_NEWLINE,
         )
-        if len(line) > MAX_LINE_BYTES:
+        if len(line) > MAX_INDUCTOR_LINE_BYTES:
             counts["inductor_too_large"] += 1
             log.warning(
                 "tunecache: export: torch.compile %s entry %s left out: %d bytes, over the %d of a line",
                 entry.kind,
                 entry.key[:40],
                 len(line),
-                MAX_LINE_BYTES,
+                MAX_INDUCTOR_LINE_BYTES,
             )
             continue
         body.write(line)

@@ -247,6 +247,10 @@ READABLE_VERSIONS = (1, 2, 3, 4, 5)
 #: limit leaves room for ~10,000 configs per problem while keeping a hostile file's memory bounded.
 #: Export refuses to write a longer line, so every export can be imported.
 MAX_LINE_BYTES = 4 << 20
+#: Longest torch.compile entry line (version 5): an FX graph of max-autotune bundles its kernels'
+#: binaries and passes 4 MiB. Only the lines the header places in the entries' section may be
+#: this long; the rest of a file keeps :data:`MAX_LINE_BYTES`.
+MAX_INDUCTOR_LINE_BYTES = 64 << 20
 MAX_FAILURE_DEPTH = 8
 CONFLICT_POLICIES = ("keep", "replace", "faster")
 GZIP_LEVEL = 3  # level 6 halves the speed for ~10% smaller files; exports are read and written once
@@ -313,19 +317,29 @@ def open_source(src: Source) -> Iterator[tuple[Rewind, bool]]:
         yield Rewind(f, start), named_gz or magic == b"\x1f\x8b"
 
 
+def line_limits(max_line: int, first_entry: int, n_entries: int) -> Callable[[int], int]:
+    """The longest line import accepts at each line number: ``max_line``, and for the ``n_entries``
+    torch.compile entry lines from line ``first_entry`` on, :data:`MAX_INDUCTOR_LINE_BYTES`."""
+    wide = max(max_line, MAX_INDUCTOR_LINE_BYTES)
+    end = first_entry + n_entries
+    return lambda n: wide if first_entry <= n < end else max_line
+
+
 class Rewind:
     """The file and where the export starts in it (a caller's stream need not be at 0)."""
 
     def __init__(self, f: IO[bytes], start: int) -> None:
         self.f, self.start = f, start
 
-    def lines(self, gz: bool, max_line: int) -> Iterator[tuple[int, bytes]]:
-        """(line number, bytes) for every line, reading at most ``max_line + 1`` bytes per line.
+    def lines(self, gz: bool, max_line: int | Callable[[int], int]) -> Iterator[tuple[int, bytes]]:
+        """(line number, bytes) for every line, reading at most ``max_line + 1`` bytes per line
+        (``max_line`` may be a function of the line number: :func:`line_limits`).
 
         A line with no newline at the end of the file is a cut-off file (export ends every line
         with one); a longer line is rejected as soon as the limit is passed, so a 2 GB line never
         sits in memory.
         """
+        limit = max_line if callable(max_line) else (lambda _n, m=max_line: m)
         self.f.seek(self.start)
         # GzipFile's own small buffer, not a bigger one: a truncated .gz then fails at the line it
         # cuts (or within 8 KiB of it), not a megabyte earlier.
@@ -333,15 +347,16 @@ class Rewind:
         lineno = 0
         while True:
             lineno += 1
+            most = limit(lineno)
             try:
-                line = reader.readline(max_line + 1)
+                line = reader.readline(most + 1)
             except (OSError, EOFError, zlib.error) as e:
                 raise ImportFormatError(lineno, f"gzip error: {e} (corrupt or truncated .gz file)") from None
             if not line:
                 return
-            if len(line) > max_line:
+            if len(line) > most:
                 raise ImportFormatError(
-                    lineno, f"line longer than {max_line} bytes, the most import accepts: corrupted, or not an export"
+                    lineno, f"line longer than {most} bytes, the most import accepts: corrupted, or not an export"
                 )
             if line[-1:] != b"\n":
                 raise ImportFormatError(

@@ -24,7 +24,15 @@ from sqlalchemy.engine import Connection
 from tunecache import signing
 from tunecache.errors import ImportFormatError, StoreReadOnlyError, UntrustedFileError
 from tunecache.exchange import validate
-from tunecache.exchange.format import CONFLICT_POLICIES, MAX_LINE_BYTES, Progress, Rewind, Source, open_source
+from tunecache.exchange.format import (
+    CONFLICT_POLICIES,
+    MAX_LINE_BYTES,
+    Progress,
+    Rewind,
+    Source,
+    line_limits,
+    open_source,
+)
 from tunecache.exchange.validate import Invalid, Scan, check_binary, check_inductor, check_spec
 from tunecache.identity import canonical_json
 from tunecache.model import CONFIG_COLUMNS, PROBLEM_COLUMNS, PROBLEM_FIELDS, TIMESTAMP_FIELDS
@@ -289,7 +297,7 @@ def _apply(
         refs = scan.refs if add_bins is not None else None
         with _Pipeline(put, threaded=writer.threaded) as pipe:
             for done, p_rows, c_rows, s_rows, b_rows, i_rows in _row_batches(
-                reader.lines(gz, max_line),
+                reader.lines(gz, line_limits(max_line, 2 + n + scan.specs + scan.binaries, scan.inductor)),
                 write,
                 writer.timestamp,
                 sha,

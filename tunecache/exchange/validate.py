@@ -41,6 +41,7 @@ from tunecache.exchange.format import (
     SIGNED_ROWS_VERSION,
     Progress,
     Rewind,
+    line_limits,
     tunecache_version,
 )
 from tunecache.identity import canonical_json, problem_digest
@@ -436,7 +437,8 @@ def scan(reader: Rewind, gz: bool, max_line: int, progress: Progress | None) -> 
     lineno = 0
     announced = n_specs = n_bins = n_ind = n_found_ind = 0
     seen_ind: set[bytes] = set()
-    for lineno, line in reader.lines(gz, max_line):
+    bound = [line_limits(max_line, 0, 0)]  # until the header says where the torch.compile entries are
+    for lineno, line in reader.lines(gz, lambda n: bound[0](n)):
         try:
             obj = _loads(line)
             if header is None:
@@ -444,6 +446,7 @@ def scan(reader: Rewind, gz: bool, max_line: int, progress: Progress | None) -> 
                 header_line = line
                 announced, n_specs, n_bins = header["problems"], header["launch_specs"], header["binaries"]
                 n_ind = header["inductor_entries"]
+                bound[0] = line_limits(max_line, 2 + announced + n_specs + n_bins, n_ind)
                 continue
             if len(found) >= announced:
                 if n_found_specs < n_specs:

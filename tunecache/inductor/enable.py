@@ -4,8 +4,8 @@ The seam is each cache class's ``backend_override_cls`` (torch >= 2.5): a class 
 reads whenever it builds a remote cache, whichever code path builds it, with no subclass or module
 attribute of torch replaced. A cache the user turned off (``TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE=0``,
 ``torch._inductor.config.fx_graph_remote_cache = False``...) stays off: only the unset ones (None,
-torch's default) are turned on, and only for the caches whose backend was set here. The bundled
-autotune cache is turned on only where Triton has a GPU backend (Inductor asserts without one).
+torch's default) are turned on, and only for the caches whose backend was set here, except the
+bundled autotune cache (:data:`SWITCHED_ON` says why), which is backed but left as the user set it.
 
 With ``TUNECACHE_INSTALL`` and ``TUNECACHE_INDUCTOR`` set, the start-up hook calls :func:`activate`
 when a process first imports ``torch._inductor.remote_cache`` (Inductor's compile workers too);
@@ -30,6 +30,14 @@ SWITCHES = {
     "aot_autograd": ("torch._functorch.config", "enable_remote_autograd_cache"),
 }
 
+#: The caches enable() turns on where unset. Not the bundled autotune cache: Inductor puts a graph's
+#: bundle when the graph is compiled, before coordinate-descent tuning at the first launch changes
+#: some kernels' best configs, and a bundle hit then hands a fresh host the pre-search configs (so it
+#: searches again: run AS, docs/benchmarks.md); the per-kernel autotune entries are put after that
+#: search. Its switch is also part of Inductor's FX graph key, which then differs from stock's. A
+#: user who turns it on gets it backed by the store all the same.
+SWITCHED_ON = ("autotune", "fx_graph", "aot_autograd")
+
 _switched: dict[tuple[str, str], Any] = {}  # the switches enable() turned on, and their values before
 
 
@@ -53,7 +61,7 @@ def enable(entries: InductorStore | None = None, *, switch_on: bool = True) -> l
         cls.backend_override_cls = backend_cls(kind, entries)
         done.append(kind)
         module, attr = SWITCHES[kind]
-        if switch_on and not (kind == "bundled_autotune" and not _gpu_triton()):
+        if switch_on and kind in SWITCHED_ON:
             try:
                 config = importlib.import_module(module)
             except ImportError:  # pragma: no cover - a torch without it
@@ -74,17 +82,6 @@ def enable(entries: InductorStore | None = None, *, switch_on: bool = True) -> l
             torch.__version__,
         )
     return done
-
-
-def _gpu_triton() -> bool:
-    """Whether Triton has a GPU backend here: without one, Inductor's bundled autotune cache asserts
-    on its backend hash (torch 2.13 on a CPU-only host), so tunecache leaves that switch alone."""
-    try:
-        from torch.utils._triton import has_triton
-
-        return bool(has_triton())
-    except Exception:  # noqa: BLE001
-        return False
 
 
 def disable() -> None:
