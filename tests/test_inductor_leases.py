@@ -7,6 +7,7 @@ SQLite file and the real PostgreSQL (``store_url``).
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import pytest
@@ -34,9 +35,8 @@ def _fresh(monkeypatch: pytest.MonkeyPatch):
 
 @pytest.fixture
 def store(store_url: str):
-    s = open_store(store_url)
-    yield s
-    s.close()
+    with contextlib.closing(open_store(store_url)) as s:
+        yield s
 
 
 def on_another_host(monkeypatch, sleep) -> None:
