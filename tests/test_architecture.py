@@ -104,6 +104,9 @@ def violations() -> list[str]:
                 for a in node.names:
                     if src != name and _private(a.name):
                         out.append(f"{where}:{node.lineno}: from {src} import {a.name}")
+                    elif src != name and a.asname and _private(a.asname) and f"{src}.{a.name}" not in trees:
+                        # another module's public name made to look like this module's own private one
+                        out.append(f"{where}:{node.lineno}: from {src} import {a.name} as {a.asname}")
                     if f"{src}.{a.name}" in trees:  # a module, bound to a local name
                         aliases[a.asname or a.name] = f"{src}.{a.name}"
         # Names defined privately by this module's own classes may be used on any object here.
@@ -137,6 +140,7 @@ def test_the_check_sees_private_imports(tmp_path, monkeypatch):
     (pkg / "b.py").write_text(
         "from tunecache.a import _hidden\n"
         "from tunecache import a as _a\n"
+        "from tunecache.a import Store as _Store\n"
         "from . import a\n"
         "import tunecache.a\n"
         "def f(store):\n    return _a._hidden, a._hidden, tunecache.a._hidden, store._write()\n"
@@ -149,6 +153,8 @@ def test_the_check_sees_private_imports(tmp_path, monkeypatch):
     assert any(": a._hidden" in v for v in found), found
     assert any("tunecache.a._hidden" in v for v in found), found
     assert any("store._write" in v for v in found), found
+    assert any("import Store as _Store" in v for v in found), found
+    assert not any("import a as _a" in v for v in found), found  # a module under a private alias is fine
     assert not any("a.py" in v for v in found), found
 
 

@@ -6,10 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from tunecache.report import fleet
-from tunecache.report.html import escape as _e
-from tunecache.report.html import figure as _plot
-from tunecache.report.html import spread as _spread
-from tunecache.report.html import table as _table
+from tunecache.report.html import escape, figure, spread, table
 
 MAX_DOTS = 1500  # fleet plot: dots per host
 
@@ -20,7 +17,7 @@ def _evidence_table(worst: list[fleet.Evidence]) -> str:
     if not worst:
         return "<p>No key where it was slower.</p>"
     rows = [[w.kernel, w.key_json, w.target, f"{w.ratio:.2f}x", f"{w.host_ms:.4g}", f"{w.peers_ms:.4g}"] for w in worst]
-    return _table(["kernel", "key", "target", "ratio", "host ms", "peers ms"], rows)
+    return table(["kernel", "key", "target", "ratio", "host ms", "peers ms"], rows)
 
 
 def fleet_section(a: fleet.FleetAnalysis, plots: Any, max_keys: int) -> str:
@@ -44,28 +41,28 @@ def fleet_section(a: fleet.FleetAnalysis, plots: Any, max_keys: int) -> str:
         when = fleet.measured_text(h.first_measured, h.last_measured)
         if h.outlier:
             out.append(
-                f'<p class="bad"><b>Outlier: {_e(h.host)}</b> ({_e(", ".join(h.gpus))}): '
-                f"{_e(h.verdict.ratio_text())} over {h.keys} keys; slower by more than {a.threshold:.0%} on "
-                f"{h.slower_share:.0%} of them; timings measured {_e(when)} UTC. "
+                f'<p class="bad"><b>Outlier: {escape(h.host)}</b> ({escape(", ".join(h.gpus))}): '
+                f"{escape(h.verdict.ratio_text())} over {h.keys} keys; slower by more than {a.threshold:.0%} on "
+                f"{h.slower_share:.0%} of them; timings measured {escape(when)} UTC. "
                 "Keys where it was slower, worst first:</p>"
             )
             out.append(_evidence_table(h.worst))
             if len(h.slow_kernels) > 1:
                 names = ", ".join(k.kernel for k in h.slow_kernels)
-                out.append(f"<p>{_e(h.host)} is an outlier on each of: {_e(names)}.</p>")
+                out.append(f"<p>{escape(h.host)} is an outlier on each of: {escape(names)}.</p>")
             continue
         for k in h.slow_kernels:
             out.append(
-                f'<p class="bad"><b>Outlier on {_e(k.kernel)}: {_e(h.host)}</b>: {_e(k.verdict.ratio_text())} over '
-                f"{k.verdict.keys} keys; timings measured {_e(fleet.measured_text(k.first_measured, k.last_measured))} "
-                "UTC. Worst keys:</p>"
+                f'<p class="bad"><b>Outlier on {escape(k.kernel)}: {escape(h.host)}</b>: '
+                f"{escape(k.verdict.ratio_text())} over {k.verdict.keys} keys; timings measured "
+                f"{escape(fleet.measured_text(k.first_measured, k.last_measured))} UTC. Worst keys:</p>"
             )
             out.append(_evidence_table(k.worst))
     for h in a.too_few:
         out.append(
-            f'<p class="note"><b>Too few keys to judge: {_e(h.host)}</b>: {h.keys} of the {a.min_keys} keys needed '
-            f"({_e(h.verdict.ratio_text())}; timings measured "
-            f"{_e(fleet.measured_text(h.first_measured, h.last_measured))} UTC).</p>"
+            f'<p class="note"><b>Too few keys to judge: {escape(h.host)}</b>: {h.keys} of the {a.min_keys} keys needed '
+            f"({escape(h.verdict.ratio_text())}; timings measured "
+            f"{escape(fleet.measured_text(h.first_measured, h.last_measured))} UTC).</p>"
         )
     if not a.outliers and not a.too_few:
         out.append(
@@ -77,16 +74,16 @@ def fleet_section(a: fleet.FleetAnalysis, plots: Any, max_keys: int) -> str:
     if a.excluded:
         out.append(
             "<p>Peers' baselines leave out the flagged hosts ("
-            + _e(", ".join(sorted(a.excluded)))
+            + escape(", ".join(sorted(a.excluded)))
             + ") wherever another host timed the same config: a slow peer would make healthy hosts look faster "
             "than 1.0x. A healthy host below 1.0x shared those keys with a flagged host only.</p>"
         )
     names = [h.host for h in a.hosts]
-    dots = {n: _spread(a.ratios[n], MAX_DOTS) for n in names}  # the medians and the table use every key
+    dots = {n: spread(a.ratios[n], MAX_DOTS) for n in names}  # the medians and the table use every key
     if any(len(dots[n]) < len(a.ratios[n]) for n in names):
         out.append(f'<p class="note">The plot draws at most {MAX_DOTS} keys per host; its bars use them all.</p>')
     out.append(
-        _plot(
+        figure(
             plots.fleet_strip(
                 names,
                 [dots[n] for n in names],
@@ -116,8 +113,8 @@ def fleet_section(a: fleet.FleetAnalysis, plots: Any, max_keys: int) -> str:
             ]
         )
     headers = ["host", "GPU", "keys shared", "ratio", "host ms", "peers ms", "keys slower than threshold"]
-    table = _table([*headers, "measured (UTC)", "verdict", "outlier on kernels"], rows)
-    out.append(f'<div id="fleet-hosts">{table}</div>')
+    hosts_table = table([*headers, "measured (UTC)", "verdict", "outlier on kernels"], rows)
+    out.append(f'<div id="fleet-hosts">{hosts_table}</div>')
     per_kernel = [(h, k) for h in a.hosts for k in h.kernels]
     krows = [
         [
@@ -136,5 +133,5 @@ def fleet_section(a: fleet.FleetAnalysis, plots: Any, max_keys: int) -> str:
     if len(per_kernel) > len(krows):
         out.append(f'<p class="note">The first {len(krows)} of {len(per_kernel)} rows: use --kernel to see one.</p>')
     kheaders = ["kernel", "host", "keys", "ratio", "host ms", "peers ms", "measured (UTC)", "verdict"]
-    out.append(_table(kheaders, krows) + "</details>")
+    out.append(table(kheaders, krows) + "</details>")
     return "".join(out)
