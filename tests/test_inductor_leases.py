@@ -65,13 +65,13 @@ def test_a_host_that_misses_what_another_computes_waits_and_is_served_its_put(st
     assert InductorStore(store).get("fx_graph", "graph-1") == GRAPH  # served, not compiled
     assert waits() == before + 1 and len(slept) == 3
     assert leases.held() == held  # the put released the lease
-    assert store.lease_of(leases.lease_digest("fx_graph", _key_hash("graph-1"), _digest())) is None
+    assert store.lease_of(leases.lease_digest("fx_graph", "graph-1", _digest())) is None
 
 
 def test_a_lease_released_without_a_put_or_lapsed_ends_the_wait_and_the_waiter_computes(store, monkeypatch):
     monkeypatch.setenv("TUNECACHE_WAIT_SECONDS", "1")
     assert InductorStore(store).get("autotune", "kernel-1") is None
-    digest = leases.lease_digest("autotune", _key_hash("kernel-1"), _digest())
+    digest = leases.lease_digest("autotune", "kernel-1", _digest())
     holder = store.lease_of(digest)["holder"]
     on_another_host(monkeypatch, time.sleep)  # real waits, of a 1-second lease
     t = time.monotonic()
@@ -83,7 +83,7 @@ def test_a_lease_released_without_a_put_or_lapsed_ends_the_wait_and_the_waiter_c
     # Released without a put (Inductor decided not to cache it): the waiter stops at the next look.
     store.release_lease(digest, holder)
     monkeypatch.setenv("TUNECACHE_WAIT_SECONDS", "300")
-    other = leases.lease_digest("autotune", _key_hash("kernel-2"), _digest())
+    other = leases.lease_digest("autotune", "kernel-2", _digest())
     store.try_lease(other, "inductor:elsewhere", 300)
     looks: list[float] = []
 
@@ -99,7 +99,7 @@ def test_a_lease_released_without_a_put_or_lapsed_ends_the_wait_and_the_waiter_c
 def test_processes_of_one_host_never_wait_on_each_other(store, monkeypatch):
     """Inductor may get an entry in a compile worker and put it from the main process: a host that
     waited on its own lease would wait on itself."""
-    digest = leases.lease_digest("fx_graph", _key_hash("graph-2"), _digest())
+    digest = leases.lease_digest("fx_graph", "graph-2", _digest())
     assert store.try_lease(digest, "inductor:a-compile-worker", 300)  # this host, another process
     monkeypatch.setattr(leases.time, "sleep", lambda s: pytest.fail("waited on its own host"))
     before = waits()
@@ -116,12 +116,6 @@ def test_no_lease_for_triton_kernels_in_readonly_mode_or_with_no_wait(store, mon
     monkeypatch.setenv("TUNECACHE_WAIT_SECONDS", "0")
     assert entries.get("fx_graph", "graph-4") is None
     assert leases.held() == held
-
-
-def _key_hash(key: str) -> str:
-    from tunecache.model import InductorEntry
-
-    return InductorEntry("x", key, "", b"", {}).key_hash
 
 
 def _digest() -> str:

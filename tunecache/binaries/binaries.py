@@ -108,6 +108,16 @@ def _files(kernel: Any, name: str) -> dict[str, str] | None:
     return get_cache_manager(str(kernel.hash)).get_group(f"{name}.json")
 
 
+def from_group(key: str, name: str, ext: str, version: str, group: dict[str, str]) -> Binary | None:
+    """The binary whose files a kernel's group in Triton's cache lists ({file name: path}), unchecked;
+    None if the group lacks its metadata or its binary. OSError if a file cannot be read."""
+    md_path, bin_path = group.get(f"{name}.json"), group.get(f"{name}.{ext}")
+    if md_path is None or bin_path is None:
+        return None
+    metadata, binary = Path(md_path).read_bytes(), Path(bin_path).read_bytes()
+    return Binary(key, binary_sha256(key, name, ext, version, metadata, binary), name, ext, version, metadata, binary)
+
+
 def collect(fn: Any, triton_keys: Iterable[str]) -> list[Binary]:
     """The binaries Triton compiled in this process for ``fn`` under ``triton_keys`` (none interpreted),
     read from Triton's cache; a kernel whose files are gone from it is left out."""
@@ -124,16 +134,13 @@ def collect(fn: Any, triton_keys: Iterable[str]) -> list[Binary]:
         try:
             name = str(kernel.src.name)[:150]
             ext = str(backend.binary_ext)
-            files = _files(kernel, name) or {}
-            md_path, bin_path = files.get(f"{name}.json"), files.get(f"{name}.{ext}")
-            if md_path is None or bin_path is None:
-                log.debug("tunecache: %s: the files of binary %s are not in Triton's cache", name, key[:12])
-                continue
-            metadata, binary = Path(md_path).read_bytes(), Path(bin_path).read_bytes()
+            b = from_group(key, name, ext, version, _files(kernel, name) or {})
         except (OSError, AttributeError, TypeError) as e:
             log.debug("tunecache: cannot read binary %s: %r", key[:12], e)
             continue
-        b = Binary(key, binary_sha256(key, name, ext, version, metadata, binary), name, ext, version, metadata, binary)
+        if b is None:
+            log.debug("tunecache: %s: the files of binary %s are not in Triton's cache", name, key[:12])
+            continue
         why = problems_of(b)
         if why is not None:
             log.debug("tunecache: not uploading binary %s: %s", key[:12], why)
@@ -322,10 +329,16 @@ def _put(b: Binary) -> int:
             return 0
         mgr.put(b.binary, hostmodules.file_name(b.name, md), binary=True)
         return 1
+    write_kernel(mgr, b)
+    return 1
+
+
+def write_kernel(mgr: Any, b: Binary) -> None:
+    """Write verified kernel binary ``b`` through Triton cache manager ``mgr``, as a compile does:
+    both files, then their group (Triton sees the group only once both files are whole)."""
     md_file, bin_file = f"{b.name}.json", f"{b.name}.{b.ext}"
     paths = {bin_file: mgr.put(b.binary, bin_file, binary=True), md_file: mgr.put(b.metadata, md_file)}
-    mgr.put_group(md_file, paths)  # last: Triton sees the group only once both files are whole
-    return 1
+    mgr.put_group(md_file, paths)
 
 
 def _placeable(triton_key: str, name: str) -> bool:
@@ -354,6 +367,7 @@ def place_for(
 
 __all__ = [
     "collect",
+    "from_group",
     "host_module",
     "host_module_keys",
     "host_module_spec",
@@ -362,4 +376,5 @@ __all__ = [
     "problems_of",
     "record_companions",
     "upload",
+    "write_kernel",
 ]

@@ -39,9 +39,9 @@ _held: dict[str, str] = {}  # lease digest -> holder, for the leases this proces
 _lock = threading.Lock()
 
 
-def lease_digest(kind: str, key_hash: str, target_digest: str) -> str:
+def lease_digest(kind: str, key: str, target_digest: str) -> str:
     """The lease row's digest of one entry (no tuning digest looks like it: a distinct prefix)."""
-    return hashlib.sha256(f"tunecache-inductor-lease\0{kind}\0{key_hash}\0{target_digest}".encode()).hexdigest()
+    return hashlib.sha256(f"tunecache-inductor-lease\0{kind}\0{target_digest}\0{key}".encode()).hexdigest()
 
 
 def on_miss(store: Store, kind: str, key: str, target_digest: str) -> InductorEntry | None:
@@ -49,8 +49,7 @@ def on_miss(store: Store, kind: str, key: str, target_digest: str) -> InductorEn
     process waited; else None, with the lease taken where it could be (this process computes)."""
     if kind not in LEASED:
         return None
-    key_hash = InductorEntry(kind, key, target_digest, b"", {}).key_hash
-    digest = lease_digest(kind, key_hash, target_digest)
+    digest = lease_digest(kind, key, target_digest)
     ttl = settings.get("TUNECACHE_WAIT_SECONDS")
     if ttl <= 0:
         return None
@@ -60,12 +59,10 @@ def on_miss(store: Store, kind: str, key: str, target_digest: str) -> InductorEn
     if row is None or row["host"] == lease_host():
         return None  # released meanwhile (then the entry may be there: Inductor asks again next start)
     counters.count(None, None, inductor_lease_waits=1)
-    deadline = time.monotonic() + ttl
-    for i in range(1_000_000):
-        left = deadline - time.monotonic()
-        if left <= 0:
-            break
-        time.sleep(min(POLL[min(i, len(POLL) - 1)], left))
+    deadline, looks = time.monotonic() + ttl, 0
+    while (left := deadline - time.monotonic()) > 0:
+        time.sleep(min(POLL[min(looks, len(POLL) - 1)], left))
+        looks += 1
         entry = store.get_inductor(kind, key, target_digest)
         if entry is not None:
             return entry
@@ -80,7 +77,7 @@ def on_put(store: Store, kind: str, key: str, target_digest: str) -> None:
     """After ``key`` was stored: release its lease if this process holds it."""
     if kind not in LEASED:
         return
-    digest = lease_digest(kind, InductorEntry(kind, key, target_digest, b"", {}).key_hash, target_digest)
+    digest = lease_digest(kind, key, target_digest)
     with _lock:
         holder = _held.pop(digest, None)
     if holder is not None:

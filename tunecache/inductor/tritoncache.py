@@ -36,7 +36,8 @@ import orjson
 from triton.runtime.cache import FileCacheManager
 
 from tunecache import forks
-from tunecache.binaries.binaries import problems_of
+from tunecache.binaries.binaries import from_group, problems_of, write_kernel
+from tunecache.binaries.preload import triton_version
 from tunecache.inductor.entries import InductorStore, default
 from tunecache.model import BINARY_EXTS, Binary, binary_sha256
 
@@ -90,12 +91,6 @@ def decode(triton_key: str, value: bytes) -> Binary:
     return Binary(triton_key, sha, name, ext, version, metadata, binary)
 
 
-def _triton_version() -> str:
-    import triton
-
-    return str(triton.__version__)
-
-
 class StoreCacheManager(FileCacheManager):  # type: ignore[misc]
     """Triton's file cache, with the store behind it for the kernels it lacks (module docstring)."""
 
@@ -138,11 +133,7 @@ class StoreCacheManager(FileCacheManager):  # type: ignore[misc]
             log.warning("tunecache: stored Triton kernel %s... not placed: %s; Triton compiles it", key[:16], why)
             return False
         try:
-            paths = {
-                f"{name}.{b.ext}": FileCacheManager.put(self, b.binary, f"{name}.{b.ext}", binary=True),
-                f"{name}.json": FileCacheManager.put(self, b.metadata, f"{name}.json"),
-            }
-            FileCacheManager.put_group(self, f"{name}.json", paths)  # last: whole files only
+            write_kernel(self, b)  # its put_group files nothing back: this lookup did not miss
         except OSError as e:
             log.warning("tunecache: stored Triton kernel %s... not placed: %s", key[:16], e)
             return False
@@ -157,20 +148,13 @@ class StoreCacheManager(FileCacheManager):  # type: ignore[misc]
             if (key, name) not in _missing:
                 return
             _missing.discard((key, name))
+        ext = next((e for e in BINARY_EXTS.values() if f"{name}.{e}" in group), None)
         try:
-            md_path = group[f"{name}.json"]
-            with open(md_path, "rb") as f:
-                metadata = f.read()
-            backend = (orjson.loads(metadata).get("target") or {}).get("backend")
-            ext = BINARY_EXTS.get(str(backend))
-            if ext is None or f"{name}.{ext}" not in group:
-                return
-            with open(group[f"{name}.{ext}"], "rb") as f:
-                binary = f.read()
-        except (OSError, KeyError, ValueError, AttributeError):
+            b = from_group(key, name, ext, triton_version(), group) if ext else None
+        except OSError:
+            b = None
+        if b is None:
             return  # not a kernel group tunecache knows how to carry
-        version = _triton_version()
-        b = Binary(key, binary_sha256(key, name, ext, version, metadata, binary), name, ext, version, metadata, binary)
         if problems_of(b) is None:
             (_entries or default()).put(KIND, key, encode(b))
 
