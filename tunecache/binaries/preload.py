@@ -169,7 +169,8 @@ def load(fn: Any, specs: Iterable[LaunchSpec], device: int) -> tuple[int, int]:
 
     version = triton_version()
     specs = list(specs)
-    recorded = {(_launch_key(s), s.kernel_hash) for s in specs}  # another text's spec may name what this builds
+    # Another text's spec of the same launch may name what this host builds (heal adds specs, see for_binary).
+    recorded = {(_launch_key(s), s.kernel_hash) for s in specs if s.triton_version == version}
     loaded = skipped = 0
     on_device = torch.cuda.device(device) if torch.cuda.is_available() else contextlib.nullcontext()
     with on_device:  # Triton compiles and loads for the current device
