@@ -254,3 +254,19 @@ def test_invalidate_selects_entries_by_driver_release_and_always_says_their_coun
     r = invalidate("--driver", "580.95.05")
     assert "1 torch.compile cache entries deleted" in r.stdout, r.stdout
     assert [r["key"] for r in store.list_inductor()] == ["new"]
+
+
+def test_an_entry_line_written_before_the_driver_release_was_recorded_still_imports():
+    import base64
+    import hashlib
+
+    from tunecache.exchange.validate import Invalid, check_inductor
+
+    target = {"backend": "cuda", "arch": "sm90", "device_name": "NVIDIA H200", "driver_version": "13000"}
+    target |= {"torch_version": "2.11.0", "triton_version": "3.6"}
+    line = {"cache": "fx_graph", "key": "k", "target_digest": "ab" * 32, "target": target}
+    line |= {"sha256": hashlib.sha256(b"g").hexdigest(), "value": base64.b64encode(b"g").decode(), "signature": None}
+    assert check_inductor(line, None).target.get("driver_release", "") == ""
+    assert check_inductor({**line, "target": {**target, "driver_release": "580.159.04"}}, None)
+    with pytest.raises(Invalid, match="target"):
+        check_inductor({**line, "target": {**target, "driver_relase": "580.159.04"}}, None)

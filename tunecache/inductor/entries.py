@@ -46,6 +46,7 @@ def inductor_target() -> tuple[str, dict[str, str]]:
         "arch": t.arch,
         "device_name": t.device_name,
         "driver_version": t.driver_version,
+        "driver_release": t.driver_release,
         "torch_version": str(torch.__version__),
         "triton_version": t.triton_version,
     }

@@ -17,6 +17,7 @@ from sqlalchemy.engine import Connection
 
 from tunecache import signing
 from tunecache.model import INDUCTOR_KINDS, InductorEntry, utcnow
+from tunecache.store.filters import not_this_driver
 from tunecache.store.schema import inductor_entries
 from tunecache.target import hostname
 
@@ -32,7 +33,15 @@ class InductorRows:
 
         def _inserted(self, conn: Connection, table: sa.Table, values: dict[str, Any]) -> bool: ...
 
-    _INDUCTOR_TARGET = ("backend", "arch", "device_name", "driver_version", "torch_version", "triton_version")
+    _INDUCTOR_TARGET = (
+        "backend",
+        "arch",
+        "device_name",
+        "driver_version",
+        "driver_release",
+        "torch_version",
+        "triton_version",
+    )
 
     def _inductor_entry(self, r: Any) -> InductorEntry:
         target = {k: r[k] for k in self._INDUCTOR_TARGET}
@@ -139,7 +148,7 @@ class InductorRows:
         arch: str | None = None,
         device: str | None = None,
         driver: str | None = None,
-        not_driver: str | None = None,
+        not_driver: str | tuple[str, str] | None = None,
         target_digest: str | None = None,
         unused_since: Any = None,
     ) -> list[Any]:
@@ -152,9 +161,9 @@ class InductorRows:
         if device:
             w.append(e.device_name == device)
         if driver:
-            w.append(e.driver_version == driver)
+            w.append(sa.or_(e.driver_version == driver, e.driver_release == driver))
         if not_driver is not None:
-            w.append(e.driver_version != not_driver)
+            w.append(not_this_driver(e.driver_version, e.driver_release, not_driver))
         if target_digest:
             w.append(e.target_digest == target_digest)
         if unused_since is not None:
@@ -209,7 +218,8 @@ class InductorRows:
         where = self._inductor_where(**filters)
         if not where:
             raise ValueError("refusing to delete every inductor entry without a filter")
-        q = sa.select(e.kind, e.key, e.target_digest, e.driver_version, e.size).where(*where).order_by(e.kind, e.key)
+        cols = (e.kind, e.key, e.target_digest, e.driver_version, e.driver_release, e.size)
+        q = sa.select(*cols).where(*where).order_by(e.kind, e.key)
         if dry_run:
             with self._read("delete inductor entries") as conn:
                 return [dict(r) for r in conn.execute(q).mappings()]
