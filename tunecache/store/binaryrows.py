@@ -80,9 +80,17 @@ class BinaryRows:
 
     def add_binaries(self, conn: Connection, rows: Sequence[dict[str, Any]]) -> int:
         """Insert binaries rows (without host and created_at, stamped here) inside the caller's
-        transaction; a binary already stored under its key is kept. Returns how many were new."""
+        transaction; a binary already stored under its key is kept, unless it is unsigned and the row
+        is signed: else the first host to store a key, signing with no key, would keep the fleet's
+        signed binary of it out for good. Returns how many were new."""
         now, host = utcnow(), hostname()
-        return sum(self._inserted(conn, binaries, {**r, "host": host, "created_at": now}) for r in rows)
+        c = binaries.c
+        n = 0
+        for r in rows:
+            if r.get("signature"):
+                conn.execute(sa.delete(binaries).where(c.triton_key == r["triton_key"], c.signature.is_(None)))
+            n += self._inserted(conn, binaries, {**r, "host": host, "created_at": now})
+        return n
 
     def binary_usage(self) -> dict[str, tuple[int, int]]:
         """(count, bytes) of the stored binaries, by kernel name."""

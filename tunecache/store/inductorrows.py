@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from tunecache import signing
 from tunecache.model import INDUCTOR_KINDS, InductorEntry, utcnow
 from tunecache.store.filters import not_this_driver
 from tunecache.store.schema import inductor_entries
+from tunecache.store.signers import kept_out_by, replaceable_by
 from tunecache.target import hostname
 
 
@@ -73,10 +73,10 @@ class InductorRows:
         """Store ``entry`` (signed by the caller where it is made) under its kind, key and target.
 
         Inductor's remote caches are last-writer-wins, as with Redis, but not across keys: a stored
-        entry is replaced only by one of the same signer, or when it is unsigned (see
-        :meth:`_replaceable_by`). A host that signs with no key, or with another, never evicts a
-        signed entry: a fleet would miss it and put it back, and the two would evict each other.
-        Returns None when stored, else the signature of the stored entry that kept it out."""
+        entry is replaced only when it is unsigned or of the same signer (:mod:`tunecache.store.signers`),
+        checked in SQL in the put's transaction. A host that signs with no key, or with another,
+        never evicts a signed entry: a fleet would miss it and put it back, and the two would evict
+        each other. Returns None when stored, else the signature of the stored entry that kept it out."""
         with self._write("store inductor entry") as conn:
             return self._put_entry(conn, entry)
 
@@ -96,30 +96,18 @@ class InductorRows:
         e = inductor_entries.c
         return [e.kind == en.kind, e.key_hash == en.key_hash, e.target_digest == en.target_digest]
 
-    @staticmethod
-    def _replaceable_by(signature: str | None) -> sa.ColumnElement[bool]:
-        """The stored entries that an entry signed ``signature`` may replace: unsigned ones, and those
-        of its own signer (:func:`tunecache.signing.row_signer`: a tampered row that names the key
-        too, which its signer then puts right). Compared in SQL, so two hosts that put at once
-        cannot evict each other between a read and a write."""
-        e = inductor_entries.c
-        signer = signing.row_signer(signature)
-        if signer is None:
-            return e.signature.is_(None)
-        return sa.or_(e.signature.is_(None), sa.func.substr(e.signature, 1, len(signer)) == signer)
-
     def _put_entry(self, conn: Connection, en: InductorEntry) -> str | None:
         """Replace what ``en`` may replace, then insert it; None if stored, else the kept entry's signature."""
         row, same = self._inductor_row(en), self._same_entry(en)
-        signer = signing.row_signer(en.signature)
+        replaceable = replaceable_by(inductor_entries.c.signature, en.signature)
         for _ in range(3):
-            conn.execute(sa.delete(inductor_entries).where(*same, self._replaceable_by(en.signature)))
+            conn.execute(sa.delete(inductor_entries).where(*same, replaceable))
             if self._inserted(conn, inductor_entries, row):
                 return None
             # Another host's entry is there: one this put may not replace, or one that landed between
             # the delete and the insert (committed now, so the next delete sees it).
             kept = conn.execute(sa.select(inductor_entries.c.signature).where(*same)).scalar()
-            if kept is not None and not (signer is not None and kept.startswith(signer)):
+            if kept_out_by(kept, en.signature):
                 return str(kept)
         return None  # a racing writer of the same signer stored it: as good as this one
 
