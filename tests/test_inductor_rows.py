@@ -227,11 +227,18 @@ def put_on(entries: InductorStore, monkeypatch, release: str, key: str) -> None:
 
 
 def test_invalidate_selects_entries_by_driver_release_and_always_says_their_count(store_url, store, monkeypatch):
-    """A driver update that keeps the CUDA driver version (580.95.05 -> 580.159.04, both 13000)."""
+    """A driver update that keeps the CUDA driver version (580.95.05 -> 580.159.04, both 13000):
+    the tuner's problems of the old release go with the entries."""
+    from dataclasses import replace
+
+    from builders import H200, problem, results
+
     monkeypatch.setenv("TUNECACHE_TRUST_STORE", "yes")
     entries = InductorStore(store)
     put_on(entries, monkeypatch, "580.95.05", "old")
     put_on(entries, monkeypatch, "580.159.04", "new")
+    store.put(problem(1, replace(H200, driver_release="580.95.05")), results())
+    store.put(problem(2, H200), results())  # 580.159.04
     assert sorted(r["driver_release"] for r in store.list_inductor()) == ["580.159.04", "580.95.05"]
 
     def invalidate(*args: str, release: str | None = None) -> subprocess.CompletedProcess:
@@ -240,14 +247,15 @@ def test_invalidate_selects_entries_by_driver_release_and_always_says_their_coun
         assert r.returncode == 0, r.stderr[-3000:]
         return r
 
-    def selected(*args: str, release: str | None = None) -> list[str]:
-        gone = json.loads(invalidate("--json", *args, release=release).stdout)["inductor"]
-        return sorted(e["key"] for e in gone["entries"])
+    def selected(*args: str, release: str | None = None) -> tuple[list[str], list[str]]:
+        gone = json.loads(invalidate("--json", *args, release=release).stdout)
+        keys = [p["batch_bucket"] for p in gone["problems"]]
+        return sorted(e["key"] for e in gone["inductor"]["entries"]), sorted(keys)
 
-    assert selected("--driver", "580.95.05", "--dry-run") == ["old"]
-    assert selected("--driver", "13000", "--dry-run") == ["new", "old"]
-    assert selected("--driver-not-current", "--dry-run", release="580.159.04") == ["old"]
-    assert selected("--driver-not-current", "--dry-run", release="580.95.05") == ["new"]
+    assert selected("--driver", "580.95.05", "--dry-run") == (["old"], [1])
+    assert selected("--driver", "13000", "--dry-run") == (["new", "old"], [1, 2])
+    assert selected("--driver-not-current", "--dry-run", release="580.159.04") == (["old"], [1])
+    assert selected("--driver-not-current", "--dry-run", release="580.95.05") == (["new"], [2])
     # The count is said whatever it is (0 included), and a --kernel filter says it selects none.
     assert "0 torch.compile cache entries would be deleted" in invalidate("--arch", "sm80", "--dry-run").stdout
     assert "0 torch.compile cache entries" in invalidate("--kernel", "m.k", "--dry-run").stdout
