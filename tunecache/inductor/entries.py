@@ -90,6 +90,7 @@ class InductorStore:
             store = self._open()
             if store is None:
                 return None, False
+            leases.busy()
             digest, _ = inductor_target()
             entry = store.get_inductor(kind, key, digest)
             if entry is None and self._writes(store):
@@ -103,7 +104,7 @@ class InductorStore:
             return None, False
         if why is not None:
             trust.refused(f"torch.compile {kind} entry", key[:60], why, store.masked_url)
-            counters.count(None, None, inductor_misses=1)
+            counters.count(None, None, inductor_misses=1, inductor_untrusted=1)
             return None, True
         counters.count(None, None, inductor_hits=1)
         if self._writes(store):
@@ -124,6 +125,7 @@ class InductorStore:
             store = self._open()
             if store is None or store.readonly:
                 return
+            leases.busy()
             digest, desc = inductor_target()
             entry = trust.sign_inductor(InductorEntry(kind, key, digest, bytes(data), desc))
             kept = store.put_inductor(entry)
@@ -196,8 +198,9 @@ def default() -> InductorStore:
 
 
 def stats() -> dict[str, Any]:
-    """This process's Inductor cache counters: hits, misses, puts, puts not stored (the store holds the
-    entry signed by another key), lease waits (untrusted and store_errors are shared)."""
+    """This process's Inductor cache counters: hits, misses (refusals included), puts, puts not stored
+    (the store holds the entry signed by another key), lease waits and the seconds they took,
+    refusals (untrusted and store_errors are shared with the tuner)."""
     s = counters.stats()
     names = (
         "inductor_hits",
@@ -205,6 +208,8 @@ def stats() -> dict[str, Any]:
         "inductor_puts",
         "inductor_not_stored",
         "inductor_lease_waits",
+        "inductor_wait_seconds",
+        "inductor_untrusted",
         "untrusted",
         "store_errors",
     )
