@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 
 pytest.importorskip("torch._inductor.remote_cache")
 
@@ -316,3 +317,43 @@ def test_the_summary_line_says_what_torch_compiles_store_did(store_url, tmp_path
     _, c_err = c.communicate(timeout=120)
     said = inductor_summary(c_err)
     assert (said["served"], said["computed"], said["untrusted"]) == (0, 1, 1), said
+
+
+@pytest.mark.slow  # two real torch.compile runs on the CPU: about a minute on a busy 2-core machine
+def test_hosts_started_together_one_compiles_the_other_is_served_its_graph_with_a_short_lease(pg_url, tmp_path):
+    """The fleet path end to end: a real torch.compile on two hosts started together, with a lease
+    much shorter than the compile (the heartbeat keeps it while A compiles): B waits and is served
+    A's FX graph (Inductor's own hit counter), and no lease is left once both ended."""
+    env = {
+        **os.environ,
+        "TUNECACHE_URL": pg_url,
+        "TUNECACHE_TRUST_STORE": "yes",
+        "TUNECACHE_INDUCTOR": "1",
+        "TUNECACHE_LEASE_SECONDS": "1",
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    with contextlib.closing(open_store(pg_url)) as s:
+        s.revision()  # the schema is there before both start
+        procs = []
+        for h in ("host-a", "host-b"):
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, str(HERE / "inductor_prog.py"), "--enable"],
+                    env={**env, "TUNECACHE_HOST_ID": h, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / h)},
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+            )
+            time.sleep(1.0)  # A misses first
+        a, b = (result(p) for p in procs)
+        assert a["fxgraph_cache_miss"] == 1 and a["tunecache"]["inductor_puts"] >= 1, a
+        assert b["fxgraph_cache_hit"] == 1 and b["tunecache"]["inductor_lease_waits"] >= 1, b
+        assert b["tunecache"]["inductor_wait_seconds"] > 1 and "inductor_puts" not in b["tunecache"], b
+        assert b["out"] == a["out"]
+    engine = sa.create_engine(pg_url)
+    try:
+        with engine.connect() as conn:
+            assert conn.execute(sa.text("SELECT count(*) FROM leases")).scalar() == 0  # none left behind
+    finally:
+        engine.dispose()
