@@ -17,7 +17,7 @@ import functools
 import logging
 from typing import Any
 
-from tunecache import counters, settings, signing, trust
+from tunecache import counters, processend, settings, signing, trust
 from tunecache.identity import canonical_json, sha256_hex
 from tunecache.inductor import leases
 from tunecache.model import INDUCTOR_KINDS, InductorEntry
@@ -91,6 +91,7 @@ class InductorStore:
             if store is None:
                 return None, False
             leases.busy()
+            processend.arm()  # a compile worker says its summary line (and releases its leases) as it ends
             digest, _ = inductor_target()
             entry = store.get_inductor(kind, key, digest)
             if entry is None and self._writes(store):
