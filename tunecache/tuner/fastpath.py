@@ -19,6 +19,11 @@ every Autotuner ``install()`` adopts, under a library's own ``run``) does only w
 * ``best_config`` set and ``nargs`` left ``None`` as Triton leaves them after a launch, then
   ``JITFunction.run`` (or the wrapper's ``run``) with exactly the arguments Triton passes.
 
+Two entries serve a hit: ``kernel[grid](...)`` (``__getitem__`` returns a launcher that serves it
+itself, a frame less than Triton's launcher and ``run``; Triton's launcher where the class has a
+library's own ``run``, which must run first, or where the instance has a ``run`` of its own), and
+``run`` (what a library's ``super().run``, a ``Heuristics`` above the tuner or a direct call reach).
+
 Bucket functions (``bucket=``) are not on this path: Triton's key holds the argument's own value,
 so the first launch of each value resolves through Triton's run (a memory lookup of the bucket's
 stored problem) and later ones of that value take this path.
@@ -141,11 +146,12 @@ class LaunchPlan:
         return fn
 
     def bind(self, config: Any) -> None:
-        """Bind ``config``'s launch keywords once (not a config with a ``pre_hook``: Triton calls it)."""
+        """Bind ``config``'s launch keywords once (not a config with a ``pre_hook``: Triton calls it).
+        Keyed by ``id(config)``: the entry holds the config, so no other object can have that id while
+        the entry exists, and a hit needs no identity check."""
         if config.pre_hook is not None or len(self.bound) >= MAX_BOUND:
             return
-        got = self.bound.get(id(config))
-        if got is None or got[0] is not config:
+        if id(config) not in self.bound:
             self.bound[id(config)] = (config, config.all_kwargs())
 
 
@@ -268,7 +274,7 @@ def _launch(bound_to: tuple[Any, Any], *args: Any, **kwargs: Any) -> Any:
             if config is not None:
                 bound = plan.bound.get(id(config))
                 capturing = plan.capturing
-                if bound is not None and bound[0] is config and (capturing is None or not capturing()):
+                if bound is not None and (capturing is None or not capturing()):
                     self.best_config = config
                     try:
                         ret = self.fn.run(*args, grid=grid, warmup=False, **kwargs, **bound[1])
@@ -279,7 +285,7 @@ def _launch(bound_to: tuple[Any, Any], *args: Any, **kwargs: Any) -> Any:
                     self.nargs = None
                     return ret
     ret = self.run(*args, grid=grid, warmup=False, **kwargs)
-    self._tc_learn(plan.direct if plan else None, (len(args), *kwargs) if kwargs else len(args), args, kwargs)
+    self._tc_learn(True, (len(args), *kwargs) if kwargs else len(args), args, kwargs)
     return ret
 
 
@@ -307,6 +313,7 @@ class FastLaunch(Autotuner):
         return super().__getitem__(grid)
 
     def run(self, *args: Any, **kwargs: Any) -> Any:
+        """Triton's ``Autotuner.run`` (``kwargs`` with ``grid`` and ``warmup``), a hit served here."""
         plan = self._tc_plan
         if plan and len(self.configs) > 1:
             key = plan.shapes.get((len(args), *kwargs))
@@ -318,7 +325,7 @@ class FastLaunch(Autotuner):
                 if config is not None:
                     bound = plan.bound.get(id(config))
                     capturing = plan.capturing
-                    if bound is not None and bound[0] is config and (capturing is None or not capturing()):
+                    if bound is not None and (capturing is None or not capturing()):
                         self.best_config = config
                         try:
                             ret = self.fn.run(*args, **kwargs, **bound[1])
@@ -328,8 +335,10 @@ class FastLaunch(Autotuner):
                             raise
                         self.nargs = None
                         return ret
+        elif plan is False:
+            return super().run(*args, **kwargs)
         ret = super().run(*args, **kwargs)
-        self._tc_learn(plan.shapes if plan else None, (len(args), *kwargs), args, kwargs)
+        self._tc_learn(False, (len(args), *kwargs), args, kwargs)
         return ret
 
     def _tc_launch_failed(self, config: Any, args: Sequence[Any], kwargs: Mapping[str, Any], e: BaseException) -> bool:
@@ -339,17 +348,15 @@ class FastLaunch(Autotuner):
         self.nargs = dict(zip(self.arg_names, args))
         return isinstance(e, Exception) and self._tc_blamed(config, args, kwargs, e)
 
-    def _tc_learn(
-        self, shapes: dict | None, shape: tuple | int, args: Sequence[Any], kwargs: Mapping[str, Any]
-    ) -> None:
+    def _tc_learn(self, direct: bool, shape: tuple | int, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
         """After a launch through Triton's run: what the next launch of this shape and key needs
-        (``shapes``: the plan's, for ``run`` or for ``kernel[grid]``; None: plan it first)."""
+        (``direct``: a launch by ``kernel[grid]``, whose ``kwargs`` hold no grid and warmup)."""
         plan = self._tc_plan
         if plan is None:
             plan = self._tc_plan = plan_for(self) or False
         if not plan or len(self.configs) < 2:
             return
-        key = plan.learn_shape(plan.shapes if shapes is None else shapes, shape, args, kwargs)
+        key = plan.learn_shape(plan.direct if direct else plan.shapes, shape, args, kwargs)
         if key is None:
             return
         try:
