@@ -133,6 +133,10 @@ class LaunchSpec:
     signature: str | None = None  # its maker's row signature (tunecache.trust), or None: unsigned
 
 
+#: The field of a launch spec's JSON that names its binary: a spec of one text's binary added beside
+#: another text's spec of the same specialisation (``tunecache.binaries.preload.for_binary``).
+SPEC_BINARY_FIELD = "tunecache_kernel_hash"
+
 #: The config hash of a companion's launch spec: a plain ``@triton.jit`` kernel (e.g. a merge stage)
 #: whose binaries the user asked to keep with an autotuned kernel's (``tunecache.binaries.binaries.record_companions``).
 COMPANION_CONFIG = "0" * 32
@@ -177,7 +181,7 @@ class InductorEntry:
     key: str  # Inductor's key, as its RemoteCache hands it to the backend
     target_digest: str
     value: bytes
-    target: dict[str, str]  # backend, arch, device_name, driver_version, torch_version, triton_version
+    target: dict[str, str]  # backend, arch, device_name, driver_version, driver_release, torch and triton_version
     signature: str | None = None  # its maker's row signature (tunecache.trust), or None: unsigned
     sha256: str = ""  # content address of value; computed when empty
 

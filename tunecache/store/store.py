@@ -510,39 +510,31 @@ class Store(BinaryRows, InductorRows):
 
     # ---- launch specialisations (preload) ------------------------------------------------------
 
-    def put_specs(
-        self, kernel: str, source_hash: str, target_digest: str, specs: Sequence[LaunchSpec], *, replace: bool = False
-    ) -> int:
+    def put_specs(self, kernel: str, source_hash: str, target_digest: str, specs: Sequence[LaunchSpec]) -> int:
         """Record this process's winners' specialisations, signed with its key (idempotent: a spec
-        already stored is kept); returns how many were new. With ``replace``, a stored spec of the
-        same specialisation and Triton version that names another binary (``kernel_hash``) is
-        replaced: Triton compiled another text of the same source (a comment edit moves Triton's
-        key, not the source hash), and the stored one is the binary of a text that no longer
-        compiles here (see :mod:`tunecache.tuner.heal`)."""
+        already stored is kept); returns how many were new. Never replaces one: a spec of another
+        text's binary is added beside it (:func:`tunecache.binaries.preload.for_binary`, see
+        :mod:`tunecache.tuner.heal`), and :meth:`gc_launch_specs` drops the superseded ones."""
         if not specs:
             return 0
         specs = trust.sign_specs(source_hash, target_digest, list(specs))  # signed where made
         rows = [launch_spec_row(kernel[:255], source_hash, target_digest, sp) for sp in specs]
         with self._write("record launch specs") as conn:
-            if replace:
-                c = launch_specs.c
-                for sp in specs:
-                    conn.execute(
-                        sa.delete(launch_specs).where(
-                            c.source_hash == source_hash,
-                            c.target_digest == target_digest,
-                            c.spec_hash == sp.spec_hash,
-                            c.triton_version == sp.triton_version,
-                            c.kernel_hash != sp.kernel_hash,
-                        )
-                    )
             return self.add_specs(conn, rows)
 
     def add_specs(self, conn: Connection, rows: Sequence[dict[str, Any]]) -> int:
         """Insert launch_specs rows (without host and created_at, stamped here) inside the caller's
-        transaction, e.g. a :meth:`bulk_load`'s; a spec already stored is kept. Returns how many were new."""
+        transaction, e.g. a :meth:`bulk_load`'s; a spec already stored is kept, unless it is unsigned
+        and the row is signed (as binaries: see :meth:`add_binaries`). Returns how many were new."""
         now, host = utcnow(), hostname()
-        return sum(self._inserted(conn, launch_specs, {**r, "host": host, "created_at": now}) for r in rows)
+        c = launch_specs.c
+        n = 0
+        for r in rows:
+            if r.get("signature"):
+                key = (c.source_hash == r["source_hash"], c.target_digest == r["target_digest"])
+                conn.execute(sa.delete(launch_specs).where(*key, c.spec_hash == r["spec_hash"], c.signature.is_(None)))
+            n += self._inserted(conn, launch_specs, {**r, "host": host, "created_at": now})
+        return n
 
     @contextlib.contextmanager
     def bulk_load(self, what: str) -> Iterator[BulkWriter]:
