@@ -269,12 +269,13 @@ def _launch(bound_to: tuple[Any, Any], *args: Any, **kwargs: Any) -> Any:
         if key is not None:
             try:
                 config = self.cache.get(key(args, kwargs))
-            except Exception:  # noqa: BLE001 - an unhashable key value: Triton's run raises it
+                if config is not None and plan.capturing is not None and plan.capturing():
+                    config = None  # a capture in progress: Triton's run
+            except Exception:  # noqa: BLE001 - an unhashable key value, a broken CUDA context: Triton's run raises it
                 config = None
             if config is not None:
                 bound = plan.bound.get(id(config))
-                capturing = plan.capturing
-                if bound is not None and (capturing is None or not capturing()):
+                if bound is not None:
                     self.best_config = config
                     try:
                         ret = self.fn.run(*args, grid=grid, warmup=False, **kwargs, **bound[1])
@@ -320,12 +321,13 @@ class FastLaunch(Autotuner):
             if key is not None:
                 try:
                     config = self.cache.get(key(args, kwargs))
+                    if config is not None and plan.capturing is not None and plan.capturing():
+                        config = None  # a capture in progress: Triton's run
                 except Exception:  # noqa: BLE001 - as above
                     config = None
                 if config is not None:
                     bound = plan.bound.get(id(config))
-                    capturing = plan.capturing
-                    if bound is not None and (capturing is None or not capturing()):
+                    if bound is not None:
                         self.best_config = config
                         try:
                             ret = self.fn.run(*args, **kwargs, **bound[1])
