@@ -33,7 +33,8 @@ TC_BENCH_PHASES=a,b,... runs only those phases; TC_BENCH_BUDGET_S stops starting
 
 Then, in separate children: correctness of every bucket against the fp32 reference, capture
 behaviour (a miss inside torch.cuda.graph falls back and replays correctly; every bucket captured
-and replayed), per-launch overhead against a stock autotune hit, per-bucket kernel time and
+and replayed), per-launch cost of a resolved key (a plain @jit launch, a stock autotune hit, a tunecache
+hit; TC_BENCH_PHASES=overhead runs only that), per-bucket kernel time and
 bandwidth on gathered KV bytes, and the OutOfResources row recorded in the store.
 """
 
@@ -209,7 +210,11 @@ def child_start(args: dict) -> dict:
 
 
 def child_overhead(args: dict) -> dict:
-    """Per-launch cost after resolution: tunecache.autotune against a stock triton.autotune hit."""
+    """Per-launch cost of a resolved key (issue 37), side by side in interleaved rounds: a plain @jit
+    launch (the winner's constexprs only, as code writes it; and with the winner's whole
+    ``all_kwargs()``, exactly what the autotuners pass to JITFunction.run), a stock triton.autotune
+    hit, a tunecache hit (its hit path), and a tunecache hit through Triton's run
+    (TUNECACHE_FAST_LAUNCH=0). Every variant launches the same kernel with the same config."""
     import torch
     import triton
     import triton.language as tl
@@ -227,26 +232,59 @@ def child_overhead(args: dict) -> dict:
 
         return tiny
 
-    stock = triton.autotune(configs=configs, key=["N"])(body())
-    ours = tunecache.autotune(configs=configs, key=["N"])(body())
+    from tunecache.tuner.measure import cpu_do_bench
+
+    bench = None if dev == "cuda" else cpu_do_bench  # stock Triton's default needs a GPU (a --quick run on a CPU)
+    plain = body()
+    stock = triton.autotune(configs=configs, key=["N"], do_bench=bench)(body())
+    ours = tunecache.autotune(configs=configs, key=["N"], do_bench=bench)(body())
+    slow = tunecache.autotune(configs=configs, key=["N"], do_bench=bench)(body())
     x = torch.zeros(1024, device=dev)
     n = args.get("launches", 10000)
     grid = (4,)
-    for k in (stock, ours):
-        k[grid](x, 1024)  # resolve (tune or hit)
+    for k in (stock, ours, slow):
+        if k is slow:
+            os.environ["TUNECACHE_FAST_LAUNCH"] = "0"  # read at the kernel's first launch
+        for _ in range(3):
+            k[grid](x, 1024)  # resolve (tune or hit), then hits
+        os.environ.pop("TUNECACHE_FAST_LAUNCH", None)
+    winner = ours.best_config
+    constexprs, full = dict(winner.kwargs), winner.all_kwargs()
+    launch = {
+        "plain": lambda: plain[grid](x, 1024, **constexprs),
+        "plain-all-kwargs": lambda: plain[grid](x, 1024, **full),
+        "stock": lambda: stock[grid](x, 1024),
+        "tunecache": lambda: ours[grid](x, 1024),
+        "tunecache-triton-run": lambda: slow[grid](x, 1024),
+    }
+    if dev == "cuda":  # what the hit path's check for a capture in progress costs per launch
+        launch["capture-check-only"] = torch.cuda.is_current_stream_capturing
+    for f in launch.values():
+        f()
     if dev == "cuda":
         torch.cuda.synchronize()
-    rounds = {"stock": [], "tunecache": []}
-    for _ in range(args.get("rounds", 7)):
-        for name, k in (("stock", stock), ("tunecache", ours)):
+    rounds: dict = {k: [] for k in launch}
+    for _ in range(args.get("rounds", 9)):
+        for name, f in launch.items():
             t0 = time.perf_counter()
             for _ in range(n):
-                k[grid](x, 1024)
+                f()
             if dev == "cuda":
                 torch.cuda.synchronize()
             rounds[name].append((time.perf_counter() - t0) / n * 1e6)
     med = {k: statistics.median(v) for k, v in rounds.items()}
-    return {"us_per_launch": med, "ratio": med["tunecache"] / med["stock"], "launches": n, "rounds": rounds}
+    return {
+        "us_per_launch": med,
+        "ratio": med["tunecache"] / med["stock"],
+        "ratio_vs_plain": {k: med[k] / med["plain"] for k in med if k not in ("plain", "capture-check-only")},
+        "ratio_vs_plain_all_kwargs": {
+            k: med[k] / med["plain-all-kwargs"] for k in ("stock", "tunecache", "tunecache-triton-run")
+        },
+        "fast_path": bool(ours._tc_plan),
+        "winner": full,
+        "launches": n,
+        "rounds": rounds,
+    }
 
 
 def child_correctness(args: dict) -> dict:
@@ -640,7 +678,7 @@ def run_all(out_dir: Path, quick: bool) -> dict:
             "overhead",
             spawn(
                 "overhead",
-                {"launches": 10000 if cuda else 200, "rounds": 7 if cuda else 2},
+                {"launches": 10000 if cuda else 200, "rounds": 9 if cuda else 2},
                 {**env1, "TUNECACHE_URL": f"sqlite:///{work / 'overhead.sqlite3'}"},
                 log,
             ),
@@ -733,8 +771,8 @@ def summary(r: dict) -> str:
         f"fresh host compiled split kernels: {fh.get('split_kernels_compiled')} "
         f"(distinct winners {r.get('distinct_winners')}; stock cold compiled "
         f"{r.get('stock-cold-split_kernels_compiled')})",
-        f"overhead: {json.dumps(r.get('overhead', {}).get('us_per_launch'))} ratio "
-        f"{r.get('overhead', {}).get('ratio')}",
+        f"overhead (us per launch): {json.dumps(r.get('overhead', {}).get('us_per_launch'))}; tunecache/stock "
+        f"{r.get('overhead', {}).get('ratio')}; vs plain: {json.dumps(r.get('overhead', {}).get('ratio_vs_plain'))}",
         f"oor: {json.dumps(r.get('oor'))}",
         f"correctness worst rel err: {r.get('correctness', {}).get('worst_rel_err')} "
         f"all_ok={r.get('correctness', {}).get('all_ok')}",

@@ -235,6 +235,56 @@ def test_miss_inside_cuda_graph_capture_falls_back_and_replays(sqlite_url, preco
     assert hit == {"benchmarks": 0, "fallbacks": 0, "correct": True, "error": None}
 
 
+HIT_PATH_CAPTURE = """
+import json
+n = 4096
+x = torch.arange(n, dtype=torch.float32, device="cuda")
+y = torch.full((n,), 2.0, device="cuda")
+out = torch.zeros(n, device="cuda")
+grid = lambda meta: (triton.cdiv(n, meta["BLOCK"]),)
+paths, real = [], add.fn.run
+def spy(*a, **k):  # which path launched: Triton's run sets nargs to the call's dict first
+    paths.append("triton" if isinstance(add.nargs, dict) else "fast")
+    return real(*a, **k)
+for _ in range(3):  # resolve (tune), then hits
+    add[grid](x, y, out, n)
+torch.cuda.synchronize()
+add.fn.run = spy
+add[grid](x, y, out, n)
+outside = paths[-1]
+best = add.best_config
+graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+stream.wait_stream(torch.cuda.current_stream())
+with torch.cuda.stream(stream):
+    out.zero_()
+    with torch.cuda.graph(graph, stream=stream):
+        add[grid](x, y, out, n)  # a hit inside the capture
+        add.run(x, y, out, n, grid=grid, warmup=False)  # and through run, as a library's super().run
+torch.cuda.current_stream().wait_stream(stream)
+inside = paths[-2:]
+out.zero_()
+x.add_(1.0)  # replayed with new values in the captured buffers
+graph.replay()
+torch.cuda.synchronize()
+correct = bool(torch.equal(out, x + y))
+add[grid](x, y, out, n)
+after = paths[-1]
+print(json.dumps({"outside": outside, "inside": inside, "after": after, "correct": correct,
+                  "same_config": add.best_config is best, "nargs": add.nargs,
+                  "benchmarks": tunecache.stats()["benchmarks"]}))
+"""
+
+
+def test_hit_path_outside_a_capture_triton_run_inside_it_and_the_graph_replays(sqlite_url, tmp_path):
+    """Issue 37: a resolved key launches through tunecache's hit path; inside a CUDA graph capture it
+    takes Triton's run (the hit path checks for a capture), the captured launches replay correctly, and
+    after the capture the hit path is taken again with the same config."""
+    got = child(HIT_PATH_CAPTURE, {"TUNECACHE_URL": sqlite_url}, tmp_path)
+    assert got["outside"] == "fast" and got["inside"] == ["triton", "triton"] and got["after"] == "fast"
+    assert got["correct"] and got["same_config"] and got["nargs"] is None
+    assert got["benchmarks"] == 6  # the first launch only
+
+
 HOPPER = """
 import json, math
 from tunecache.kernels import sparse_decode as sd, sparse_decode_sm90 as sm90

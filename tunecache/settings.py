@@ -202,6 +202,14 @@ SETTINGS: dict[str, Setting] = {
         Setting("TUNECACHE_PRELOAD", "1", _switch, "load the stored winners' binaries once CUDA is up"),
         Setting("TUNECACHE_PREFETCH", "1", _switch, "open the store and fetch a kernel's problems when it is defined"),
         Setting(
+            "TUNECACHE_FAST_LAUNCH",
+            "1",
+            _switch,
+            "launch a resolved tuning key through tunecache's hit path (the key from the arguments, one lookup, the"
+            " winner's keywords bound once); 0: Triton's own Autotuner.run for every launch. Read at a kernel's first"
+            " launch",
+        ),
+        Setting(
             "TUNECACHE_SPARSE_DECODE_GLUON", "1", _switch, "the bundled kernel's Hopper (Gluon) split stage; at import"
         ),
         Setting(

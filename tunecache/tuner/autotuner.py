@@ -1,9 +1,9 @@
 """Autotuner: a drop-in ``triton.autotune`` that reads the store before benchmarking.
 
-``TunecacheAutotuner`` subclasses Triton's ``Autotuner`` and changes nothing on the launch path:
-after a key is resolved, Triton's own ``run`` finds it in ``self.cache`` (a dict lookup) and
-launches. Everything tunecache does happens on a miss, through the hooks that are stable from
-Triton 3.4 to 3.9:
+``TunecacheAutotuner`` subclasses Triton's ``Autotuner``. After a key is resolved, a launch takes
+the hit path of :mod:`tunecache.tuner.fastpath` (a mixin: the key from the arguments, one lookup,
+the winner's keywords bound once) and anything unusual Triton's own ``run``. Everything tunecache
+does happens on a miss, through the hooks that are stable from Triton 3.4 to 3.9:
 
 * ``check_disk_cache(key, configs, bench_fn)``: called by ``run`` on every miss once
   ``cache_results`` is on (we force it on, also under the interpreter). Here we look the problem
@@ -60,6 +60,7 @@ from tunecache.tuner import (
     winner,
     writeback,
 )
+from tunecache.tuner.fastpath import FastLaunch
 from tunecache.tuner.firstcall import FirstCall
 from tunecache.tuner.kernelstore import KernelStore
 from tunecache.tuner.measure import Round, classify, cpu_do_bench
@@ -116,7 +117,7 @@ class _Ctx:
             setattr(self, k, v)
 
 
-class TunecacheAutotuner(WinnerPreload, WinnerRecovery, Autotuner):
+class TunecacheAutotuner(FastLaunch, WinnerPreload, WinnerRecovery, Autotuner):
     """Triton's Autotuner, backed by a shared store of results."""
 
     # The instance attributes ``_tc_attach`` sets, declared: a library's class must not define them
@@ -281,6 +282,7 @@ class TunecacheAutotuner(WinnerPreload, WinnerRecovery, Autotuner):
         For tests and for a process that changes ``TUNECACHE_URL`` after its kernels were defined.
         """
         self.cache.clear()
+        self.__dict__.pop("_tc_plan", None)  # the hit path is planned again at the next launch
         self._tc_from_store.clear()
         self._tc_resolved_by.clear()
         self._tc_ks.reset(store)

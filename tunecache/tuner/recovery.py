@@ -63,16 +63,25 @@ class WinnerRecovery(Autotuner):
             if launched is None:
                 self.best_config = previous
                 raise
-            if not self._tc_from_store:
-                raise
-            key = self._tuning_key(args, kwargs)
-            if key not in self._tc_from_store or self.cache.get(key) is not launched:
-                raise
-            failure = self._blame(key, launched, args, kwargs, e)
-            if failure is None:
+            if not self._tc_blamed(launched, args, kwargs, e):
                 raise  # the call's failure, as stock Triton's cached config would fail it
-            self._poisoned([key], e, failure)
         return _BASE_RUN(self, *args, **kwargs)
+
+    def _tc_blamed(self, launched: Any, args: Sequence[Any], kwargs: Mapping[str, Any], exc: Exception) -> bool:
+        """After the launch of ``launched`` failed with ``exc``: whether the failure is the stored winner's
+        own. Then it is marked failed and its key forgotten, and the caller launches the call again
+        (Triton's run re-resolves the key); False: the caller re-raises ``exc``. Shared by :meth:`run`
+        and the hit path (:mod:`tunecache.tuner.fastpath`)."""
+        if not self._tc_from_store:
+            return False
+        key = self._tuning_key(args, kwargs)
+        if key not in self._tc_from_store or self.cache.get(key) is not launched:
+            return False
+        failure = self._blame(key, launched, args, kwargs, exc)
+        if failure is None:
+            return False
+        self._poisoned([key], exc, failure)
+        return True
 
     def _blame(
         self, key: Any, config: Any, args: Sequence[Any], kwargs: Mapping[str, Any], exc: Exception

@@ -1,0 +1,194 @@
+#!/usr/bin/env python3
+"""Issue 37: the autotuner's own cost per launch of a resolved key, tunecache against stock Triton.
+
+    python3 scripts/bench_dispatch.py                     # 100k calls per variant, 5 interleaved rounds
+    python3 scripts/bench_dispatch.py --calls 20000 --rounds 3 --out DIR   # quicker; JSON + markdown in DIR
+
+Runs on a CPU, without the interpreter: ``JITFunction.run`` is replaced by a no-op taking Triton's
+keyword-only ``grid`` and ``warmup``, so nothing compiles or launches and what is measured is only
+the Python between ``kernel[grid](...)`` and ``JITFunction.run``. Every variant wraps the same
+``@triton.jit`` function with the same configs and key, resolved once before timing (stock Triton
+benchmarks the no-op with a CPU timer; tunecache benchmarks it too, into a throwaway SQLite store):
+
+  stock            ``triton.autotune``: Triton's ``Autotuner.run`` for every launch
+  tunecache        ``tunecache.autotune``: the hit path (``tunecache/tuner/fastpath.py``)
+  tunecache-triton ``tunecache.autotune`` with ``TUNECACHE_FAST_LAUNCH=0``: Triton's run under tunecache
+  plain            the bare ``@triton.jit`` launched with the winner's ``Config.all_kwargs()``: the floor
+
+Cases (the call, then what a launch of it passes):
+
+  tiny       ``tiny[grid](x, 1024)``: scripts/bench_gpu.py's overhead kernel, key ``N``
+  five       ``five[grid](x, y, out, 1024, 64)``: fp32 and fp16 tensors, key ``N, M``
+  keywords   ``five[grid](x=x, y=y, out=out, N=1024, M=64)``: every argument by keyword, as fla launches
+  run        ``five.run(x, y, out, 1024, 64, grid=grid, warmup=False)``: what a library's own ``run``
+             reaches through ``super().run``
+
+Each round times ``--calls`` calls of every variant of a case, one after another (interleaved); per
+variant the median over rounds of the thread's CPU time per call (wall time too); the ratio
+``tunecache / stock`` (target <= 1/3) and each one's overhead above ``plain``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.pop("TRITON_INTERPRET", None)  # the real JITFunction, its run replaced below
+os.environ.setdefault("TUNECACHE_URL", f"sqlite:///{tempfile.mkdtemp(prefix='tc-dispatch-')}/store.sqlite3")
+os.environ.setdefault("TUNECACHE_PREFETCH", "0")  # nothing in the background while timing
+os.environ.setdefault("TUNECACHE_COMPANIONS", "0")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+from triton.runtime.jit import JITFunction  # noqa: E402
+
+import tunecache  # noqa: E402
+
+CONFIGS = [triton.Config({"BLOCK": b}, num_warps=w) for b in (128, 256) for w in (4, 8)]
+
+
+@triton.jit
+def tiny(x, N, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(x + offs, tl.load(x + offs, mask=offs < N) + 1, mask=offs < N)
+
+
+@triton.jit
+def five(x, y, out, N, M, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out + offs, tl.load(x + offs, mask=offs < N) + tl.load(y + offs, mask=offs < N) * M, mask=offs < N)
+
+
+def noop_run(self, *args, grid, warmup, **kwargs):  # JITFunction.run's signature; launches nothing
+    return None
+
+
+def cpu_bench(kernel_call, quantiles):
+    kernel_call()
+    return [1.0, 1.0, 1.0]
+
+
+def variants(fn, key: list[str], call, plain) -> dict:
+    """A case's variants, each resolved (benchmarked by stock Triton and by the first tunecache kernel,
+    a store hit for the second) and launched a few times, as a call of no arguments."""
+    kernels = {
+        "stock": triton.autotune(configs=CONFIGS, key=key, do_bench=cpu_bench)(fn),
+        "tunecache": tunecache.autotune(configs=CONFIGS, key=key, do_bench=cpu_bench)(fn),
+        "tunecache-triton": tunecache.autotune(configs=CONFIGS, key=key, do_bench=cpu_bench)(fn),
+    }
+    for name, k in kernels.items():
+        if name == "tunecache-triton":  # read at the kernel's first launch
+            os.environ["TUNECACHE_FAST_LAUNCH"] = "0"
+        for _ in range(3):
+            call(k)
+        os.environ.pop("TUNECACHE_FAST_LAUNCH", None)
+    assert kernels["tunecache"]._tc_plan, "the hit path is not planned"
+    assert kernels["tunecache-triton"]._tc_plan is False
+    assert kernels["tunecache"].best_config is kernels["tunecache-triton"].best_config  # the stored winner
+    winner = kernels["tunecache"].best_config.all_kwargs()
+    out = {name: (lambda k=k: call(k)) for name, k in kernels.items()}
+    out["plain"] = lambda: plain(winner)
+    return out
+
+
+def cases() -> dict:
+    x, y, out = torch.zeros(1024), torch.zeros(1024, dtype=torch.float16), torch.zeros(1024)
+    grid = (8,)
+    return {
+        "tiny": variants(tiny, ["N"], lambda k: k[grid](x, 1024), lambda w: tiny[grid](x, 1024, **w)),
+        "five": variants(
+            five, ["N", "M"], lambda k: k[grid](x, y, out, 1024, 64), lambda w: five[grid](x, y, out, 1024, 64, **w)
+        ),
+        "keywords": variants(
+            five,
+            ["N", "M"],
+            lambda k: k[grid](x=x, y=y, out=out, N=1024, M=64),
+            lambda w: five[grid](x=x, y=y, out=out, N=1024, M=64, **w),
+        ),
+        "run": variants(
+            five,
+            ["N", "M"],
+            lambda k: k.run(x, y, out, 1024, 64, grid=grid, warmup=False),
+            lambda w: five.run(x, y, out, 1024, 64, grid=grid, warmup=False, **w),
+        ),
+    }
+
+
+def timed(f, n: int) -> tuple[float, float]:
+    """(thread CPU ns, wall ns) per call of ``f`` over ``n`` calls."""
+    c0, w0 = time.thread_time_ns(), time.perf_counter_ns()
+    for _ in range(n):
+        f()
+    return (time.thread_time_ns() - c0) / n, (time.perf_counter_ns() - w0) / n
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--calls", type=int, default=100_000)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--out", type=Path)
+    ns = ap.parse_args()
+    JITFunction.run = noop_run
+    result: dict = {
+        "triton": triton.__version__,
+        "torch": torch.__version__,
+        "python": sys.version.split()[0],
+        "calls": ns.calls,
+        "rounds": ns.rounds,
+        "cases": {},
+    }
+    for case, variants in cases().items():
+        for f in variants.values():  # warm up
+            timed(f, 1000)
+        cpu: dict = {v: [] for v in variants}
+        wall: dict = {v: [] for v in variants}
+        for _ in range(ns.rounds):
+            for v, f in variants.items():
+                c, w = timed(f, ns.calls)
+                cpu[v].append(c)
+                wall[v].append(w)
+        med = {v: statistics.median(xs) for v, xs in cpu.items()}
+        result["cases"][case] = {
+            "ns_per_call_cpu": med,
+            "ns_per_call_wall": {v: statistics.median(xs) for v, xs in wall.items()},
+            "ratio_tunecache_vs_stock": med["tunecache"] / med["stock"],
+            "ratio_tunecache_triton_vs_stock": med["tunecache-triton"] / med["stock"],
+            "overhead_above_plain_ns": {v: med[v] - med["plain"] for v in med if v != "plain"},
+            "rounds_cpu": cpu,
+        }
+    md = summary(result)
+    print(md)
+    if ns.out:
+        ns.out.mkdir(parents=True, exist_ok=True)
+        (ns.out / "bench_dispatch.json").write_text(json.dumps(result, indent=1))
+        (ns.out / "bench_dispatch.md").write_text(md)
+
+
+def summary(r: dict) -> str:
+    lines = [
+        f"Triton {r['triton']}, torch {r['torch']}, Python {r['python']}; {r['calls']} calls x {r['rounds']} "
+        "interleaved rounds, median thread CPU ns per call",
+        "",
+        "| case | stock | tunecache | tunecache, Triton's run | plain @jit | **tunecache / stock** | "
+        "overhead above plain: stock / tunecache |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for case, c in r["cases"].items():
+        m, o = c["ns_per_call_cpu"], c["overhead_above_plain_ns"]
+        lines.append(
+            f"| {case} | {m['stock']:.0f} | {m['tunecache']:.0f} | {m['tunecache-triton']:.0f} | {m['plain']:.0f} | "
+            f"**{c['ratio_tunecache_vs_stock']:.2f}** | {o['stock']:.0f} / {o['tunecache']:.0f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,309 @@
+"""The hit path (tunecache/tuner/fastpath.py): a resolved key launched without Triton's run, with the
+same arguments to ``JITFunction.run``, the same config, ``best_config`` and ``nargs`` as Triton's path;
+and Triton's run for everything else.
+
+Runs under TRITON_INTERPRET=1 (conftest). Which path a launch took is seen from inside the launch:
+Triton's run sets ``nargs`` to the call's dict before it launches; the hit path leaves it ``None``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import types
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+import tunecache
+from tunecache import buckets
+from tunecache.tuner import autotuner as at
+from tunecache.tuner import fastpath
+
+CONFIGS = [triton.Config({"BLOCK": b}, num_warps=w) for b in (16, 32) for w in (1, 2)]
+N = 40
+
+
+def _axpy(x, y, out, N, alpha=1.0, SCALE: tl.constexpr = 1, BLOCK: tl.constexpr = 16):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < N
+    a = tl.load(x + offs, mask=m).to(tl.float32)
+    b = tl.load(y + offs, mask=m).to(tl.float32)
+    tl.store(out + offs, (a * alpha + b) * SCALE, mask=m)
+
+
+def axpy(key=("N", "alpha"), configs=CONFIGS, **kw):
+    """A fresh tunecache kernel over a fresh ``@triton.jit`` of ``_axpy`` (keys: ``N`` and the
+    defaulted ``alpha``)."""
+    return tunecache.autotune(configs=list(configs), key=list(key), **kw)(triton.jit(_axpy))
+
+
+def grid(meta):
+    return (triton.cdiv(N, meta["BLOCK"]),)
+
+
+X32 = torch.arange(N, dtype=torch.float32)
+Y32 = torch.full((N,), 2.0)
+X16 = X32.to(torch.float16)
+Y16 = Y32.to(torch.float16)
+OUT = torch.empty(N)
+
+
+class Spy:
+    """Stands in for the kernel's ``fn.run``: records which path each launch took and what it passed."""
+
+    def __init__(self, tuner, fail: bool = False) -> None:
+        self.tuner, self.fail, self.calls = tuner, fail, []
+        self.inner = tuner.fn.run
+        tuner.fn.run = self
+
+    def __call__(self, *args, **kwargs):
+        path = "triton" if isinstance(self.tuner.nargs, dict) else "fast"
+        self.calls.append((path, args, dict(kwargs)))
+        if self.fail:
+            raise RuntimeError("launch failed")
+        return self.inner(*args, **kwargs)
+
+    @property
+    def last(self):
+        return self.calls[-1]
+
+
+def triton_key(tuner, args, kwargs):
+    """The key Triton's ``Autotuner.run`` builds for a call (the same steps in 3.4-3.9)."""
+    return at.TunecacheAutotuner._tuning_key(tuner, args, kwargs)
+
+
+def same_call(a, b) -> bool:
+    """Two launches passed the very same objects to ``JITFunction.run``."""
+    return a[1:] and len(a[1]) == len(b[1]) and all(x is y for x, y in zip(a[1], b[1])) and a[2] == b[2]
+
+
+LAUNCHES = {
+    "positional, defaults": lambda k: k[grid](X32, Y32, OUT, N),
+    "keywords": lambda k: k[grid](x=X32, y=Y32, out=OUT, N=N, alpha=2.0),
+    "keywords reordered, two dtypes": lambda k: k[grid](y=Y16, out=OUT, x=X32, N=N),
+    "mixed, a defaulted constexpr": lambda k: k[grid](X16, Y32, out=OUT, N=N, SCALE=3),
+    "run, as a library's super().run": lambda k: k.run(X32, Y16, OUT, N, 0.5, grid=grid, warmup=False),
+}
+
+
+@pytest.mark.parametrize("launch", list(LAUNCHES.values()), ids=list(LAUNCHES))
+def test_a_hit_takes_the_fast_path_with_what_tritons_path_passes_and_sets(launch):
+    k = axpy()
+    spy = Spy(k)
+    OUT.zero_()
+    launch(k)  # a miss, benchmarked through Triton's run; the hit path learns the call's shape and winner
+    want = OUT.clone()
+    OUT.zero_()
+    launch(k)
+    by_fast, best, nargs = spy.last, k.best_config, k.nargs
+    assert torch.equal(OUT, want)
+    plan, k._tc_plan = k._tc_plan, False
+    launch(k)  # the same hit through Triton's run
+    by_triton = spy.last
+    k._tc_plan = plan
+    assert by_triton[0] == "triton" and by_fast[0] == "fast"
+    assert same_call(by_triton, by_fast)  # the same arguments, the same winner's keywords
+    assert k.best_config is best and k.nargs is None and nargs is None
+    user_kwargs = {n: v for n, v in by_fast[2].items() if n in k.arg_names and n not in best.kwargs}
+    assert k.best_config is k.cache[triton_key(k, by_fast[1], user_kwargs)]
+
+
+def test_the_fast_path_looks_up_tritons_key_dtypes_in_keyword_order_and_skipped_defaults():
+    """Every key a call makes is Triton's: which config runs is whatever Triton's cache holds for it."""
+    k = axpy()
+    spy = Spy(k)
+    calls = [
+        lambda: k[grid](X32, Y32, OUT, N),
+        lambda: k[grid](X16, Y32, OUT, N),
+        lambda: k[grid](y=Y16, x=X32, out=OUT, N=N),
+        lambda: k[grid](x=X32, y=Y16, out=OUT, N=N),
+        lambda: k[grid](X32, Y32, OUT, N, 2.0),
+        lambda: k[grid](X32, Y32, OUT, N, alpha=2.0),
+    ]
+    for c in calls:  # resolve and learn each
+        c(), c()
+    keys = set(k.cache)
+    assert len(keys) == 4, keys  # (N), 2 dtype orders x..., alpha passed: Triton's own keys
+    for shift in range(len(CONFIGS)):  # give every key another config, several times over
+        for i, key in enumerate(sorted(keys, key=str)):
+            k.cache[key] = CONFIGS[(i + shift) % len(CONFIGS)]
+        for c in calls:
+            for _ in range(2):  # a config not launched by the hit path yet goes through Triton's run once
+                c()
+                path, args, kwargs = spy.last
+                call_kwargs = {n: v for n, v in kwargs.items() if n in k.arg_names and n not in CONFIGS[0].kwargs}
+                assert k.best_config is k.cache[triton_key(k, args, call_kwargs)]
+                assert kwargs["BLOCK"] == k.best_config.kwargs["BLOCK"]
+                assert kwargs["num_warps"] == k.best_config.num_warps
+            assert path == "fast"
+
+
+def test_a_bucketed_key_resolves_each_value_then_takes_the_fast_path(sqlite_url):
+    k = axpy(key=("N",), bucket={"N": buckets.next_power_of_2}, store=sqlite_url)
+    spy = Spy(k)
+    paths = []
+    for n in (33, 33, 33, 40, 40, 40):
+        k[grid](X32, Y32, OUT, n)
+        paths.append(spy.last[0])
+        assert k.best_config is k.cache[(n, "torch.float32", "torch.float32", "torch.float32")]
+    assert paths == ["triton", "fast", "fast", "triton", "fast", "fast"]
+    assert tunecache.stats()["benchmarks"] == len(CONFIGS)  # 40 is 33's bucket: a store hit
+
+
+def test_a_failed_fast_launch_leaves_nargs_and_best_config_as_tritons_run_does():
+    k = axpy()
+    for _ in range(2):
+        k[grid](X32, Y32, OUT, N)
+    best = k.best_config
+    states = []
+    for _ in range(2):
+        spy = Spy(k, fail=True)
+        with pytest.raises(RuntimeError, match="launch failed"):
+            k[grid](X32, Y32, OUT, N)
+        states.append((spy.last[0], k.best_config, dict(k.nargs)))
+        k.fn.run = spy.inner
+        k.__dict__["_tc_plan"] = False  # the second time through Triton's run
+    (fast, b1, n1), (triton_path, b2, n2) = states
+    assert fast == "fast" and triton_path == "triton"
+    assert b1 is b2 is best
+    assert n1.keys() == n2.keys() and all(n1[a] is n2[a] for a in n1)
+
+
+HOOKED: list = []
+
+
+def _prune(configs, nargs, **kw):
+    return configs[:2]
+
+
+FALLBACKS = {
+    "pre_hook": dict(pre_hook=lambda kwargs, reset_only=False: None),
+    "post_hook": dict(post_hook=lambda kwargs, exception: None),
+    "reset_to_zero": dict(reset_to_zero=["out"]),
+    "restore_value": dict(restore_value=["out"]),
+    "early_config_prune": dict(prune_configs_by={"early_config_prune": _prune}),
+    "config pre_hook": dict(
+        configs=[triton.Config(c.kwargs, num_warps=c.num_warps, pre_hook=HOOKED.append) for c in CONFIGS]
+    ),
+    "one config": dict(configs=CONFIGS[:1]),
+}
+
+
+@pytest.mark.parametrize("kw", list(FALLBACKS.values()), ids=list(FALLBACKS))
+def test_kernels_with_hooks_prune_or_one_config_always_take_tritons_run(kw):
+    k = axpy(**kw)
+    spy = Spy(k)
+    for i in range(4):
+        OUT.zero_()
+        HOOKED.clear()
+        k[grid](X32, Y32, OUT, N)
+        assert torch.equal(OUT, X32 + Y32)
+        assert spy.last[0] == "triton"
+        if i:  # a hit: Triton calls the config's pre_hook once
+            assert len(HOOKED) == (1 if k.best_config.pre_hook else 0)
+
+
+def test_switched_off_a_capture_a_miss_or_a_shrunk_config_list_take_tritons_run(monkeypatch):
+    monkeypatch.setenv("TUNECACHE_FAST_LAUNCH", "0")
+    off = axpy()
+    spy = Spy(off)
+    for _ in range(3):
+        off[grid](X32, Y32, OUT, N)
+    assert off._tc_plan is False and spy.last[0] == "triton"
+    monkeypatch.delenv("TUNECACHE_FAST_LAUNCH")
+
+    k = axpy()
+    spy = Spy(k)
+    for _ in range(3):
+        k[grid](X32, Y32, OUT, N)
+    assert spy.last[0] == "fast"
+    k._tc_plan.capturing = lambda: True  # a CUDA graph capture in progress
+    k[grid](X32, Y32, OUT, N)
+    assert spy.last[0] == "triton"
+    k._tc_plan.capturing = None
+    k[grid](X32, Y32, OUT, N - 1)  # a miss
+    assert spy.last[0] == "triton"
+    k.configs = [CONFIGS[3]]  # a library's own lookup leaves one config (fla does): Triton launches it
+    k[grid](X32, Y32, OUT, N)
+    assert spy.last[0] == "triton" and k.best_config is CONFIGS[3]
+
+
+def test_a_config_a_library_puts_in_the_cache_is_launched_then_bound():
+    k = axpy()
+    spy = Spy(k)
+    for _ in range(3):
+        k[grid](X32, Y32, OUT, N)
+    mine = triton.Config({"BLOCK": 32}, num_warps=2)
+    k.cache[(N, "torch.float32", "torch.float32", "torch.float32")] = mine
+    paths = []
+    for _ in range(2):
+        k[grid](X32, Y32, OUT, N)
+        paths.append(spy.last[0])
+        assert k.best_config is mine and spy.last[2]["BLOCK"] == 32
+    assert paths == ["triton", "fast"]  # Triton's run launched it first (the hit path had not bound it)
+
+
+def test_a_library_subclass_with_its_own_run_still_runs_it_and_then_the_fast_path():
+    """A library's Autotuner subclass (fla's CachedAutotuner, reduced in tests/libmod.py), adopted by
+    install(): its own run is called at every launch and its super().run reaches the hit path."""
+    import libmod
+
+    tunecache.install()
+    fn = triton.jit(_axpy)
+    k = libmod.LibAutotuner(fn, fn.arg_names, CONFIGS, ["N"], None, None, do_bench=libmod.cpu_bench)
+    assert isinstance(k, at.TunecacheAutotuner) and isinstance(k, libmod.LibAutotuner)
+    spy = Spy(k)
+    before, paths = len(libmod.LOOKUPS), []
+    for _ in range(3):
+        OUT.zero_()
+        k[grid](X32, Y32, OUT, N)
+        paths.append(spy.last[0])
+        assert torch.equal(OUT, X32 + Y32)
+    assert len(libmod.LOOKUPS) - before == 3  # its run, every launch
+    assert paths == ["triton", "fast", "fast"]
+    assert k.kernel_name == "_axpy"  # the library's own
+
+
+def test_stacked_over_heuristics():
+    k = tunecache.autotune(configs=CONFIGS, key=["N"])(triton.heuristics({"SCALE": lambda a: 2})(triton.jit(_axpy)))
+    for _ in range(3):
+        OUT.zero_()
+        k[grid](X32, Y32, OUT, N)
+        assert torch.equal(OUT, (X32 + Y32) * 2)
+    assert k._tc_plan and k._tc_plan.direct
+
+
+class _WithDtype:
+    def __init__(self, dtype):
+        self.dtype = dtype
+
+
+VALUES = [torch.zeros(1), torch.zeros(1, dtype=torch.float16), 3, None, 2.5, _WithDtype("fp8"), True, "s"]
+
+
+def test_generated_key_functions_build_tritons_key_for_every_shape_and_value_type():
+    """Against Triton's steps for every call shape of a 4-argument kernel: positional counts, keyword
+    subsets in every order, names that are no argument (grid), values with and without a dtype,
+    learnt from one set of types and called with others (the guarded quick branch and its fallback)."""
+    names = ["a", "b", "c", "d"]
+    fake = types.SimpleNamespace(arg_names=names, keys=["c", "a", "z"])  # z: no argument, skipped as by Triton
+    checked = 0
+    for n in range(5):
+        rest = names[n:]
+        for r in range(len(rest) + 1):
+            for kws in itertools.permutations(rest, r):
+                kwnames = ["grid", *kws]
+                for learnt, used in ((0, 1), (1, 1), (2, 3)):
+                    vals = [VALUES[(i * 3 + learnt) % len(VALUES)] for i in range(n + len(kwnames))]
+                    call = [VALUES[(i * 5 + used) % len(VALUES)] for i in range(n + len(kwnames))]
+                    fn = fastpath.key_function(fake.arg_names, fake.keys, n, kwnames, [type(v) for v in vals], "t")
+                    for v in (vals, call):
+                        args, kwargs = tuple(v[:n]), dict(zip(kwnames, v[n:]))
+                        assert fn(args, kwargs) == triton_key(fake, args, kwargs), (n, kwnames, v)
+                        checked += 1
+    assert checked > 500
+    assert fastpath.key_function(names, ["a"], 5, [], [], "t") is None  # more positional than names
+    assert fastpath.key_function(names, ["a"], 2, ["b"], [], "t") is None  # b both ways
