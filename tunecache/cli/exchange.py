@@ -190,8 +190,8 @@ def import_cmd(
                 with_inductor=inductor,
                 trust_unsigned=trust_unsigned,
             )
-    except KeyboardInterrupt:  # the import's one transaction rolled back on the way out
-        raise KeyboardInterrupt("nothing imported") from None
+    except KeyboardInterrupt as e:  # before the commit, its one transaction rolled back on the way out
+        raise KeyboardInterrupt(str(e) or "nothing imported") from None
     if as_json:
         json_out(s.as_dict())
         return
