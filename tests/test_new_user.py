@@ -3,6 +3,7 @@ the real PostgreSQL where a store is involved."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -48,3 +49,80 @@ def test_ctrl_c_after_the_import_committed_says_it_committed(store_url, tmp_path
     assert len(lines) == 1 and "nothing imported" not in lines[0], r.stderr
     assert lines[0].startswith("tunecache: interrupted") and "committed" in lines[0], r.stderr
     assert "3 problems" in lines[0], r.stderr
+
+
+# ---- 38.3: a serving worker on a read-only store says so once, and spools its misses ---------
+
+TUNED, SERVED = [64, 128], [64, 128, 256, 512]
+
+
+def _tuned(url: str) -> None:
+    from processes import run_procs
+
+    (r,) = run_procs("warm", 1, url=url, sizes=TUNED)
+    assert r["stats"]["misses"] == len(TUNED), r["stats"]
+
+
+def _read_only(kind: str, url: str, tmp_path: Path, roles: dict | None) -> str:
+    """The store at ``url`` as a serving worker sees it: a reader role, or a file mode 444."""
+    if kind == "pg":
+        from test_roles import as_role
+
+        assert tc("--url", url, "db", "grant", "--reader", roles["reader"]).returncode == 0
+        return as_role(url, roles["reader"])
+    path = Path(url.removeprefix("sqlite:///"))
+    path.chmod(0o444)
+    return url
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "pg"])
+def test_default_mode_on_a_read_only_store_says_so_once_and_spools_the_misses(kind, request, tmp_path):
+    from processes import run_procs
+
+    url = request.getfixturevalue("sqlite_url" if kind == "sqlite" else "pg_url")
+    roles = request.getfixturevalue("roles") if kind == "pg" else None
+    _tuned(url)
+    ro = _read_only(kind, url, tmp_path, roles)
+    (r,) = run_procs("warm", 1, url=ro, sizes=SERVED)  # the default mode: readwrite
+    s = r["stats"]
+    assert s["hits"] == len(TUNED) and s["misses"] == len(SERVED) - len(TUNED), s
+    said = [ln for ln in r["stderr"].splitlines() if "read-only" in ln]
+    assert len(said) == 1, r["stderr"][-3000:]
+    assert "TUNECACHE_MODE=offline" in said[0] and "tunecache warm" in said[0], said
+    # the misses are where `tunecache misses` finds them
+    m = tc("--url", ro, "misses", "--json")
+    assert m.returncode == 0, m.stderr
+    got = json.loads(m.stdout)
+    assert len(got) == len(SERVED) - len(TUNED), got
+    assert {x["recorded"] for x in got} == {"spool"} and {x["reason"] for x in got} == {"readonly"}, got
+    assert len(open_store(url).find_problems()) == len(TUNED)  # nothing written
+
+
+# ---- 38.4: a store the image marks read-only is read-only for root too ----------------------
+
+
+@pytest.mark.parametrize("marked", ["file 444", "directory 555"])
+def test_a_store_marked_read_only_is_read_only_for_root_too(marked, tmp_path):
+    d = tmp_path / "image"
+    d.mkdir()
+    path = d / "store.sqlite3"
+    url = f"sqlite:///{path}"
+    fill(url, 3)
+    if marked == "file 444":
+        path.chmod(0o444)
+    else:
+        d.chmod(0o555)
+    try:
+        before = sorted(p.name for p in d.iterdir())
+        stat = path.stat()
+        r = tc("--url", url, "gc", "--older-than", "0s")
+        assert "Traceback" not in r.stderr, r.stderr
+        assert r.returncode == 1 and "read-only" in r.stderr, (os.geteuid(), r.returncode, r.stdout, r.stderr)
+        assert tc("--url", url, "ls").returncode == 0
+        assert tc("--url", url, "info").returncode == 0
+        assert sorted(p.name for p in d.iterdir()) == before  # no WAL or shm file written
+        assert path.stat().st_mtime_ns == stat.st_mtime_ns
+    finally:
+        d.chmod(0o755)
+        path.chmod(0o644)
+    assert _count(url) == 3

@@ -281,6 +281,7 @@ def saved_over_time(series: dict[str, tuple[Sequence[Any], Sequence[float]]]) ->
 MISS_REASONS = {
     "capture": ("#6a1b9a", "capture (CUDA graph)"),
     "offline": ("#0277bd", "offline"),
+    "readonly": ("#ef6c00", "read-only store (benchmarked, not kept)"),
     "uncovered": ("#9e9e9e", "uncovered (tunecache could not serve the kernel)"),
 }
 

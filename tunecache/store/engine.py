@@ -129,13 +129,21 @@ def sqlite_path(u: URL) -> Path | None:
 
 
 def sqlite_writable(path: Path) -> bool:
+    """Whether this process may write the store file ``path`` (and its directory, where SQLite
+    writes its WAL): by permission, and by mode. A file with no write bit (444) or a directory with
+    none (555) is read-only whoever runs it: root may write anything, yet an image that marks its
+    store read-only means it for the root user of most containers too."""
     parent = path.parent
     if path.exists():
-        return os.access(path, os.W_OK) and os.access(parent, os.W_OK)
+        return _writable(path) and _writable(parent)
     probe = parent
     while not probe.exists():
         probe = probe.parent
-    return os.access(probe, os.W_OK)
+    return _writable(probe)
+
+
+def _writable(path: Path) -> bool:
+    return os.access(path, os.W_OK) and bool(path.stat().st_mode & 0o222)
 
 
 def sqlite_os_cause(u: URL, reason: str) -> str:
