@@ -66,10 +66,10 @@ def _tuned(url: str) -> None:
 def _read_only(kind: str, url: str, tmp_path: Path, roles: dict | None) -> str:
     """The store at ``url`` as a serving worker sees it: a reader role, or a file mode 444."""
     if kind == "pg":
-        from test_roles import as_role
+        from tunecache.store.engine import resolve_url
 
         assert tc("--url", url, "db", "grant", "--reader", roles["reader"]).returncode == 0
-        return as_role(url, roles["reader"])
+        return resolve_url(url).set(username=roles["reader"], password=None).render_as_string(hide_password=False)
     path = Path(url.removeprefix("sqlite:///"))
     path.chmod(0o444)
     return url
@@ -125,4 +125,57 @@ def test_a_store_marked_read_only_is_read_only_for_root_too(marked, tmp_path):
     finally:
         d.chmod(0o755)
         path.chmod(0o644)
+    assert _count(url) == 3
+
+
+# ---- 38.5: import creates no directory, and a failed import leaves nothing --------------------
+
+
+def _interrupted_import(url: str, export: Path, at: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TC_INTERRUPT_AT": at}
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])
+    return subprocess.run(
+        [sys.executable, str(HERE / "interrupt_after_commit.py"), "--url", url, "import", str(export)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+
+
+def _export(tmp_path: Path, n: int = 3) -> Path:
+    src = f"sqlite:///{tmp_path / 'src.sqlite3'}"
+    fill(src, n)
+    export = tmp_path / "e.jsonl"
+    assert tc("--url", src, "export", str(export)).returncode == 0
+    return export
+
+
+def test_import_into_a_directory_that_does_not_exist_creates_nothing(tmp_path):
+    export = _export(tmp_path)
+    target = tmp_path / "no" / "such" / "dir"
+    r = tc("--url", f"sqlite:///{target / 'store.sqlite3'}", "import", str(export))
+    assert "Traceback" not in r.stderr and r.returncode == 1, (r.returncode, r.stderr)
+    line = r.stderr.strip()
+    assert line.startswith("tunecache: error: ") and "does not exist" in line and "mkdir" in line, line
+    assert not (tmp_path / "no").exists()
+
+
+def test_an_import_into_a_new_store_interrupted_or_failed_leaves_nothing(tmp_path):
+    export = _export(tmp_path)
+    d = tmp_path / "new"
+    d.mkdir()
+    url = f"sqlite:///{d / 'store.sqlite3'}"
+    r = _interrupted_import(url, export, "insert")
+    assert r.returncode == 130 and "nothing imported" in r.stderr, (r.returncode, r.stderr)
+    assert list(d.iterdir()) == []  # no empty store, no .migrate.lock, no WAL
+    # a file that fails to import (its signature is not trusted): nothing either
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(export.read_text().replace('"configs"', '"config"', 1))
+    r = tc("--url", url, "import", str(bad))
+    assert r.returncode == 1, r.stderr
+    assert list(d.iterdir()) == []
+    # interrupted after the commit: the new store is kept, with what was imported
+    r = _interrupted_import(url, export, "commit")
+    assert r.returncode == 130 and "committed" in r.stderr, (r.returncode, r.stderr)
     assert _count(url) == 3

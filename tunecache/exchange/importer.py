@@ -22,7 +22,7 @@ import orjson
 from sqlalchemy.engine import Connection
 
 from tunecache import signing
-from tunecache.errors import ImportFormatError, StoreReadOnlyError, UntrustedFileError
+from tunecache.errors import ImportFormatError, InterruptedAfterCommit, StoreReadOnlyError, UntrustedFileError
 from tunecache.exchange import validate
 from tunecache.exchange.format import (
     CONFLICT_POLICIES,
@@ -165,7 +165,7 @@ def import_(
                     t_commit = time.perf_counter()
             except KeyboardInterrupt:
                 if writer is not None and writer.committed:  # Ctrl-C as the connection closed: it is in
-                    raise KeyboardInterrupt(f"after the import committed: {_said(summary)}") from None
+                    raise InterruptedAfterCommit(f"after the import committed: {_said(summary)}") from None
                 raise
             log.debug("tunecache: import committed in %.2fs", time.perf_counter() - t_commit)
     summary.seconds = round(time.perf_counter() - t0, 3)
