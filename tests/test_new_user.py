@@ -179,3 +179,101 @@ def test_an_import_into_a_new_store_interrupted_or_failed_leaves_nothing(tmp_pat
     r = _interrupted_import(url, export, "commit")
     assert r.returncode == 130 and "committed" in r.stderr, (r.returncode, r.stderr)
     assert _count(url) == 3
+
+
+# ---- 38.6 / 35.9: the trust state is visible, and a bad key file is one line at start ---------
+
+
+def _keys(tmp_path: Path) -> dict:
+    (tmp_path / "k").mkdir()
+    r = tc("keygen", str(tmp_path / "k" / "build"), "--json")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_info_shows_the_trusted_keys_the_signing_key_and_whether_the_store_is_trusted_and_why(tmp_path, pg_url):
+    k = _keys(tmp_path)
+    env = {"TUNECACHE_TRUSTED_KEYS": k["public_key"], "TUNECACHE_SIGNING_KEY": k["private_key"]}
+    private = tmp_path / "mine"
+    private.mkdir(mode=0o700)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)  # as /tmp
+    for u in (f"sqlite:///{private / 's.sqlite3'}", f"sqlite:///{shared / 's.sqlite3'}", pg_url):
+        assert tc("--url", u, "db", "upgrade").returncode == 0
+    r = tc("--url", f"sqlite:///{private / 's.sqlite3'}", "info", "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    t = json.loads(r.stdout)["trust"]
+    assert t["trusted_keys"] == [{"key_id": k["key_id"], "from": k["public_key"]}], t
+    assert t["signing_key"] == {"path": k["private_key"], "key_id": k["key_id"], "error": None}, t
+    assert t["store_trusted"] is True and "only" in t["why"], t
+    r = tc("--url", f"sqlite:///{shared / 's.sqlite3'}", "info", "--json", env=env)
+    t = json.loads(r.stdout)["trust"]
+    assert t["store_trusted"] is False and str(shared) in t["why"] and "writable" in t["why"], t
+    r = tc("--url", pg_url, "info", "--json", env={"TUNECACHE_TRUSTED_KEYS": None, "TUNECACHE_SIGNING_KEY": None})
+    t = json.loads(r.stdout)["trust"]
+    assert t["trusted_keys"] == [] and t["signing_key"] is None and t["store_trusted"] is False, t
+    assert "not a SQLite file" in t["why"], t
+    # the text form: the same, in lines a user reads
+    r = tc("--url", f"sqlite:///{shared / 's.sqlite3'}", "info", env=env)
+    assert r.returncode == 0, r.stderr
+    assert f"trusted keys: {k['key_id']}" in r.stdout and f"signing key:  {k['key_id']}" in r.stdout, r.stdout
+    assert "store trusted as a whole: no" in r.stdout, r.stdout
+    # a key file that does not exist: info says so, in its place
+    r = tc("--url", pg_url, "info", "--json", env={"TUNECACHE_TRUSTED_KEYS": str(tmp_path / "gone.pub")})
+    assert r.returncode == 0, r.stderr
+    t = json.loads(r.stdout)["trust"]
+    assert "gone.pub" in t["trusted_keys_error"], t
+
+
+def _start(code: str, env: dict) -> subprocess.CompletedProcess:
+    full = {**os.environ, **env}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full, timeout=120)
+
+
+@pytest.mark.parametrize("how", ["start-up hook", "install()"])
+@pytest.mark.parametrize("var", ["TUNECACHE_TRUSTED_KEYS", "TUNECACHE_SIGNING_KEY"])
+def test_a_key_file_that_cannot_be_read_is_one_line_at_start(how, var, tmp_path):
+    gone = tmp_path / "gone.key"
+    if how == "start-up hook":
+        r = _start("import triton", {"TUNECACHE_INSTALL": "1", var: str(gone)})
+    else:
+        r = _start("import tunecache; tunecache.install()", {var: str(gone)})
+    assert r.returncode == 0, r.stderr
+    said = [ln for ln in r.stderr.splitlines() if var in ln]
+    assert len(said) == 1 and str(gone) in said[0], r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
+
+
+def test_a_refused_store_says_why_and_a_host_storing_unsigned_rows_is_told(tmp_path, monkeypatch, caplog):
+    import logging
+
+    remote_cache = pytest.importorskip("torch._inductor.remote_cache")
+    from tunecache import trust
+    from tunecache.inductor.backend import backend_cls
+    from tunecache.inductor.entries import InductorStore
+
+    graph = {"data": "Y29tcGlsZWQgZ3JhcGg=", "time_taken_ms": 1234}  # what FxGraphCache puts (JSON)
+
+    def fx(entries: InductorStore):  # Inductor's own FX graph cache, with tunecache as its backend
+        monkeypatch.setattr(remote_cache.RemoteFxGraphCache, "backend_override_cls", backend_cls("fx_graph", entries))
+        return remote_cache.RemoteFxGraphCache("tc-test-v1")
+
+    for var in ("TUNECACHE_TRUST_STORE", "TUNECACHE_TRUSTED_KEYS", "TUNECACHE_SIGNING_KEY"):
+        monkeypatch.delenv(var, raising=False)
+    trust.reset_warnings()
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    store = open_store(f"sqlite:///{shared / 's.sqlite3'}")
+    try:
+        with caplog.at_level(logging.WARNING, logger="tunecache"):
+            fx(InductorStore(store)).put("g", graph)
+            unsigned = [r.getMessage() for r in caplog.records if "unsigned" in r.getMessage()]
+            assert len(unsigned) == 1 and "TUNECACHE_SIGNING_KEY" in unsigned[0], unsigned
+            caplog.clear()
+            assert fx(InductorStore(store)).get("g") is None
+        (refused,) = [r.getMessage() for r in caplog.records if "no trusted key signed" in r.getMessage()]
+        assert str(shared) in refused and "writable" in refused and "TUNECACHE_TRUST_STORE" in refused, refused
+    finally:
+        store.close()

@@ -124,7 +124,7 @@ class InductorStore:
             if store is None or store.readonly:
                 return
             digest, desc = inductor_target()
-            entry = trust.sign_inductor(InductorEntry(kind, key, digest, bytes(data), desc))
+            entry = trust.sign_inductor(InductorEntry(kind, key, digest, bytes(data), desc), store)
             store.put_inductor(entry)
             counters.count(None, None, inductor_puts=1)
             leases.on_put(store, kind, key, digest)

@@ -521,7 +521,7 @@ class Store(BinaryRows, InductorRows):
         compiles here (see :mod:`tunecache.tuner.heal`)."""
         if not specs:
             return 0
-        specs = trust.sign_specs(source_hash, target_digest, list(specs))  # signed where made
+        specs = trust.sign_specs(source_hash, target_digest, list(specs), self)  # signed where made
         rows = [launch_spec_row(kernel[:255], source_hash, target_digest, sp) for sp in specs]
         with self._write("record launch specs") as conn:
             if replace:
