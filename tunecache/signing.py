@@ -47,7 +47,8 @@ def _crypto() -> Any:
         from cryptography.hazmat.primitives.asymmetric import ed25519
     except ImportError:
         raise SigningError(
-            "signing and verifying exports needs the 'cryptography' package: pip install 'tunecache[sign]'"
+            "signing and verifying exports needs the 'cryptography' package: "
+            "pip install '.[sign]' in the tunecache checkout"
         ) from None
     return ed25519
 

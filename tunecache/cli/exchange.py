@@ -56,7 +56,7 @@ from tunecache.store.store import Store
     "--sign",
     "sign_key",
     metavar="KEY",
-    help="Sign the file with this private key (from `tunecache keygen`); needs tunecache[sign].",
+    help="Sign the file with this private key (from `tunecache keygen`); needs the sign extra.",
 )
 @click.option("--force", is_flag=True, help="Overwrite PATH if it exists (without it, an existing file is refused).")
 @json_option
@@ -224,7 +224,7 @@ def import_cmd(
 @json_option
 def keygen(path: str, as_json: bool) -> None:
     """Make an Ed25519 key pair for signing exports: PATH (private, mode 0600) and PATH.pub (public:
-    list it in TUNECACHE_TRUSTED_KEYS where exports are imported). Needs tunecache[sign]."""
+    list it in TUNECACHE_TRUSTED_KEYS where exports are imported). Needs the sign extra."""
     from tunecache.signing import keygen as make_key
 
     out = make_key(path)

@@ -28,7 +28,7 @@ try:
 except ImportError as e:  # pragma: no cover - exercised by users without the extra
     from tunecache.errors import TunecacheError
 
-    raise TunecacheError("tunecache report needs matplotlib: pip install 'tunecache[report]'") from e
+    raise TunecacheError("tunecache report needs matplotlib: pip install '.[report]' in the tunecache checkout") from e
 
 _ids = itertools.count()
 #: Relative times at or above this are drawn in the darkest colour.

@@ -263,8 +263,8 @@ def store_error(what: str, e: Exception, u: URL) -> StoreError:
 #: backend -> (the extra that installs its driver, that driver)
 _EXTRAS = {"postgresql": ("postgres", "psycopg"), "mysql": ("mysql", "pymysql"), "mariadb": ("mysql", "pymysql")}
 SUPPORTED_URLS = (
-    "sqlite:////path/file.sqlite3, postgresql://user@host/db (pip install 'tunecache[postgres]'), "
-    "mysql:// or mariadb://user@host/db (pip install 'tunecache[mysql]')"
+    "sqlite:////path/file.sqlite3, postgresql://user@host/db (pip install '.[postgres]' in the tunecache checkout), "
+    "mysql:// or mariadb://user@host/db (pip install '.[mysql]' in the tunecache checkout)"
 )
 
 
@@ -278,11 +278,12 @@ def _driver_error(u: URL, e: Exception) -> StoreError:
     extra, driver = _EXTRAS[backend]
     if u.get_driver_name() == driver:
         return StoreError(
-            f"no database driver for {mask_url(u)} ({driver_message(e)}): pip install 'tunecache[{extra}]'"
+            f"no database driver for {mask_url(u)} ({driver_message(e)}): "
+            f"pip install '.[{extra}]' in the tunecache checkout"
         )
     return StoreError(
         f"no database driver {u.get_driver_name()!r} for {mask_url(u)} ({driver_message(e)}): install it, or use "
-        f"{backend}:// ({driver}: pip install 'tunecache[{extra}]')"
+        f"{backend}:// ({driver}: pip install '.[{extra}]' in the tunecache checkout)"
     )
 
 
