@@ -277,3 +277,28 @@ def test_a_refused_store_says_why_and_a_host_storing_unsigned_rows_is_told(tmp_p
         assert str(shared) in refused and "writable" in refused and "TUNECACHE_TRUST_STORE" in refused, refused
     finally:
         store.close()
+
+
+# ---- 38.7: a log-scale axis of the report reads as numbers, not TeX ---------------------------
+
+
+def test_report_log_scale_labels_are_numbers_not_raw_math_text(sqlite_url, tmp_path):
+    pytest.importorskip("matplotlib")
+    from builders import H200, SOURCE
+
+    from tunecache.configidentity import config_hash_of
+    from tunecache.identity import canonical_key, problem_digest
+    from tunecache.model import ConfigResult, Problem
+
+    store = open_store(sqlite_url)
+    cfg = {"kwargs": {"BLOCK": 64}, "num_warps": 4, "num_stages": 2, "num_ctas": 1, "maxnreg": None, "pre_hook": None}
+    for i, ms in enumerate((0.01, 0.05, 0.3, 2.0, 15.0)):  # winner times spanning 1500x: a log scale
+        key = canonical_key(["N"], [1 << (10 + i)])
+        p = Problem(problem_digest(SOURCE, H200, key), "tests.add", SOURCE, H200, key, 1 << (10 + i))
+        store.put(p, [ConfigResult(config_hash_of(cfg), cfg, "ok", ms, ms * 0.9, ms * 1.1, 25)])
+    store.close()
+    out = tmp_path / "r.html"
+    r = tc("--url", sqlite_url, "report", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    page = out.read_text()
+    assert "mathdefault" not in page and "10^{" not in page, page[page.find("mathdefault") - 300 :][:600]

@@ -230,8 +230,25 @@ def winner_line(
     ax.set_ylabel("winner median (ms)")
     if times and min(times) > 0 and max(times) / min(times) > 20:
         ax.set_yscale("log")
+        _plain_log_labels(ax.yaxis)
     _legend_outside(ax, title="winning config", title_fontsize=7)
     return _svg(fig, titles_)
+
+
+def _plain_log_labels(axis: Any) -> None:
+    """Label a log axis with plain numbers (0.01, 2, 100): its default formatter writes TeX
+    (``$\\mathdefault{10^{2}}$``), which math text off (:func:`_plain_text`) prints raw."""
+    from matplotlib.ticker import FuncFormatter
+
+    def major(v: float, _pos: Any) -> str:
+        return f"{v:g}"
+
+    def minor(v: float, _pos: Any) -> str:  # 2 and 5 of each decade: enough to read a value off
+        lead = round(v / 10 ** math.floor(math.log10(v) + 1e-9), 6) if v > 0 else 0
+        return f"{v:g}" if lead in (2, 5) else ""
+
+    axis.set_major_formatter(FuncFormatter(major))
+    axis.set_minor_formatter(FuncFormatter(minor))
 
 
 def _bar_titles(titles_: _Titles, bars: Any, texts: Sequence[str] | None) -> None:
