@@ -9,6 +9,10 @@ tests/test_binaries.py:
               report the benchmarks, the preload, every compile Triton made, and what the store holds
               after the background work
 
+With ``TC_TRITONCACHE=1`` the process also has torch.compile's Triton cache seam installed
+(:mod:`tunecache.inductor.tritoncache`, what ``TUNECACHE_INDUCTOR`` installs), and reports the
+``triton_kernel`` entries the store holds.
+
 Only the CUDA driver is answered here: the device, its stream and its target; a compiled kernel's
 launch does nothing (there is no GPU to run it on).
 """
@@ -78,7 +82,8 @@ def _stored(source_hash: str) -> dict:
     try:
         specs = [s for v in store.get_specs(source_hash).values() for s in v]
         keys = sorted({s.kernel_hash for s in specs})
-        return {"spec_kernel_hashes": keys, "binaries": sorted(store.binary_heads(keys))}
+        kernels = sorted(r["key"] for r in store.list_inductor() if r["kind"] == "triton_kernel")
+        return {"spec_kernel_hashes": keys, "binaries": sorted(store.binary_heads(keys)), "triton_kernels": kernels}
     finally:
         store.close()
 
@@ -89,6 +94,10 @@ def main(phase: str) -> dict:
         {"hash": metadata["hash"], "cache_hit": cache_hit}
     )
     inits = _no_gpu()
+    if os.environ.get("TC_TRITONCACHE") == "1":
+        from tunecache.inductor import tritoncache
+
+        assert tritoncache.install()
     sys.path.insert(0, os.environ["KERNEL_DIR"])
     import healkernel as hk
 

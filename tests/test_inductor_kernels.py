@@ -205,3 +205,41 @@ def test_a_cache_manager_of_the_users_stays_and_enable_disable_install_and_undo_
         assert knobs.cache.manager_class is None
     finally:
         enable.disable()
+
+
+def test_candidates_compiled_inside_inductors_select_algorithm_are_not_filed(store, tmp_path, monkeypatch):
+    """Issue 35, item 10: max-autotune's benchmark candidates (compiled under Inductor's select_algorithm,
+    whose winner the stored graph bundles) are not filed; a kernel compiled outside it is."""
+    import torch._inductor.select_algorithm as select_algorithm
+
+    tritoncache.install(InductorStore(store))
+    candidate, kept = kernel(50), kernel(51)
+    # A frame of select_algorithm's code on the stack, as its precompile threads have.
+    code = compile("def precompile(f, *a):\n    return f(*a)\n", select_algorithm.__file__, "exec")
+    scope: dict = {}
+    exec(code, scope)
+    assert scope["precompile"](compile_on, tmp_path / "h", monkeypatch, candidate)[0] == "compile"
+    assert compile_on(tmp_path / "h", monkeypatch, kept)[0] == "compile"
+    assert [r["key"] for r in stored(store)] == [kept[0]]
+
+
+def test_a_process_with_an_override_or_dump_knob_neither_files_nor_fetches(store, tmp_path, monkeypatch, caplog):
+    """Issue 35, item 2: Triton's key does not cover TRITON_KERNEL_OVERRIDE or TRITON_KERNEL_DUMP; such a
+    process's builds stay on its host (said once), and it compiles what its cache lacks (its override applies)."""
+    from tunecache import sharing
+
+    monkeypatch.setenv("TUNECACHE_TRUST_STORE", "yes")
+    tritoncache.install(InductorStore(store))
+    shared, built = kernel(60), kernel(61)
+    compile_on(tmp_path / "a", monkeypatch, shared)
+    for knob in ("override", "dump_ir"):
+        monkeypatch.setattr(knobs.compilation, knob, True)
+        assert sharing.unshared_reason() is not None
+        with caplog.at_level(logging.WARNING, logger="tunecache"):
+            assert compile_on(tmp_path / knob, monkeypatch, shared)[0] == "compile"  # not fetched
+            assert compile_on(tmp_path / knob, monkeypatch, built)[0] == "compile"
+        monkeypatch.setattr(knobs.compilation, knob, False)
+    assert [r["key"] for r in stored(store)] == [shared[0]]
+    said = [r for r in caplog.records if "nothing this process builds is shared" in r.getMessage()]
+    assert len(said) == 2  # once per reason
+    assert sharing.unshared_reason() is None

@@ -335,21 +335,38 @@ def test_store_keeps_specs_per_kernel_and_target_and_drops_them_with_the_last_pr
     s.close()
 
 
-def test_a_spec_compiled_under_a_new_triton_key_replaces_the_old_one_only_when_asked(store_url):
-    """The same specialisation of the same source (hash) compiled to another binary: after a comment
-    edit (tunecache.tuner.heal). Kept by a plain put; replaced when asked, and only for the same Triton version."""
+def test_a_spec_of_another_binary_is_added_beside_the_stored_one_and_gc_drops_the_superseded(store_url):
+    """The same specialisation of the same source (hash) compiled to another binary (another text, e.g.
+    a comment edit, tunecache.tuner.heal): the store keeps the first one recorded; heal adds the other as
+    a spec of its own binary (issue 35, item 8), and gc drops the older of the two once past its age."""
+    import datetime as dt
+
+    from tunecache.binaries.preload import for_binary
+    from tunecache.model import utcnow
+
     s = open_store(store_url)
     old, other_version = spec(1), spec(2, version="3.6.0")
     s.put_specs("k", "src", "t", [old, other_version, spec(3)])
     edited = LaunchSpec(old.spec_hash, old.config_hash, "e" * 64, old.spec_json, old.triton_version)
     assert s.put_specs("k", "src", "t", [edited]) == 0  # idempotent: the first recorded is kept
     assert s.get_specs("src")["t"] == [old, other_version, spec(3)]
-    assert s.put_specs("k", "src", "t", [edited], replace=True) == 1
-    assert s.put_specs("k", "src", "t", [edited], replace=True) == 0
-    assert s.get_specs("src")["t"] == [edited, other_version, spec(3)]
-    newer = LaunchSpec(other_version.spec_hash, "c1", "f" * 64, other_version.spec_json, "3.9.0")
-    assert s.put_specs("k", "src", "t", [newer], replace=True) == 0  # another Triton's row: not this one's to drop
-    assert s.get_specs("src")["t"] == [edited, other_version, spec(3)]
+    added = for_binary(edited)
+    assert added.spec_hash != old.spec_hash and for_binary(added) == added
+    assert s.put_specs("k", "src", "t", [added]) == 1
+    assert s.put_specs("k", "src", "t", [added]) == 0
+    assert {x.kernel_hash for x in s.get_specs("src")["t"]} == {
+        old.kernel_hash,
+        "e" * 64,
+        spec(2).kernel_hash,
+        spec(3).kernel_hash,
+    }
+    assert s.gc_launch_specs(older_than=utcnow() - dt.timedelta(days=1)) == []  # both recent: both kept
+    gone = s.gc_launch_specs(older_than=utcnow() + dt.timedelta(seconds=1), dry_run=True)
+    assert gone == [("src", "t", old.spec_hash)]  # the older of the two; the others have no sibling
+    assert s.gc_launch_specs(older_than=utcnow() + dt.timedelta(seconds=1)) == gone
+    assert sorted(x.spec_hash for x in s.get_specs("src")["t"]) == sorted(
+        [added.spec_hash, spec(2).spec_hash, spec(3).spec_hash]
+    )
     s.close()
 
 

@@ -133,6 +133,10 @@ class LaunchSpec:
     signature: str | None = None  # its maker's row signature (tunecache.trust), or None: unsigned
 
 
+#: The field of a launch spec's JSON that names its binary: a spec of one text's binary added beside
+#: another text's spec of the same specialisation (``tunecache.binaries.preload.for_binary``).
+SPEC_BINARY_FIELD = "tunecache_kernel_hash"
+
 #: The config hash of a companion's launch spec: a plain ``@triton.jit`` kernel (e.g. a merge stage)
 #: whose binaries the user asked to keep with an autotuned kernel's (``tunecache.binaries.binaries.record_companions``).
 COMPANION_CONFIG = "0" * 32

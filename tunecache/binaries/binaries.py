@@ -30,7 +30,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from tunecache import settings, trust
+from tunecache import settings, sharing, trust
 from tunecache.binaries import hostmodules, preload
 from tunecache.errors import StoreError
 from tunecache.model import BINARY_EXTS, COMPANION_CONFIG, Binary, LaunchSpec, binary_sha256
@@ -204,7 +204,7 @@ def upload(
     the store lacks, within the size limits, and with ``target_digest`` the host modules their
     launches need (recorded as companions of that target). Returns how many were new; never raises."""
     try:
-        if store.readonly or not specs or not settings.get("TUNECACHE_BINARIES"):
+        if store.readonly or not specs or not settings.get("TUNECACHE_BINARIES") or not sharing.builds_shareable():
             return 0
         keys = {s.kernel_hash for s in specs}
         host = host_module_keys(fn, keys) if target_digest is not None else {}
@@ -337,8 +337,9 @@ def write_kernel(mgr: Any, b: Binary) -> None:
     """Write verified kernel binary ``b`` through Triton cache manager ``mgr``, as a compile does:
     both files, then their group (Triton sees the group only once both files are whole)."""
     md_file, bin_file = f"{b.name}.json", f"{b.name}.{b.ext}"
-    paths = {bin_file: mgr.put(b.binary, bin_file, binary=True), md_file: mgr.put(b.metadata, md_file)}
-    mgr.put_group(md_file, paths)
+    with sharing.not_built_here("placed from the store"):  # never filed (nor signed) again as this host's
+        paths = {bin_file: mgr.put(b.binary, bin_file, binary=True), md_file: mgr.put(b.metadata, md_file)}
+        mgr.put_group(md_file, paths)
 
 
 def _placeable(triton_key: str, name: str) -> bool:
@@ -361,6 +362,8 @@ def place_for(
     """:func:`place` for every target's specs of one kernel (the target is not known before CUDA is up;
     another target's binary sits under a key this host never looks up)."""
     if store is None or not specs_by_target or interpreting() or not settings.get("TUNECACHE_BINARIES"):
+        return 0, 0
+    if not sharing.builds_shareable():  # an override or dump must apply: Triton builds these itself
         return 0, 0
     return place(store, [s for specs in specs_by_target.values() for s in specs], policy)
 

@@ -36,7 +36,7 @@ from typing import Any
 
 from tunecache import counters, tritoncompat
 from tunecache.identity import wrappers
-from tunecache.model import LaunchSpec
+from tunecache.model import SPEC_BINARY_FIELD, LaunchSpec
 
 log = logging.getLogger("tunecache")
 
@@ -118,6 +118,22 @@ def capture(fn: Any, config: Any, config_hash: str) -> list[LaunchSpec]:
     return out
 
 
+def for_binary(spec: LaunchSpec) -> LaunchSpec:
+    """``spec`` as a spec of its own binary: its JSON names its ``kernel_hash`` (a field Triton's
+    ``preload`` ignores), so that it has its own ``spec_hash``. A store keeps one spec per
+    specialisation hash; two texts of one kernel (a comment edit in a rolling deploy, a
+    cache-invalidating setting that differs between hosts) compile one specialisation to two
+    binaries, and each host's spec must be added beside the other's, not replace it (heal)."""
+    data = json.loads(spec.spec_json)
+    if data.get(SPEC_BINARY_FIELD) == spec.kernel_hash:
+        return spec
+    data[SPEC_BINARY_FIELD] = spec.kernel_hash
+    text = json.dumps(data)
+    return LaunchSpec(
+        hashlib.sha256(text.encode()).hexdigest(), spec.config_hash, spec.kernel_hash, text, spec.triton_version
+    )
+
+
 #: Why a launch spec was not preloaded: the short, stable names counted by reason
 #: (``tunecache.preload_skips()``), with what each means.
 SKIP_REASONS = {
@@ -152,6 +168,9 @@ def load(fn: Any, specs: Iterable[LaunchSpec], device: int) -> tuple[int, int]:
     import torch
 
     version = triton_version()
+    specs = list(specs)
+    # Another text's spec of the same launch may name what this host builds (heal adds specs, see for_binary).
+    recorded = {(_launch_key(s), s.kernel_hash) for s in specs if s.triton_version == version}
     loaded = skipped = 0
     on_device = torch.cuda.device(device) if torch.cuda.is_available() else contextlib.nullcontext()
     with on_device:  # Triton compiles and loads for the current device
@@ -175,7 +194,8 @@ def load(fn: Any, specs: Iterable[LaunchSpec], device: int) -> tuple[int, int]:
                         why = "unsupported", f"Triton {version}'s preload rebuilds no tuple argument or constexpr"
                     if why is None:
                         kernel = jf.preload(s.spec_json)
-                        if kernel is None or str(getattr(kernel, "hash", "")) != s.kernel_hash:
+                        built = str(getattr(kernel, "hash", ""))
+                        if kernel is None or (built != s.kernel_hash and (key, built) not in recorded):
                             if cache.get(key) is kernel:
                                 cache.pop(key, None)
                             built = getattr(kernel, "hash", None)
@@ -193,6 +213,14 @@ def load(fn: Any, specs: Iterable[LaunchSpec], device: int) -> tuple[int, int]:
     if loaded:
         import_launch_modules()
     return loaded, skipped
+
+
+def _launch_key(s: LaunchSpec) -> str | None:
+    try:
+        key = json.loads(s.spec_json).get("key")
+    except (ValueError, AttributeError):
+        return None
+    return key if isinstance(key, str) else None
 
 
 def _skipped(s: LaunchSpec, reason: str, why: str) -> None:

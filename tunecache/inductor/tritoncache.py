@@ -17,7 +17,11 @@ and this is off). :class:`StoreCacheManager` is Triton's own ``FileCacheManager`
   the local cache through ``FileCacheManager`` itself (as a compile would), and Triton loads it. A
   local hit never touches the store, and a lookup only ever precedes what would be a compile.
 - ``put_group`` after a compile files the kernel's metadata and binary (what
-  ``TRITON_STORE_BINARY_ONLY`` keeps) in the store, if this process's lookup found it missing there.
+  ``TRITON_STORE_BINARY_ONLY`` keeps) in the store, if this process's lookup found it missing there,
+  and only a build of this process that may leave the host (:mod:`tunecache.sharing`): not bytes
+  tunecache placed (a stored binary, an entry), not a kernel compiled inside a benchmark (tunecache's,
+  Inductor's select_algorithm candidates), nothing from a process with ``TRITON_KERNEL_OVERRIDE``,
+  ``TRITON_KERNEL_DUMP`` or another knob outside Triton's key (which neither fetches).
 
 A stored kernel is native code: it is placed only if the store's trust policy vouches for the entry
 (:mod:`tunecache.trust`) and it passes the checks of a stored binary
@@ -35,7 +39,7 @@ import threading
 import orjson
 from triton.runtime.cache import FileCacheManager
 
-from tunecache import forks
+from tunecache import forks, sharing
 from tunecache.binaries.binaries import from_group, problems_of, write_kernel
 from tunecache.binaries.preload import triton_version
 from tunecache.inductor.entries import InductorStore, default
@@ -100,7 +104,8 @@ class StoreCacheManager(FileCacheManager):  # type: ignore[misc]
 
     def get_group(self, filename: str) -> dict[str, str] | None:
         group = super().get_group(filename)
-        if group is None and self._shared and filename.endswith(".json") and self._fetch(filename[: -len(".json")]):
+        wanted = group is None and self._shared and filename.endswith(".json")
+        if wanted and sharing.builds_shareable() and self._fetch(filename[: -len(".json")]):
             group = super().get_group(filename)
         return group
 
@@ -148,6 +153,10 @@ class StoreCacheManager(FileCacheManager):  # type: ignore[misc]
             if (key, name) not in _missing:
                 return
             _missing.discard((key, name))
+        why = sharing.unfiled_reason()
+        if why is not None or not sharing.builds_shareable():
+            log.debug("tunecache: Triton kernel %s... not filed: %s", key[:16], why or "this process shares no build")
+            return
         ext = next((e for e in BINARY_EXTS.values() if f"{name}.{e}" in group), None)
         try:
             b = from_group(key, name, ext, triton_version(), group) if ext else None

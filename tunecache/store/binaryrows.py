@@ -8,6 +8,8 @@ them), so their queries live apart from the tuning results, through the store's 
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
+import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -15,7 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from tunecache import trust
-from tunecache.model import COMPANION_CONFIG, Binary, binary_row, utcnow
+from tunecache.model import COMPANION_CONFIG, SPEC_BINARY_FIELD, Binary, binary_row, utcnow
 from tunecache.store.schema import binaries, launch_specs, problems
 from tunecache.target import hostname
 
@@ -118,3 +120,44 @@ class BinaryRows:
             for i in range(0, len(keys), 500):
                 conn.execute(sa.delete(binaries).where(c.triton_key.in_(keys[i : i + 500])))
         return gone
+
+    def gc_launch_specs(self, *, older_than: dt.datetime, dry_run: bool = False) -> list[tuple[str, str, str]]:
+        """Drop the superseded launch specs: where specs of several binaries of one specialisation are
+        stored (two texts of a kernel, each healed, :func:`tunecache.binaries.preload.for_binary`),
+        every one but the newest recorded before ``older_than``. A host still on a dropped text
+        compiles that kernel once and heals it back. Run before :meth:`gc_binaries`, which then drops
+        their binaries. Returns (source_hash, target_digest, spec_hash) of each one dropped (or that
+        would be)."""
+        s = launch_specs.c
+        cols = (s.source_hash, s.target_digest, s.spec_hash, s.triton_version, s.spec_json, s.created_at)
+        marked = sa.select(s.source_hash, s.target_digest).where(s.spec_json.like(f'%"{SPEC_BINARY_FIELD}"%'))
+        with self._read("launch specs") as conn:
+            pairs = {(a, b) for a, b in conn.execute(marked.distinct())}
+            rows = [
+                r
+                for p in sorted(pairs)
+                for r in conn.execute(sa.select(*cols).where(s.source_hash == p[0], s.target_digest == p[1]))
+            ]
+        groups: dict[tuple[str, ...], list[Any]] = {}
+        for r in rows:
+            try:
+                data = json.loads(r.spec_json)
+                data.pop(SPEC_BINARY_FIELD, None)
+                same = json.dumps(data, sort_keys=True)
+            except (ValueError, AttributeError):
+                continue
+            groups.setdefault((r.source_hash, r.target_digest, r.triton_version, same), []).append(r)
+        gone = []
+        for group in groups.values():
+            newest = max(group, key=lambda r: r.created_at)
+            gone += [
+                (r.source_hash, r.target_digest, r.spec_hash)
+                for r in group
+                if r is not newest and r.created_at < older_than
+            ]
+        if dry_run or not gone:
+            return sorted(gone)
+        with self._write("gc launch specs") as conn:
+            for a, b, h in gone:
+                conn.execute(sa.delete(launch_specs).where(s.source_hash == a, s.target_digest == b, s.spec_hash == h))
+        return sorted(gone)

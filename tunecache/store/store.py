@@ -510,32 +510,16 @@ class Store(BinaryRows, InductorRows):
 
     # ---- launch specialisations (preload) ------------------------------------------------------
 
-    def put_specs(
-        self, kernel: str, source_hash: str, target_digest: str, specs: Sequence[LaunchSpec], *, replace: bool = False
-    ) -> int:
+    def put_specs(self, kernel: str, source_hash: str, target_digest: str, specs: Sequence[LaunchSpec]) -> int:
         """Record this process's winners' specialisations, signed with its key (idempotent: a spec
-        already stored is kept); returns how many were new. With ``replace``, a stored spec of the
-        same specialisation and Triton version that names another binary (``kernel_hash``) is
-        replaced: Triton compiled another text of the same source (a comment edit moves Triton's
-        key, not the source hash), and the stored one is the binary of a text that no longer
-        compiles here (see :mod:`tunecache.tuner.heal`)."""
+        already stored is kept); returns how many were new. Never replaces one: a spec of another
+        text's binary is added beside it (:func:`tunecache.binaries.preload.for_binary`, see
+        :mod:`tunecache.tuner.heal`), and :meth:`gc_launch_specs` drops the superseded ones."""
         if not specs:
             return 0
         specs = trust.sign_specs(source_hash, target_digest, list(specs), self)  # signed where made
         rows = [launch_spec_row(kernel[:255], source_hash, target_digest, sp) for sp in specs]
         with self._write("record launch specs") as conn:
-            if replace:
-                c = launch_specs.c
-                for sp in specs:
-                    conn.execute(
-                        sa.delete(launch_specs).where(
-                            c.source_hash == source_hash,
-                            c.target_digest == target_digest,
-                            c.spec_hash == sp.spec_hash,
-                            c.triton_version == sp.triton_version,
-                            c.kernel_hash != sp.kernel_hash,
-                        )
-                    )
             return self.add_specs(conn, rows)
 
     def add_specs(self, conn: Connection, rows: Sequence[dict[str, Any]]) -> int:

@@ -34,7 +34,7 @@ from typing import Any
 import orjson
 from triton.runtime.autotuner import Autotuner
 
-from tunecache import counters, settings
+from tunecache import counters, settings, sharing
 from tunecache.binaries import preload
 from tunecache.configidentity import ConfigIds, search_space_hash
 from tunecache.errors import CaptureMissError, ConfigurationError, StoreError
@@ -392,7 +392,8 @@ class TunecacheAutotuner(WinnerPreload, WinnerRecovery, Autotuner):
         exc: Exception | None = None
         timings: Any = None
         try:
-            timings = super()._bench(*args, config=config, **meta)
+            with sharing.not_built_here("a tunecache benchmark"):  # its winner's binary is uploaded as such
+                timings = super()._bench(*args, config=config, **meta)
         except Exception as e:  # noqa: BLE001 - a config that fails is a result, not a crash
             exc = e
         elapsed = time.perf_counter() - t0

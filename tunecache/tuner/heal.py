@@ -12,7 +12,9 @@ never on the launch path), a readwrite process records, in the background, the s
 the stored winners it launched that the store holds under no spec of this Triton key, with their
 binaries (``TunecacheAutotuner.record_hit_specs``: through ``KernelStore.record_specs`` and
 ``binaries.upload``, as a tuning process records its winners). The first host to compile a winner
-after the edit records it; the hosts after it place and preload it.
+after the edit records it; the hosts after it place and preload it. A spec is added beside the other
+text's, never in its place (``preload.for_binary``): during a rolling deploy old-text and new-text
+hosts would otherwise delete each other's specs; ``Store.gc_launch_specs`` drops the superseded ones.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from tunecache import forks
+from tunecache import forks, sharing
 from tunecache.binaries import preload
 from tunecache.settings import current_mode
 from tunecache.tuner import background
@@ -31,8 +33,9 @@ _noted: dict[int, Any] = {}  # id -> a tuned JITFunction Triton compiled since t
 
 
 def enabled() -> bool:
-    """Whether this process may record what it compiled: only a readwrite process writes."""
-    return current_mode() == "readwrite"
+    """Whether this process may record what it compiled: only a readwrite process writes, and only
+    builds that may leave the host (:func:`tunecache.sharing.builds_shareable`)."""
+    return current_mode() == "readwrite" and sharing.builds_shareable()
 
 
 def compiled(jf: Any) -> None:

@@ -344,13 +344,10 @@ class KernelStore:
         source_hash: str,
         target_digest: str,
         specs: list[LaunchSpec],
-        *,
-        replace: bool = False,
     ) -> None:
-        """Store what Triton compiled a winner with, and its binaries, for later preloads (``replace``:
-        see :meth:`tunecache.store.store.Store.put_specs`)."""
+        """Store what Triton compiled a winner with, and its binaries, for later preloads."""
         try:
-            store.put_specs(self.kernel, source_hash, target_digest, specs, replace=replace)
+            store.put_specs(self.kernel, source_hash, target_digest, specs)
             binaries.upload(store, fn, self.kernel, source_hash, specs, target_digest)
         except StoreError as e:
             self.trouble("write", e)

@@ -87,10 +87,13 @@ class WinnerPreload(Autotuner):
             return 0
         n = 0
         for target, specs in captured.items():
-            have = {(s.spec_hash, s.kernel_hash) for s in stored.get(target, [])}
-            new = [s for s in specs if (s.spec_hash, s.kernel_hash) not in have]
+            # Added beside the other texts' specs, never in their place: hosts on two texts of this source
+            # (a rolling deploy of a comment edit) would delete each other's. gc drops the superseded ones.
+            held = stored.get(target, [])
+            binaries, taken = {s.kernel_hash for s in held}, {s.spec_hash for s in held}
+            new = [preload.for_binary(s) if s.spec_hash in taken else s for s in specs if s.kernel_hash not in binaries]
             if new:
-                self._tc_ks.record_specs(store, self.fn, ident.source_hash, target, new, replace=True)
+                self._tc_ks.record_specs(store, self.fn, ident.source_hash, target, new)
                 n += len(new)
         return n
 
