@@ -13,6 +13,13 @@ With ``--before REV`` the same runs use the ``tunecache`` package of git revisio
 
     python scripts/bench_import_memory.py --before HEAD~1                  # full size
     python scripts/bench_import_memory.py --before HEAD~1 --problems 5000  # quick
+
+``--inductor-mib N`` measures ``tunecache export --inductor`` instead (issue 35, item 5): a store
+on SQLite and one on the local PostgreSQL, each holding N MiB of torch.compile entries (1 MiB
+each, random bytes), exported by the real command; the peak RSS of an export of the same store
+without ``--inductor`` is the baseline, so the difference is what the entries cost:
+
+    python scripts/bench_import_memory.py --before HEAD~1 --inductor-mib 256
 """
 
 from __future__ import annotations
@@ -51,15 +58,20 @@ _WRAPPER = (
 
 def run_import(code: Path | None, url: str, path: Path, flags: list[str]) -> tuple[float, float, str]:
     """(peak RSS MB, seconds, output) of one ``tunecache import``; ``code`` is a tree holding tunecache."""
+    return run_cli(code, url, ["import", str(path), *flags])
+
+
+def run_cli(code: Path | None, url: str, argv: list[str]) -> tuple[float, float, str]:
+    """(peak RSS MB, seconds, output) of one ``tunecache ARGV``; ``code`` is a tree holding tunecache."""
     env = dict(os.environ)
     if code is not None:
         env["BENCH_TUNECACHE_TREE"] = str(code)
-    args = [sys.executable, "-c", _WRAPPER, "--url", url, "import", str(path), *flags]
+    args = [sys.executable, "-c", _WRAPPER, "--url", url, *argv]
     t0 = time.perf_counter()
     r = subprocess.run(args, env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - t0
     if r.returncode != 0:
-        raise SystemExit(f"import failed ({code or 'working tree'}):\n{r.stderr[-3000:]}")
+        raise SystemExit(f"{argv[0]} failed ({code or 'working tree'}):\n{r.stderr[-3000:]}")
     kb, used = next(line.split()[1:3] for line in r.stderr.splitlines() if line.startswith("PEAK_KB "))
     expected = str(code) if code is not None else str(ROOT)
     if not used.startswith(expected):
@@ -79,7 +91,11 @@ def main() -> None:
     ap.add_argument("--problems", type=int, default=100_000)
     ap.add_argument("--specs", type=int, default=300, help="hostile launch-spec lines (~4 MiB each)")
     ap.add_argument("--before", metavar="REV", help="also measure the tunecache of this git revision")
+    ap.add_argument("--inductor-mib", type=int, metavar="N", help="measure export --inductor of N MiB of entries")
     args = ap.parse_args()
+    if args.inductor_mib:
+        inductor_export(args.inductor_mib, args.before)
+        return
 
     from bench_exchange import fill
     from hostile_files import write_spec_bomb
@@ -117,6 +133,60 @@ def main() -> None:
                 rows.append(row)
         names = [n for n, _ in codes]
         print(f"| file | file MB (gz / lines) | command | {' | '.join(names)} |")
+        print(f"|---|---:|---|{'---:|' * len(names)}")
+        for row in rows:
+            print("| " + " | ".join(row) + " |")
+
+
+def fill_inductor(url: str, mib: int) -> None:
+    """``mib`` torch.compile entries of 1 MiB (random bytes: what gzip cannot shrink), unsigned."""
+    from tunecache.model import InductorEntry
+    from tunecache.store.opening import open_store
+
+    target = {"backend": "cuda", "arch": "sm90", "device_name": "NVIDIA H200", "driver_version": "13000"}
+    target |= {"driver_release": "580.159.04", "torch_version": "2.11.0", "triton_version": "3.6"}
+    s = open_store(url)
+    for i in range(mib):
+        s.put_inductor(
+            InductorEntry("fx_graph", f"pt2:fx-graph-v1::bench-{i}:c1", "ab" * 32, os.urandom(1 << 20), target)
+        )
+    s.close()
+
+
+def inductor_export(mib: int, before: str | None) -> None:
+    """Peak RSS of ``export --inductor`` of ``mib`` MiB of entries, SQLite and PostgreSQL, before/after."""
+    from bench_exchange import pg_database
+
+    from tunecache.store.opening import open_store
+
+    os.environ["TUNECACHE_TRUST_STORE"] = "yes"  # the export writes the entries it trusts: all of them
+    with tempfile.TemporaryDirectory(prefix="tunecache-bench-mem-") as tmp:
+        work = Path(tmp)
+        codes: list[tuple[str, Path | None]] = []
+        if before:
+            codes.append((f"before ({before})", checkout(before, work / "before")))
+        codes.append(("after (working tree)", None))
+        pg, drop = pg_database()
+        try:
+            rows = []
+            for backend, url in (("SQLite", f"sqlite:///{work / 'src.sqlite3'}"), ("PostgreSQL", pg)):
+                open_store(url).close()
+                t0 = time.perf_counter()
+                fill_inductor(url, mib)
+                print(f"{backend}: filled {mib} MiB in {time.perf_counter() - t0:.0f}s", file=sys.stderr)
+                for flags in ([], ["--inductor"]):
+                    row = [backend, f"{mib} MiB", " ".join(["export", *flags])]
+                    for name, code in codes:
+                        out = work / "out.jsonl"
+                        mb, sec, _ = run_cli(code, url, ["export", str(out), *flags])
+                        print(f"{backend} | {row[2]} | {name}: {mb:.0f} MB, {sec:.1f}s", file=sys.stderr)
+                        row.append(f"{mb:.0f} MB ({sec:.1f} s)")
+                        out.unlink()
+                    rows.append(row)
+        finally:
+            drop()
+        names = [n for n, _ in codes]
+        print(f"| store | entries | command | {' | '.join(names)} |")
         print(f"|---|---:|---|{'---:|' * len(names)}")
         for row in rows:
             print("| " + " | ".join(row) + " |")

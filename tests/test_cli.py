@@ -75,6 +75,25 @@ def test_invalidate_and_gc(store_url):
     assert s.counts()["problems"] == 0
 
 
+def test_gc_drops_the_launch_specs_another_text_superseded(store_url):
+    """Heal adds a spec of another text's binary beside the stored one (issue 35, item 8): ``gc`` is
+    what drops the older of the two, then the binaries no spec or winner references."""
+    from tunecache.binaries.preload import for_binary
+    from tunecache.model import LaunchSpec
+
+    s = open_store(store_url)
+    old = LaunchSpec("1" * 64, "c1", "a" * 64, '{"key": "k"}', "3.9.0")
+    s.put_specs("k", "src", "t", [for_binary(old)])
+    s.put_specs("k", "src", "t", [for_binary(LaunchSpec(old.spec_hash, "c1", "b" * 64, old.spec_json, "3.9.0"))])
+    r = run(store_url, "gc", "--days", "0", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["launch_specs"]["count"] == 1
+    assert [x.kernel_hash for x in s.get_specs("src")["t"]] == ["b" * 64]
+    r = run(store_url, "gc", "--days", "0")
+    assert "0 superseded launch specs dropped" in r.output
+    s.close()
+
+
 def test_stats_and_misses_from_persisted_counters(sqlite_url, monkeypatch):
     import tinykernels
 

@@ -40,6 +40,7 @@ COUNTERS = (
     "inductor_hits",
     "inductor_misses",
     "inductor_puts",
+    "inductor_not_stored",
     "inductor_lease_waits",
 )
 

@@ -181,7 +181,7 @@ class InductorEntry:
     key: str  # Inductor's key, as its RemoteCache hands it to the backend
     target_digest: str
     value: bytes
-    target: dict[str, str]  # backend, arch, device_name, driver_version, torch_version, triton_version
+    target: dict[str, str]  # backend, arch, device_name, driver_version, driver_release, torch and triton_version
     signature: str | None = None  # its maker's row signature (tunecache.trust), or None: unsigned
     sha256: str = ""  # content address of value; computed when empty
 

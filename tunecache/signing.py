@@ -169,6 +169,15 @@ def row_public_key(signature: str) -> bytes | None:
     return raw if len(raw) == 32 else None
 
 
+def row_signer(signature: str | None) -> str | None:
+    """The part of a row signature that names its key (``ed25519:<base64 public key>:``), or None for
+    an unsigned row or a malformed signature: rows of one key share it (:mod:`tunecache.store.inductorrows`
+    replaces a stored row only with one of the same signer). Names a key; verifies nothing."""
+    if not signature or row_public_key(signature) is None:
+        return None
+    return signature[: signature.rindex(":") + 1]
+
+
 def verify_row(signature: str | None, message: bytes, trusted: Collection[bytes]) -> str | None:
     """Why ``signature`` does not vouch for ``message``; None if it does: a well-formed row signature
     by one of the ``trusted`` raw public keys (compared whole) that verifies."""
@@ -293,6 +302,7 @@ __all__ = [
     "process_signer",
     "public_line",
     "row_public_key",
+    "row_signer",
     "trusted_key_sources",
     "trusted_keys",
     "warn_key_files",

@@ -119,7 +119,7 @@ def ls_cmd(
                     r["key"][:48],
                     r["arch"],
                     r["device_name"],
-                    r["driver_version"] or "-",
+                    r["driver_release"] or r["driver_version"] or "-",
                     r["torch_version"],
                     r["size"],
                     r["hit_count"],

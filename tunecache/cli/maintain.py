@@ -108,7 +108,11 @@ def db_grant(
 
 @click.command()
 @filter_options
-@click.option("--driver-not-current", is_flag=True, help="Entries for any driver other than this machine's.")
+@click.option(
+    "--driver-not-current",
+    is_flag=True,
+    help="Entries for any driver other than this machine's (another CUDA driver version or release).",
+)
 @click.option("--older-than", type=AGE, help=f"Entries not updated since then: {AGE_HELP}.")
 @click.option("--dry-run", is_flag=True, help="List what would be deleted, delete nothing.")
 @json_option
@@ -134,7 +138,7 @@ def invalidate(
         t = detect_target()  # as `info` shows it: TUNECACHE_TARGET_OVERRIDE included
         if not t.driver_version:
             raise TunecacheError("--driver-not-current needs a GPU to read the current driver; use --driver X")
-        filters["not_driver"] = t.driver_version
+        filters["not_driver"] = (t.driver_version, t.driver_release)  # a release may change, not the version
     if older_than:
         filters["older_than"] = older_than
     if not any(v is not None and v is not False for v in filters.values()):
@@ -144,7 +148,7 @@ def invalidate(
     store = store_for(ctx)
     gone = store.delete(dry_run=dry_run, **filters)
     graphs = _inductor_deleted(store, dry_run, filters)
-    _report_deleted(gone, dry_run, as_json, graphs)
+    _report_deleted(gone, dry_run, as_json, graphs, "--kernel selects none" if filters.get("kernel") else "")
 
 
 def _inductor_deleted(store: Any, dry_run: bool, filters: dict[str, Any]) -> list[dict[str, Any]]:
@@ -158,7 +162,10 @@ def _inductor_deleted(store: Any, dry_run: bool, filters: dict[str, Any]) -> lis
     return store.delete_inductor(dry_run=dry_run, **picked) if picked else []
 
 
-def _report_deleted(gone: list[Problem], dry_run: bool, as_json: bool, graphs: list[dict[str, Any]]) -> None:
+def _report_deleted(
+    gone: list[Problem], dry_run: bool, as_json: bool, graphs: list[dict[str, Any]], why_none: str = ""
+) -> None:
+    """What was (or would be) deleted; the count of torch.compile's entries is always said, 0 too."""
     inductor = {"count": len(graphs), "entries": [{"cache": g["kind"], "key": g["key"]} for g in graphs]}
     if as_json:
         json_out(
@@ -173,8 +180,8 @@ def _report_deleted(gone: list[Problem], dry_run: bool, as_json: bool, graphs: l
     for p in gone:
         click.echo(f"{'would delete' if dry_run else 'deleted'} {p.digest[:12]} {p.kernel} {p.key_json}")
     click.echo(f"{len(gone)} problem(s) {'would be ' if dry_run else ''}deleted")
-    if graphs:
-        click.echo(f"{len(graphs)} torch.compile cache entries {'would be ' if dry_run else ''}deleted")
+    note = f" ({why_none})" if why_none and not graphs else ""
+    click.echo(f"{len(graphs)} torch.compile cache entries {'would be ' if dry_run else ''}deleted{note}")
 
 
 @click.command()
@@ -196,7 +203,10 @@ def gc(ctx: click.Context, older_than: dt.datetime, days: float | None, dry_run:
     cutoff = utcnow() - dt.timedelta(days=days) if days is not None else older_than
     gone = store.delete(dry_run=dry_run, no_hit_since=cutoff)
     graphs = store.delete_inductor(dry_run=dry_run, unused_since=cutoff)
-    # On a dry run the problems are still there, so this lists only binaries unreferenced already.
+    # Superseded launch specs (another text of a kernel, healed beside it) first: their binaries then
+    # go with the unreferenced ones. On a dry run the problems and specs are still there, so this
+    # lists only binaries unreferenced already.
+    specs = store.gc_launch_specs(older_than=cutoff, dry_run=dry_run)
     bins = store.gc_binaries(dry_run=dry_run)
     dropped = {"count": len(bins), "bytes": sum(b[2] for b in bins)}
     if as_json:
@@ -206,11 +216,13 @@ def gc(ctx: click.Context, older_than: dt.datetime, days: float | None, dry_run:
                 "count": len(gone),
                 "problems": [problem_summary(p) for p in gone],
                 "binaries": {**dropped, "triton_keys": [b[0] for b in bins]},
+                "launch_specs": {"count": len(specs)},
                 "inductor": {"count": len(graphs), "entries": [{"cache": g["kind"], "key": g["key"]} for g in graphs]},
             }
         )
         return
     _report_deleted(gone, dry_run, False, graphs)
+    click.echo(f"{len(specs)} superseded launch specs {'would be ' if dry_run else ''}dropped")
     click.echo(
         f"{dropped['count']} binaries ({dropped['bytes']} bytes) no winner references "
         f"{'would be ' if dry_run else ''}dropped"

@@ -33,6 +33,7 @@ from tunecache.exchange.format import (
     FORMAT_NAME,
     FORMAT_VERSION,
     GZIP_LEVEL,
+    INDUCTOR_TARGET_FIELDS,
     INDUCTOR_VERSION,
     MAX_INDUCTOR_LINE_BYTES,
     MAX_LINE_BYTES,
@@ -477,9 +478,7 @@ def _write_inductor(conn: Any, body: IO[bytes], sha: Any, vouch: trust.Policy | 
     """torch.compile's cache entries as version 5 lines (format.py); returns how many were written."""
     n = 0
     for r in dump.inductor_rows(conn):
-        target = {
-            k: r[k] for k in ("backend", "arch", "device_name", "driver_version", "torch_version", "triton_version")
-        }
+        target = {k: r[k] for k in INDUCTOR_TARGET_FIELDS}
         entry = InductorEntry(
             r["kind"], r["key"], r["target_digest"], bytes(r["value"]), target, r["signature"], r["sha256"]
         )

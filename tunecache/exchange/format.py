@@ -184,7 +184,9 @@ field           value
 cache           ``autotune``, ``bundled_autotune``, ``fx_graph``, ``aot_autograd`` or ``triton_kernel``
 key             Inductor's key (a string, at most 4096 characters)
 target_digest   64 hex: the target the entry is bound to (:func:`tunecache.inductor.entries.inductor_target`)
-target          object of strings: backend, arch, device_name, driver_version, torch_version, triton_version
+target          object of strings: backend, arch, device_name, driver_version, driver_release,
+                torch_version, triton_version (driver_release may be absent: files written before
+                it was recorded; the entry's release is then unknown)
 sha256          64 hex, recomputed on import: sha256 of the value's bytes
 value           string: the bytes Inductor stored, base64
 signature       its maker's row signature, or null (unsigned)
@@ -267,7 +269,17 @@ HEADER_FIELDS_V3 = (*HEADER_FIELDS, "binaries", "signed_by")
 HEADER_FIELDS_V5 = (*HEADER_FIELDS_V3, "inductor_entries")
 #: The fields of a torch.compile cache entry line (version 5), in order.
 INDUCTOR_FIELDS = ("cache", "key", "target_digest", "target", "sha256", "value", "signature")
-INDUCTOR_TARGET_FIELDS = ("backend", "arch", "device_name", "driver_version", "torch_version", "triton_version")
+INDUCTOR_TARGET_FIELDS = (
+    "backend",
+    "arch",
+    "device_name",
+    "driver_version",
+    "driver_release",
+    "torch_version",
+    "triton_version",
+)
+#: What a file written before the driver release was recorded may leave out of an entry's target.
+INDUCTOR_TARGET_OPTIONAL = frozenset({"driver_release"})
 MAX_INDUCTOR_KEY = 4096
 #: The fields of a version 3 file's signature object (its last line, when signed).
 SIGNATURE_FIELDS = ("algorithm", "key_id", "public_key", "value")

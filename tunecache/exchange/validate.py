@@ -33,6 +33,7 @@ from tunecache.exchange.format import (
     HEADER_FIELDS_V5,
     INDUCTOR_FIELDS,
     INDUCTOR_TARGET_FIELDS,
+    INDUCTOR_TARGET_OPTIONAL,
     INDUCTOR_VERSION,
     MAX_FAILURE_DEPTH,
     MAX_INDUCTOR_KEY,
@@ -617,7 +618,10 @@ def check_inductor(obj: Any, seen: set[bytes] | None) -> InductorEntry:
         if not _is_hex(obj[name], 64):
             raise Invalid(f"torch.compile entry {name} must be 64 lowercase hex digits")
     t = obj["target"]
-    if type(t) is not dict or set(t) != set(INDUCTOR_TARGET_FIELDS) or any(type(v) is not str for v in t.values()):
+    shape = type(t) is dict and set(INDUCTOR_TARGET_FIELDS) - INDUCTOR_TARGET_OPTIONAL <= set(t) <= set(
+        INDUCTOR_TARGET_FIELDS
+    )
+    if not shape or any(type(v) is not str for v in t.values()):
         raise Invalid(f"torch.compile entry 'target' must be an object of strings: {', '.join(INDUCTOR_TARGET_FIELDS)}")
     if any(len(v) > 128 for v in t.values()):
         raise Invalid("torch.compile entry 'target' values must be at most 128 characters")

@@ -17,7 +17,7 @@ import functools
 import logging
 from typing import Any
 
-from tunecache import counters, settings, trust
+from tunecache import counters, settings, signing, trust
 from tunecache.identity import canonical_json, sha256_hex
 from tunecache.inductor import leases
 from tunecache.model import INDUCTOR_KINDS, InductorEntry
@@ -46,6 +46,7 @@ def inductor_target() -> tuple[str, dict[str, str]]:
         "arch": t.arch,
         "device_name": t.device_name,
         "driver_version": t.driver_version,
+        "driver_release": t.driver_release,
         "torch_version": str(torch.__version__),
         "triton_version": t.triton_version,
     }
@@ -125,11 +126,42 @@ class InductorStore:
                 return
             digest, desc = inductor_target()
             entry = trust.sign_inductor(InductorEntry(kind, key, digest, bytes(data), desc), store)
-            store.put_inductor(entry)
-            counters.count(None, None, inductor_puts=1)
+            kept = store.put_inductor(entry)
+            if kept is None:
+                counters.count(None, None, inductor_puts=1)
+            else:
+                self._not_stored(store, entry, kept)
             leases.on_put(store, kind, key, digest)
         except Exception as e:  # noqa: BLE001 - Inductor keeps its result locally, as without a remote cache
             self._failed("put", e)
+
+    def _not_stored(self, store: Store, entry: InductorEntry, kept: str) -> None:
+        """Count a put the store refused (it holds the entry signed by a key this one is not signed
+        by) and say once why, and what to do: this host then compiles what the fleet's key made."""
+        counters.count(None, None, inductor_not_stored=1)
+        raw = signing.row_public_key(kept)
+        theirs = signing.key_id(raw) if raw is not None else "(a malformed signature)"
+        ours = signing.row_public_key(entry.signature) if entry.signature else None
+        how = f"with key {signing.key_id(ours)}" if ours else "with no key (TUNECACHE_SIGNING_KEY is unset)"
+        policy = self._policy(store)
+        trusted = "" if policy.whole or raw in policy.keys else ", which this host does not trust"
+        counters.warn_once(
+            "torch.compile",
+            "inductor-not-stored",
+            "tunecache: torch.compile entries this host computes are not stored in %s (first: %s %s): the "
+            "store holds them signed by key %s%s, and this host signs %s; a signed entry is replaced only by "
+            "one of its own key, so that hosts with other keys never evict each other's. If key %s is your "
+            "fleet's, list it in TUNECACHE_TRUSTED_KEYS (this host is then served those entries) and sign "
+            "with it (TUNECACHE_SIGNING_KEY); if it was retired, drop its entries (tunecache invalidate, "
+            "gc). stats()['inductor_not_stored'] counts them",
+            store.masked_url,
+            entry.kind,
+            entry.key[:60],
+            theirs,
+            trusted,
+            how,
+            theirs,
+        )
 
     @staticmethod
     def _writes(store: Store) -> bool:
@@ -164,9 +196,18 @@ def default() -> InductorStore:
 
 
 def stats() -> dict[str, Any]:
-    """This process's Inductor cache counters: hits, misses, puts (untrusted and store_errors are shared)."""
+    """This process's Inductor cache counters: hits, misses, puts, puts not stored (the store holds the
+    entry signed by another key), lease waits (untrusted and store_errors are shared)."""
     s = counters.stats()
-    names = ("inductor_hits", "inductor_misses", "inductor_puts", "inductor_lease_waits", "untrusted", "store_errors")
+    names = (
+        "inductor_hits",
+        "inductor_misses",
+        "inductor_puts",
+        "inductor_not_stored",
+        "inductor_lease_waits",
+        "untrusted",
+        "store_errors",
+    )
     return {k: s[k] for k in names}
 
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from tunecache import trust
+from tunecache import signing, trust
 from tunecache.model import COMPANION_CONFIG, SPEC_BINARY_FIELD, Binary, binary_row, utcnow
 from tunecache.store.schema import binaries, launch_specs, problems
 from tunecache.target import hostname
@@ -82,9 +82,17 @@ class BinaryRows:
 
     def add_binaries(self, conn: Connection, rows: Sequence[dict[str, Any]]) -> int:
         """Insert binaries rows (without host and created_at, stamped here) inside the caller's
-        transaction; a binary already stored under its key is kept. Returns how many were new."""
+        transaction; a binary already stored under its key is kept, unless it is unsigned and the row
+        is signed: else the first host to store a key, signing with no key, would keep the fleet's
+        signed binary of it out for good. Returns how many were new."""
         now, host = utcnow(), hostname()
-        return sum(self._inserted(conn, binaries, {**r, "host": host, "created_at": now}) for r in rows)
+        c = binaries.c
+        n = 0
+        for r in rows:
+            if r.get("signature"):
+                conn.execute(sa.delete(binaries).where(c.triton_key == r["triton_key"], c.signature.is_(None)))
+            n += self._inserted(conn, binaries, {**r, "host": host, "created_at": now})
+        return n
 
     def binary_usage(self) -> dict[str, tuple[int, int]]:
         """(count, bytes) of the stored binaries, by kernel name."""
@@ -129,7 +137,7 @@ class BinaryRows:
         their binaries. Returns (source_hash, target_digest, spec_hash) of each one dropped (or that
         would be)."""
         s = launch_specs.c
-        cols = (s.source_hash, s.target_digest, s.spec_hash, s.triton_version, s.spec_json, s.created_at)
+        cols = (s.source_hash, s.target_digest, s.spec_hash, s.triton_version, s.spec_json, s.created_at, s.signature)
         marked = sa.select(s.source_hash, s.target_digest).where(s.spec_json.like(f'%"{SPEC_BINARY_FIELD}"%'))
         with self._read("launch specs") as conn:
             pairs = {(a, b) for a, b in conn.execute(marked.distinct())}
@@ -146,7 +154,10 @@ class BinaryRows:
                 same = json.dumps(data, sort_keys=True)
             except (ValueError, AttributeError):
                 continue
-            groups.setdefault((r.source_hash, r.target_digest, r.triton_version, same), []).append(r)
+            # Per signer: a newer spec signed by none or by another key never supersedes a signed one
+            # (a dev box's heal on the fleet's store would else get the fleet's spec dropped).
+            signer = signing.row_signer(r.signature) or ""
+            groups.setdefault((r.source_hash, r.target_digest, r.triton_version, same, signer), []).append(r)
         gone = []
         for group in groups.values():
             newest = max(group, key=lambda r: r.created_at)

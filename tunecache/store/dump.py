@@ -19,6 +19,11 @@ from tunecache.store.schema import binaries, configs, inductor_entries, launch_s
 
 #: Binaries read per query (each up to 2.5 MiB).
 BINARY_CHUNK = 50
+#: torch.compile entries read per query (an FX graph may be megabytes), and their bytes at most;
+#: their keys and sizes are read this many at a time first.
+INDUCTOR_CHUNK = 50
+INDUCTOR_CHUNK_BYTES = 8 << 20
+INDUCTOR_HEADS = 1000
 
 
 def _select_cols(table: sa.Table, names: Sequence[str], raw_timestamps: bool) -> list[Any]:
@@ -88,7 +93,32 @@ def binary_rows(conn: Connection, triton_keys: Sequence[str], cols: Sequence[str
 
 
 def inductor_rows(conn: Connection) -> Iterator[Any]:
-    """Every torch.compile cache entry (tunecache.inductor), in (kind, key hash, target) order."""
+    """Every torch.compile cache entry (tunecache.inductor), in (kind, key hash, target) order, read
+    in pages: the keys and sizes of :data:`INDUCTOR_HEADS` entries, then their rows a few at a time
+    (:data:`INDUCTOR_CHUNK`, :data:`INDUCTOR_CHUNK_BYTES`), each a range of the primary key. One query
+    for them all held every entry in memory on PostgreSQL, whose driver fetches a whole result."""
     e = inductor_entries.c
-    q = sa.select(inductor_entries).order_by(e.kind, e.key_hash, e.target_digest)
-    yield from conn.execute(q).mappings()
+    order = (e.kind, e.key_hash, e.target_digest)
+    after: list[Any] = []
+    while True:
+        q = sa.select(*order, e.size).where(*after).order_by(*order).limit(INDUCTOR_HEADS)
+        heads = conn.execute(q).all()
+        if not heads:
+            return
+        for first, last in _inductor_chunks(heads):
+            span = (sa.tuple_(*order) >= sa.tuple_(*first), sa.tuple_(*order) <= sa.tuple_(*last))
+            yield from conn.execute(sa.select(inductor_entries).where(*span).order_by(*order)).mappings()
+        after = [sa.tuple_(*order) > sa.tuple_(*heads[-1][:3])]
+
+
+def _inductor_chunks(heads: Sequence[Row]) -> Iterator[tuple[tuple[Any, ...], tuple[Any, ...]]]:
+    """(first key, last key) of consecutive runs of ``heads`` (key and size, in key order) of at most
+    :data:`INDUCTOR_CHUNK` entries and :data:`INDUCTOR_CHUNK_BYTES` (one entry when it is larger)."""
+    start, n, size = 0, 0, 0
+    for i, h in enumerate(heads):
+        if n and (n == INDUCTOR_CHUNK or size + h[3] > INDUCTOR_CHUNK_BYTES):
+            yield tuple(heads[start][:3]), tuple(heads[i - 1][:3])
+            start, n, size = i, 0, 0
+        n += 1
+        size += h[3]
+    yield tuple(heads[start][:3]), tuple(heads[-1][:3])

@@ -20,13 +20,23 @@ def _like_escape(v: str) -> str:
     return v.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
+def not_this_driver(version: Any, release: Any, current: str | tuple[str, str]) -> Any:
+    """Rows of another driver than ``current``: its CUDA driver version, or (version, release). A
+    driver update may keep the version (580.95.05 and 580.159.04 are both 13000), so the release is
+    compared too where both are known; a row whose release is unknown ("") goes by its version."""
+    v, r = (current, "") if isinstance(current, str) else current
+    if not r:
+        return version != v
+    return sa.or_(version != v, sa.and_(release != r, release != ""))
+
+
 def filter_clauses(
     *,
     kernel: str | None = None,
     arch: str | None = None,
     device: str | None = None,
     driver: str | None = None,
-    not_driver: str | None = None,
+    not_driver: str | tuple[str, str] | None = None,
     since: dt.datetime | None = None,
     older_than: dt.datetime | None = None,
     no_hit_since: dt.datetime | None = None,
@@ -47,7 +57,7 @@ def filter_clauses(
     if driver:
         w.append(sa.or_(problems.c.driver_version == driver, problems.c.driver_release == driver))
     if not_driver is not None:
-        w.append(problems.c.driver_version != not_driver)
+        w.append(not_this_driver(problems.c.driver_version, problems.c.driver_release, not_driver))
     if since:
         w.append(problems.c.updated_at >= since)
     if older_than:

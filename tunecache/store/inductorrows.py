@@ -1,8 +1,9 @@
 """Store rows of torch.compile's remote caches (:mod:`tunecache.inductor`): Inductor's entries.
 
 A mixin of :class:`tunecache.store.store.Store`, which inherits it: the ``inductor_entries`` table
-is read and written apart from the tuning results (its own keys, last-writer-wins, its own gc), so
-its queries live here, through the store's own connections and transactions.
+is read and written apart from the tuning results (its own keys, last-writer-wins within one
+signer's entries, its own gc), so its queries live here, through the store's own connections and
+transactions.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from tunecache.model import INDUCTOR_KINDS, InductorEntry, utcnow
+from tunecache.store.filters import not_this_driver
 from tunecache.store.schema import inductor_entries
+from tunecache.store.signers import kept_out_by, replaceable_by
 from tunecache.target import hostname
 
 
@@ -30,7 +33,15 @@ class InductorRows:
 
         def _inserted(self, conn: Connection, table: sa.Table, values: dict[str, Any]) -> bool: ...
 
-    _INDUCTOR_TARGET = ("backend", "arch", "device_name", "driver_version", "torch_version", "triton_version")
+    _INDUCTOR_TARGET = (
+        "backend",
+        "arch",
+        "device_name",
+        "driver_version",
+        "driver_release",
+        "torch_version",
+        "triton_version",
+    )
 
     def _inductor_entry(self, r: Any) -> InductorEntry:
         target = {k: r[k] for k in self._INDUCTOR_TARGET}
@@ -58,48 +69,65 @@ class InductorRows:
                 .values(used_at=utcnow(), hit_count=e.hit_count + 1)
             )
 
-    def put_inductor(self, entry: InductorEntry) -> None:
-        """Store ``entry`` (signed by the caller where it is made), replacing one under the same kind,
-        key and target: Inductor's remote caches are last-writer-wins, as with Redis."""
-        e = inductor_entries.c
+    def put_inductor(self, entry: InductorEntry) -> str | None:
+        """Store ``entry`` (signed by the caller where it is made) under its kind, key and target.
+
+        Inductor's remote caches are last-writer-wins, as with Redis, but not across keys: a stored
+        entry is replaced only when it is unsigned or of the same signer (:mod:`tunecache.store.signers`),
+        checked in SQL in the put's transaction. A host that signs with no key, or with another,
+        never evicts a signed entry: a fleet would miss it and put it back, and the two would evict
+        each other. Returns None when stored, else the signature of the stored entry that kept it out."""
         with self._write("store inductor entry") as conn:
-            conn.execute(
-                sa.delete(inductor_entries).where(
-                    e.kind == entry.kind, e.key_hash == entry.key_hash, e.target_digest == entry.target_digest
-                )
-            )
-            self.add_inductor(conn, [entry], replace=False)
+            return self._put_entry(conn, entry)
 
     def add_inductor(self, conn: Connection, entries: Sequence[InductorEntry], *, replace: bool = False) -> int:
         """Insert entries inside the caller's transaction (an import's); an entry already stored under
-        its kind, key and target is kept unless ``replace``. Returns how many were written."""
-        now, host = utcnow(), hostname()
+        its kind, key and target is kept, unless ``replace`` and :meth:`put_inductor` would replace it.
+        Returns how many were written."""
         n = 0
         for en in entries:
-            row = {
-                "kind": en.kind,
-                "key_hash": en.key_hash,
-                "target_digest": en.target_digest,
-                "key": en.key,
-                "sha256": en.sha256,
-                "size": en.size,
-                "value": en.value,
-                **{k: str(en.target.get(k, ""))[: inductor_entries.c[k].type.length] for k in self._INDUCTOR_TARGET},
-                "host": host,
-                "created_at": now,
-                "used_at": now,
-                "hit_count": 0,
-                "signature": en.signature,
-            }
             if replace:
-                e = inductor_entries.c
-                conn.execute(
-                    sa.delete(inductor_entries).where(
-                        e.kind == en.kind, e.key_hash == en.key_hash, e.target_digest == en.target_digest
-                    )
-                )
-            n += self._inserted(conn, inductor_entries, row)
+                n += self._put_entry(conn, en) is None
+            else:
+                n += self._inserted(conn, inductor_entries, self._inductor_row(en))
         return n
+
+    def _same_entry(self, en: InductorEntry) -> list[Any]:
+        e = inductor_entries.c
+        return [e.kind == en.kind, e.key_hash == en.key_hash, e.target_digest == en.target_digest]
+
+    def _put_entry(self, conn: Connection, en: InductorEntry) -> str | None:
+        """Replace what ``en`` may replace, then insert it; None if stored, else the kept entry's signature."""
+        row, same = self._inductor_row(en), self._same_entry(en)
+        replaceable = replaceable_by(inductor_entries.c.signature, en.signature)
+        for _ in range(3):
+            conn.execute(sa.delete(inductor_entries).where(*same, replaceable))
+            if self._inserted(conn, inductor_entries, row):
+                return None
+            # Another host's entry is there: one this put may not replace, or one that landed between
+            # the delete and the insert (committed now, so the next delete sees it).
+            kept = conn.execute(sa.select(inductor_entries.c.signature).where(*same)).scalar()
+            if kept_out_by(kept, en.signature):
+                return str(kept)
+        return None  # a racing writer of the same signer stored it: as good as this one
+
+    def _inductor_row(self, en: InductorEntry) -> dict[str, Any]:
+        now = utcnow()
+        return {
+            "kind": en.kind,
+            "key_hash": en.key_hash,
+            "target_digest": en.target_digest,
+            "key": en.key,
+            "sha256": en.sha256,
+            "size": en.size,
+            "value": en.value,
+            **{k: str(en.target.get(k, ""))[: inductor_entries.c[k].type.length] for k in self._INDUCTOR_TARGET},
+            "host": hostname(),
+            "created_at": now,
+            "used_at": now,
+            "hit_count": 0,
+            "signature": en.signature,
+        }
 
     def _inductor_where(
         self,
@@ -108,7 +136,7 @@ class InductorRows:
         arch: str | None = None,
         device: str | None = None,
         driver: str | None = None,
-        not_driver: str | None = None,
+        not_driver: str | tuple[str, str] | None = None,
         target_digest: str | None = None,
         unused_since: Any = None,
     ) -> list[Any]:
@@ -121,9 +149,9 @@ class InductorRows:
         if device:
             w.append(e.device_name == device)
         if driver:
-            w.append(e.driver_version == driver)
+            w.append(sa.or_(e.driver_version == driver, e.driver_release == driver))
         if not_driver is not None:
-            w.append(e.driver_version != not_driver)
+            w.append(not_this_driver(e.driver_version, e.driver_release, not_driver))
         if target_digest:
             w.append(e.target_digest == target_digest)
         if unused_since is not None:
@@ -178,7 +206,8 @@ class InductorRows:
         where = self._inductor_where(**filters)
         if not where:
             raise ValueError("refusing to delete every inductor entry without a filter")
-        q = sa.select(e.kind, e.key, e.target_digest, e.driver_version, e.size).where(*where).order_by(e.kind, e.key)
+        cols = (e.kind, e.key, e.target_digest, e.driver_version, e.driver_release, e.size)
+        q = sa.select(*cols).where(*where).order_by(e.kind, e.key)
         if dry_run:
             with self._read("delete inductor entries") as conn:
                 return [dict(r) for r in conn.execute(q).mappings()]

@@ -202,6 +202,8 @@ inductor_entries = sa.Table(
     sa.Column("used_at", Timestamp, nullable=False),
     sa.Column("hit_count", sa.Integer, nullable=False, default=0),
     sa.Column("signature", sa.Text, nullable=True),  # tunecache.signing.sign_row's, or None (unsigned)
+    # e.g. 580.159.04 (migration 0008): a driver update may keep driver_version; "" when unknown
+    sa.Column("driver_release", sa.String(64), nullable=False, server_default=""),
     sa.Index(None, "driver_version"),
     sa.Index(None, "used_at"),  # gc
 )
@@ -212,5 +214,5 @@ if tuple(c.name for c in problems.c) != PROBLEM_COLUMNS or tuple(c.name for c in
 #: The migrations this code knows, oldest first (tests check it against Alembic's script directory).
 #: Kept as constants so that opening an up-to-date store, on every server start, needs no Alembic
 #: import (about 0.3 s): Alembic is loaded only when there is something to migrate.
-SCHEMA_REVISIONS = ("0001", "0002", "0003", "0004", "0005", "0006", "0007")
+SCHEMA_REVISIONS = ("0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008")
 SCHEMA_HEAD = SCHEMA_REVISIONS[-1]

@@ -524,9 +524,17 @@ class Store(BinaryRows, InductorRows):
 
     def add_specs(self, conn: Connection, rows: Sequence[dict[str, Any]]) -> int:
         """Insert launch_specs rows (without host and created_at, stamped here) inside the caller's
-        transaction, e.g. a :meth:`bulk_load`'s; a spec already stored is kept. Returns how many were new."""
+        transaction, e.g. a :meth:`bulk_load`'s; a spec already stored is kept, unless it is unsigned
+        and the row is signed (as binaries: see :meth:`add_binaries`). Returns how many were new."""
         now, host = utcnow(), hostname()
-        return sum(self._inserted(conn, launch_specs, {**r, "host": host, "created_at": now}) for r in rows)
+        c = launch_specs.c
+        n = 0
+        for r in rows:
+            if r.get("signature"):
+                key = (c.source_hash == r["source_hash"], c.target_digest == r["target_digest"])
+                conn.execute(sa.delete(launch_specs).where(*key, c.spec_hash == r["spec_hash"], c.signature.is_(None)))
+            n += self._inserted(conn, launch_specs, {**r, "host": host, "created_at": now})
+        return n
 
     @contextlib.contextmanager
     def bulk_load(self, what: str) -> Iterator[BulkWriter]:

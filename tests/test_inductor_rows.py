@@ -1,0 +1,280 @@
+"""The store's rows of torch.compile's entries in a fleet (issue 35, items 4-6).
+
+- A put never replaces an entry signed by a key with one signed by none or by another key: a host
+  that trusts no key (a dev box on the fleet's store) would otherwise evict the fleet's entries,
+  and the two sides evict each other (real processes with their own TUNECACHE_HOST_ID).
+- ``export --inductor`` reads the entries in bounded pages, as it reads problems and binaries.
+- ``invalidate --driver RELEASE`` and ``--driver-not-current`` select entries by driver release,
+  through the real command, and the entries' count is always said.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch._inductor.remote_cache")
+
+from realcli import tc  # noqa: E402
+
+from tunecache import counters, signing, trust  # noqa: E402
+from tunecache.inductor import entries as inductor_entries  # noqa: E402
+from tunecache.inductor.entries import InductorStore  # noqa: E402
+from tunecache.store.opening import open_store  # noqa: E402
+
+HERE = Path(__file__).parent
+SETTINGS = ("TUNECACHE_TRUST_STORE", "TUNECACHE_TRUSTED_KEYS", "TUNECACHE_SIGNING_KEY", "TUNECACHE_INDUCTOR")
+
+
+@pytest.fixture(autouse=True)
+def _fresh(monkeypatch: pytest.MonkeyPatch):
+    for var in SETTINGS:
+        monkeypatch.delenv(var, raising=False)
+    inductor_entries.inductor_target.cache_clear()
+    trust.reset_warnings()
+    counters.reset_warnings()
+    yield
+    inductor_entries.inductor_target.cache_clear()
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, str]]:
+    d = tmp_path_factory.mktemp("keys")
+    return {k: signing.keygen(d / k) for k in ("fleet", "other")}
+
+
+@pytest.fixture
+def store(store_url: str):
+    with contextlib.closing(open_store(store_url)) as s:
+        yield s
+
+
+# ---- item 4: an untrusted put never evicts a signed entry ------------------------------------
+
+
+def host(url: str, name: str, env: dict[str, str], tmp_path: Path, **args) -> subprocess.Popen:
+    """tests/inductor_put_prog.py as host ``name`` of a fleet sharing store ``url`` (a shared store:
+    trusted by signature only, as PostgreSQL is), with its own empty Inductor caches."""
+    full = {k: v for k, v in os.environ.items() if k not in SETTINGS}
+    full.update(
+        TUNECACHE_URL=url,
+        TUNECACHE_HOST_ID=name,
+        TUNECACHE_TRUST_STORE="no",
+        TORCHINDUCTOR_CACHE_DIR=str(tmp_path / f"inductor-{name}"),
+        PYTHONPATH=os.pathsep.join(p for p in (str(HERE.parent), os.environ.get("PYTHONPATH")) if p),
+        **env,
+    )
+    argv = [sys.executable, str(HERE / "inductor_put_prog.py"), json.dumps({"host": name, **args})]
+    return subprocess.Popen(argv, env=full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=HERE)
+
+
+def result(p: subprocess.Popen) -> tuple[dict, str]:
+    out, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err[-3000:]
+    return json.loads(out.strip().splitlines()[-1]), err
+
+
+def test_a_host_that_trusts_no_key_never_evicts_the_fleets_signed_entries(store, keys, tmp_path, monkeypatch):
+    """A dev box (no signing key, no trusted key) on the fleet's store, started with a fleet host:
+    it is never served the fleet's entries (it trusts none) and puts its own, which must not
+    replace them; a fresh fleet host is then served every entry the first host made."""
+    fleet = {
+        "TUNECACHE_SIGNING_KEY": keys["fleet"]["private_key"],
+        "TUNECACHE_TRUSTED_KEYS": keys["fleet"]["public_key"],
+    }
+    graphs = [f"graph-{i}" for i in range(4)]
+    done = tmp_path / "fleet-a.done"
+    start_at = time.time() + 4
+    store_url = store.url.render_as_string(hide_password=False)
+    a = host(store_url, "fleet-a", fleet, tmp_path, keys=graphs, rounds=3, start_at=start_at, done=str(done))
+    dev = host(store_url, "dev-box", {}, tmp_path, keys=graphs, rounds=3, start_at=start_at, last_round_after=str(done))
+    (ra, _), (rd, dev_err) = result(a), result(dev)
+    # fleet-a computed each graph once; its later rounds were served its own entries, never evicted.
+    assert ra["computed"] == 4 and ra["served"] == ["fleet-a"] * 8, ra
+    # Another fleet host (this process, through Inductor's own cache class) is served every graph.
+    from torch._inductor.remote_cache import RemoteFxGraphCache
+
+    from tunecache.inductor.backend import backend_cls
+
+    for k, v in {**fleet, "TUNECACHE_TRUST_STORE": "no", "TUNECACHE_HOST_ID": "fleet-b"}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(RemoteFxGraphCache, "backend_override_cls", backend_cls("fx_graph", InductorStore(store)))
+    served = [RemoteFxGraphCache("tc-fleet-v1").get(k) for k in graphs]
+    assert served == [{"by": "fleet-a", "round": 0}] * 4, served  # the fleet's entries are all there
+    # The dev box compiled everything itself, and said once why its entries were not stored.
+    assert rd["served"] == [] and rd["computed"] == 12, rd
+    assert rd["stats"]["inductor_not_stored"] >= 4, rd  # at least its last round, after fleet-a's puts
+    said = [ln for ln in dev_err.splitlines() if "not stored" in ln]
+    assert len(said) == 1, dev_err[-3000:]
+    assert signing.key_id(signing.parse_public(Path(keys["fleet"]["public_key"]).read_text(), "k")) in said[0]
+    assert "TUNECACHE_SIGNING_KEY" in said[0], said[0]
+
+
+def put(entries: InductorStore, monkeypatch, signer: str | None, value: bytes, key: str = "k") -> None:
+    if signer is None:
+        monkeypatch.delenv("TUNECACHE_SIGNING_KEY", raising=False)
+    else:
+        monkeypatch.setenv("TUNECACHE_SIGNING_KEY", signer)
+    entries.put("fx_graph", key, value)
+
+
+def stored(store, key: str = "k") -> bytes:
+    entry = store.get_inductor("fx_graph", key, inductor_entries.inductor_target()[0])
+    return entry.value
+
+
+def test_a_put_replaces_an_unsigned_entry_or_its_own_keys_never_another_keys(store, keys, monkeypatch, caplog):
+    """The rule, put by put: unsigned over unsigned and a key over itself or over unsigned replace
+    (last writer wins, as in Inductor's Redis); unsigned or another key over a signed entry do not,
+    and are counted and said once."""
+    entries, fleet, other = InductorStore(store), keys["fleet"]["private_key"], keys["other"]["private_key"]
+    put(entries, monkeypatch, None, b"unsigned-1")
+    put(entries, monkeypatch, None, b"unsigned-2")
+    assert stored(store) == b"unsigned-2"
+    put(entries, monkeypatch, fleet, b"fleet-1")  # a signed entry replaces an unsigned one
+    assert stored(store) == b"fleet-1"
+    put(entries, monkeypatch, fleet, b"fleet-2")  # and its own key's
+    assert stored(store) == b"fleet-2"
+    before = counters.stats().get("inductor_not_stored", 0)
+    with caplog.at_level(logging.WARNING, logger="tunecache"):
+        put(entries, monkeypatch, None, b"unsigned-3")
+        put(entries, monkeypatch, other, b"other-1")
+    assert stored(store) == b"fleet-2"  # neither replaced the fleet's entry
+    assert counters.stats()["inductor_not_stored"] == before + 2
+    assert counters.stats()["inductor_puts"] == 4
+    said = [r.getMessage() for r in caplog.records if "not stored" in r.getMessage()]
+    assert len(said) == 1, said  # once per process
+
+
+def test_an_import_that_replaces_keeps_signed_entries_from_unsigned_or_other_keys_lines(
+    store_url, keys, tmp_path, monkeypatch
+):
+    from tunecache.exchange import export, import_
+
+    monkeypatch.setenv("TUNECACHE_TRUST_STORE", "yes")  # the export writes every entry it holds
+    src = open_store(f"sqlite:///{tmp_path / 'src.sqlite3'}")
+    made = InductorStore(src)
+    put(made, monkeypatch, None, b"unsigned", "g1")
+    put(made, monkeypatch, keys["other"]["private_key"], b"by-other", "g2")
+    put(made, monkeypatch, None, b"new", "g3")
+    export(src, tmp_path / "x.jsonl", with_inductor=True)
+    src.close()
+    with contextlib.closing(open_store(store_url)) as dst:
+        mine = InductorStore(dst)
+        put(mine, monkeypatch, keys["fleet"]["private_key"], b"fleet-1", "g1")
+        put(mine, monkeypatch, keys["fleet"]["private_key"], b"fleet-2", "g2")
+        monkeypatch.delenv("TUNECACHE_SIGNING_KEY")
+        s = import_(dst, tmp_path / "x.jsonl", with_inductor=True, trust_unsigned=True, on_conflict="replace")
+        assert s.inductor_new == 1  # g3: nothing was stored under its key
+        assert (stored(dst, "g1"), stored(dst, "g2"), stored(dst, "g3")) == (b"fleet-1", b"fleet-2", b"new")
+
+
+# ---- item 5: export --inductor reads its entries in bounded pages -----------------------------
+
+
+def test_an_export_of_entries_reads_them_in_bounded_pages(store, tmp_path, monkeypatch):
+    """PostgreSQL's driver fetches a query's whole result into the client: one query for every entry
+    held the table in memory (RSS +603 MiB for 256 MiB of entries). Each query that reads entries'
+    bytes must return a bounded number of them: at most 50, and at most 8 MiB (one entry if larger)."""
+    import sqlalchemy as sa
+
+    from tunecache.exchange import export
+    from tunecache.model import InductorEntry
+
+    monkeypatch.setenv("TUNECACHE_TRUST_STORE", "yes")
+    digest, desc = inductor_entries.inductor_target()
+    small = [InductorEntry("autotune", f"k{i}", digest, b"%d" % i * 100, desc) for i in range(130)]
+    big = [InductorEntry("fx_graph", f"g{i}", digest, os.urandom(3 << 20), desc) for i in range(6)]
+    for e in small + big:
+        store.put_inductor(e)
+    reads: list[tuple[str, int]] = []
+
+    def seen(conn, cursor, statement, params, context, executemany) -> None:
+        if "inductor_entries.value" in statement:
+            reads.append((statement, cursor.rowcount))
+
+    sa.event.listen(store.engine, "after_cursor_execute", seen)
+    try:
+        out = export(store, tmp_path / "x.jsonl", with_inductor=True)
+    finally:
+        sa.event.remove(store.engine, "after_cursor_execute", seen)
+    assert out["inductor_entries"] == 136
+    # Pages, not one query for all: 130 small ones by 50, 6 of 3 MiB by at most 2 (8 MiB).
+    assert len(reads) >= 5, [n for _, n in reads]
+    if store.dialect == "postgresql":  # the rows each query brought into the client at once
+        held = [n for _, n in reads]
+        assert sum(held) == 136 and max(held) <= 50, held
+
+
+# ---- item 6: invalidate selects entries by driver release -------------------------------------
+
+
+def put_on(entries: InductorStore, monkeypatch, release: str, key: str) -> None:
+    """Store an entry as a host with CUDA driver 13000 and driver release ``release`` would."""
+    monkeypatch.setenv("TUNECACHE_TARGET_OVERRIDE", json.dumps({"driver_version": "13000", "driver_release": release}))
+    inductor_entries.inductor_target.cache_clear()
+    entries.put("fx_graph", key, b"graph of " + key.encode())
+    monkeypatch.delenv("TUNECACHE_TARGET_OVERRIDE")
+    inductor_entries.inductor_target.cache_clear()
+
+
+def test_invalidate_selects_entries_by_driver_release_and_always_says_their_count(store_url, store, monkeypatch):
+    """A driver update that keeps the CUDA driver version (580.95.05 -> 580.159.04, both 13000):
+    the tuner's problems of the old release go with the entries."""
+    from dataclasses import replace
+
+    from builders import H200, problem, results
+
+    monkeypatch.setenv("TUNECACHE_TRUST_STORE", "yes")
+    entries = InductorStore(store)
+    put_on(entries, monkeypatch, "580.95.05", "old")
+    put_on(entries, monkeypatch, "580.159.04", "new")
+    store.put(problem(1, replace(H200, driver_release="580.95.05")), results())
+    store.put(problem(2, H200), results())  # 580.159.04
+    assert sorted(r["driver_release"] for r in store.list_inductor()) == ["580.159.04", "580.95.05"]
+
+    def invalidate(*args: str, release: str | None = None) -> subprocess.CompletedProcess:
+        env = {"TUNECACHE_TARGET_OVERRIDE": json.dumps({"driver_version": "13000", "driver_release": release})}
+        r = tc("--url", store_url, "invalidate", *args, env=env if release else None)
+        assert r.returncode == 0, r.stderr[-3000:]
+        return r
+
+    def selected(*args: str, release: str | None = None) -> tuple[list[str], list[str]]:
+        gone = json.loads(invalidate("--json", *args, release=release).stdout)
+        keys = [p["batch_bucket"] for p in gone["problems"]]
+        return sorted(e["key"] for e in gone["inductor"]["entries"]), sorted(keys)
+
+    assert selected("--driver", "580.95.05", "--dry-run") == (["old"], [1])
+    assert selected("--driver", "13000", "--dry-run") == (["new", "old"], [1, 2])
+    assert selected("--driver-not-current", "--dry-run", release="580.159.04") == (["old"], [1])
+    assert selected("--driver-not-current", "--dry-run", release="580.95.05") == (["new"], [2])
+    # The count is said whatever it is (0 included), and a --kernel filter says it selects none.
+    assert "0 torch.compile cache entries would be deleted" in invalidate("--arch", "sm80", "--dry-run").stdout
+    assert "0 torch.compile cache entries" in invalidate("--kernel", "m.k", "--dry-run").stdout
+    r = invalidate("--driver", "580.95.05")
+    assert "1 torch.compile cache entries deleted" in r.stdout, r.stdout
+    assert [r["key"] for r in store.list_inductor()] == ["new"]
+
+
+def test_an_entry_line_written_before_the_driver_release_was_recorded_still_imports():
+    import base64
+    import hashlib
+
+    from tunecache.exchange.validate import Invalid, check_inductor
+
+    target = {"backend": "cuda", "arch": "sm90", "device_name": "NVIDIA H200", "driver_version": "13000"}
+    target |= {"torch_version": "2.11.0", "triton_version": "3.6"}
+    line = {"cache": "fx_graph", "key": "k", "target_digest": "ab" * 32, "target": target}
+    line |= {"sha256": hashlib.sha256(b"g").hexdigest(), "value": base64.b64encode(b"g").decode(), "signature": None}
+    assert check_inductor(line, None).target.get("driver_release", "") == ""
+    assert check_inductor({**line, "target": {**target, "driver_release": "580.159.04"}}, None)
+    with pytest.raises(Invalid, match="target"):
+        check_inductor({**line, "target": {**target, "driver_relase": "580.159.04"}}, None)
