@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -362,3 +363,54 @@ def test_torch_compile_on_a_fresh_host_with_the_store_warm_runs_no_autotune_benc
     assert fresh["fxgraph_cache_hit"] == len(first_out) and fresh["tunecache"]["inductor_hits"] >= len(first_out)
     assert all(torch.equal(a, b) for a, b in zip(first_out, fresh_out))
     assert all(torch.allclose(a, b, rtol=2e-2, atol=2e-2) for a, b in zip(stock_out, fresh_out))
+
+
+@pytest.mark.parametrize("mode", ["default", "max-autotune-no-cudagraphs"])
+def test_hosts_started_together_leave_no_lease_and_wait_no_longer_than_the_first_computes(tmp_path, mode):
+    """Issue 35, item 1, on the GPU (compile workers look autotune entries up, the main process puts
+    them): 4 hosts with distinct host ids start torch.compile together on one empty store. No host
+    waits longer than the first host's whole run plus two lease periods (it waited 287 s on leases
+    nobody put: TUNECACHE_WAIT_SECONDS), and no lease is left in the store once they have ended."""
+    import importlib.util
+    import json
+    import sqlite3
+    from concurrent.futures import ThreadPoolExecutor
+
+    root = Path(__file__).resolve().parent.parent
+    spec_ = importlib.util.spec_from_file_location("bench_inductor", root / "scripts" / "bench_inductor.py")
+    bench = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(bench)
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(bench.HOOK)
+    store = tmp_path / "store.sqlite3"
+    lease_s = 10
+
+    def start(name: str) -> dict:
+        d = tmp_path / name
+        spec = {"device": "cuda", "dtype": "bfloat16", "d": 256, "heads": 4, "seq": [128, 256]}
+        spec |= {"mode": mode, "outputs": str(tmp_path / f"{name}.pt")}
+        env = {
+            "TORCHINDUCTOR_CACHE_DIR": str(d / "inductor"),
+            "TRITON_CACHE_DIR": str(d / "triton"),
+            "PYTHONPATH": os.pathsep.join(p for p in (str(hook), os.environ.get("PYTHONPATH")) if p),
+            "TUNECACHE_INSTALL": "1",
+            "TUNECACHE_INDUCTOR": "1",
+            "TUNECACHE_URL": f"sqlite:///{store}",
+            "TUNECACHE_HOST_ID": name,
+            "TUNECACHE_LEASE_SECONDS": str(lease_s),
+        }
+        t = time.monotonic()
+        r = run_json([str(root / "scripts" / "bench_inductor.py"), "--child", json.dumps(spec)], env=env, timeout=900)
+        return {**r, "wall": time.monotonic() - t}
+
+    from tunecache.store.opening import open_store
+
+    open_store(f"sqlite:///{store}").close()  # the schema, before they start
+    with ThreadPoolExecutor(4) as pool:
+        runs = list(pool.map(start, [f"host-{i}" for i in range(4)]))
+    computed_most = max(runs, key=lambda r: r["tunecache"].get("inductor_misses", 0))  # the one others waited on
+    for r in runs:
+        assert r["tunecache"].get("inductor_wait_seconds", 0) < computed_most["wall"] + 2 * lease_s, runs
+    with sqlite3.connect(store) as conn:
+        assert conn.execute("SELECT count(*) FROM leases").fetchone()[0] == 0, runs

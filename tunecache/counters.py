@@ -42,6 +42,8 @@ COUNTERS = (
     "inductor_puts",
     "inductor_not_stored",
     "inductor_lease_waits",
+    "inductor_wait_seconds",
+    "inductor_untrusted",
 )
 
 #: The counters a store keeps per kernel (table ``kernel_stats``).

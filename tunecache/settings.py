@@ -169,8 +169,19 @@ SETTINGS: dict[str, Setting] = {
             _driver_policy,
             "a miss caused only by a new driver: retune all configs, or topk:N of the previous driver's best",
         ),
-        Setting("TUNECACHE_LEASE_SECONDS", "30", _number, "how long a benchmark lease lives without renewal"),
-        Setting("TUNECACHE_WAIT_SECONDS", "300", _number, "how long to wait for another process's benchmark"),
+        Setting(
+            "TUNECACHE_LEASE_SECONDS",
+            "30",
+            _number,
+            "how long a lease (a benchmark's, a torch.compile entry's) lives without renewal; also how long an"
+            " idle torch.compile process keeps its leases",
+        ),
+        Setting(
+            "TUNECACHE_WAIT_SECONDS",
+            "300",
+            _number,
+            "the longest a process waits for another's benchmark or torch.compile entry",
+        ),
         Setting("TUNECACHE_LOCK_DIR", None, _text, "per-digest lock files of one host; unset: the user cache dir"),
         Setting(
             "TUNECACHE_MISS_SPOOL",
@@ -228,7 +239,8 @@ SETTINGS: dict[str, Setting] = {
             "0",
             _switch,
             "each process that used tunecache writes one line on stderr as it ends: kernels covered, hits,"
-            " benchmarks, preloaded and skipped, seconds saved and spent benchmarking",
+            " benchmarks, preloaded and skipped, seconds saved and spent benchmarking; and one for torch.compile's"
+            " store: served, computed, put, lease waits and their seconds, untrusted",
         ),
         Setting("TUNECACHE_CPU_BENCH_REPS", "3", _count(1), "repetitions of the CPU timer under TRITON_INTERPRET=1"),
         Setting(

@@ -4,7 +4,11 @@
     spent 0.0 s benchmarking
 
 (one line): what a user looks at to know a restart did what it should (no benchmark, every kernel covered and
-preloaded) without diffing the cumulative ``tunecache stats``.
+preloaded) without diffing the cumulative ``tunecache stats``. A process whose torch.compile used the
+store (``TUNECACHE_INDUCTOR``) says so in a line of its own, the tuner's line unchanged:
+
+    tunecache: torch.compile: 41 served, 0 computed, 0 put, 1 lease wait (3.2 s), 0 untrusted
+
 
 It is written straight to stderr, not logged: a process started with only ``TUNECACHE_INSTALL=1``
 has no handler on the "tunecache" logger, and Python's last-resort handler shows only warnings
@@ -31,6 +35,15 @@ from tunecache.errors import ConfigurationError
 
 #: The counters the line adds up since this process started (or forked).
 COUNTED = ("hits", "benchmarks", "preloaded", "preload_skipped", "saved_seconds", "bench_seconds")
+#: The counters of the torch.compile line (:func:`inductor_line`).
+INDUCTOR_COUNTED = (
+    "inductor_hits",
+    "inductor_misses",
+    "inductor_puts",
+    "inductor_lease_waits",
+    "inductor_wait_seconds",
+    "inductor_untrusted",
+)
 
 _since: dict[str, float] = {}  # the counters at the fork (a forked child's line is its own)
 _since_skips: dict[str, int] = {}  # the preload skips by reason at the fork
@@ -85,6 +98,31 @@ def line(
     )
 
 
+def inductor_line(
+    stats: Mapping[str, float], since: Mapping[str, float] | None = None, *, pid: int | None = None
+) -> str | None:
+    """What torch.compile's remote caches did with the store (``TUNECACHE_INDUCTOR``), as a second
+    line; None when they did nothing. "computed" are the misses (refusals included): Inductor
+    compiled or autotuned those itself.
+
+    >>> inductor_line({"inductor_hits": 3, "inductor_misses": 2, "inductor_puts": 2, "inductor_lease_waits": 1,
+    ...                "inductor_wait_seconds": 4.21, "inductor_untrusted": 1})
+    'tunecache: torch.compile: 3 served, 2 computed, 2 put, 1 lease wait (4.2 s), 1 untrusted'
+    >>> inductor_line({"hits": 4}) is None
+    True
+    """
+    since = since or {}
+    d = {k: stats.get(k, 0) - since.get(k, 0) for k in INDUCTOR_COUNTED}
+    if not any(d.values()):
+        return None
+    who = "tunecache" if pid is None else f"tunecache (pid {pid})"
+    return (
+        f"{who}: torch.compile: {int(d['inductor_hits']):,} served, {int(d['inductor_misses']):,} computed, "
+        f"{int(d['inductor_puts']):,} put, {_plural(int(d['inductor_lease_waits']), 'lease wait')} "
+        f"({d['inductor_wait_seconds']:.1f} s), {int(d['inductor_untrusted']):,} untrusted"
+    )
+
+
 def _skip_reasons() -> Mapping[str, int]:
     """Why this process's preloads skipped specs, by reason (``tunecache.preload_skips()``), counted
     from the fork in a forked child as the rest of its line."""
@@ -106,9 +144,11 @@ def say() -> None:
         return
     mp = sys.modules.get("multiprocessing")
     child = _child or (mp is not None and mp.parent_process() is not None)
-    text = line(counters.stats(), _since, pid=os.getpid() if child else None, skip_reasons=_skip_reasons())
+    stats, pid = counters.stats(), os.getpid() if child else None
+    lines = [line(stats, _since, pid=pid, skip_reasons=_skip_reasons()), inductor_line(stats, _since, pid=pid)]
+    text = "".join(f"{t}\n" for t in lines if t)
     if text and sys.stderr is not None:
-        sys.stderr.write(text + "\n")
+        sys.stderr.write(text)
         sys.stderr.flush()
 
 

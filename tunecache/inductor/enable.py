@@ -18,6 +18,7 @@ import logging
 from typing import Any
 
 from tunecache import settings
+from tunecache.inductor import leases
 from tunecache.inductor.entries import InductorStore
 
 log = logging.getLogger("tunecache")
@@ -69,6 +70,8 @@ def enable(entries: InductorStore | None = None, *, switch_on: bool = True) -> l
             if getattr(config, attr, False) is None:
                 _switched.setdefault((module, attr), None)
                 setattr(config, attr, True)
+    if done:
+        leases.watch_compiles()  # a lease taken in a compile ends with it (see tunecache.inductor.leases)
     if done and settings.get("TUNECACHE_INDUCTOR_KERNELS"):
         from tunecache.inductor import tritoncache
 

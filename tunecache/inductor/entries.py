@@ -17,7 +17,7 @@ import functools
 import logging
 from typing import Any
 
-from tunecache import counters, settings, signing, trust
+from tunecache import counters, processend, settings, signing, trust
 from tunecache.identity import canonical_json, sha256_hex
 from tunecache.inductor import leases
 from tunecache.model import INDUCTOR_KINDS, InductorEntry
@@ -90,6 +90,8 @@ class InductorStore:
             store = self._open()
             if store is None:
                 return None, False
+            leases.busy()
+            processend.arm()  # a compile worker says its summary line (and releases its leases) as it ends
             digest, _ = inductor_target()
             entry = store.get_inductor(kind, key, digest)
             if entry is None and self._writes(store):
@@ -103,7 +105,7 @@ class InductorStore:
             return None, False
         if why is not None:
             trust.refused(f"torch.compile {kind} entry", key[:60], why, store.masked_url)
-            counters.count(None, None, inductor_misses=1)
+            counters.count(None, None, inductor_misses=1, inductor_untrusted=1)
             return None, True
         counters.count(None, None, inductor_hits=1)
         if self._writes(store):
@@ -124,6 +126,7 @@ class InductorStore:
             store = self._open()
             if store is None or store.readonly:
                 return
+            leases.busy()
             digest, desc = inductor_target()
             entry = trust.sign_inductor(InductorEntry(kind, key, digest, bytes(data), desc), store)
             kept = store.put_inductor(entry)
@@ -196,8 +199,9 @@ def default() -> InductorStore:
 
 
 def stats() -> dict[str, Any]:
-    """This process's Inductor cache counters: hits, misses, puts, puts not stored (the store holds the
-    entry signed by another key), lease waits (untrusted and store_errors are shared)."""
+    """This process's Inductor cache counters: hits, misses (refusals included), puts, puts not stored
+    (the store holds the entry signed by another key), lease waits and the seconds they took,
+    refusals (untrusted and store_errors are shared with the tuner)."""
     s = counters.stats()
     names = (
         "inductor_hits",
@@ -205,6 +209,8 @@ def stats() -> dict[str, Any]:
         "inductor_puts",
         "inductor_not_stored",
         "inductor_lease_waits",
+        "inductor_wait_seconds",
+        "inductor_untrusted",
         "untrusted",
         "store_errors",
     )

@@ -614,9 +614,12 @@ class Store(BinaryRows, InductorRows):
             )
             return res.rowcount == 1
 
-    def release_lease(self, digest: str, holder: str) -> None:
+    def release_lease(self, digest: str, holder: str | None) -> None:
+        """Release the lease of a digest held by ``holder``; None: whoever holds it (its result is
+        stored, as after a put of a torch.compile entry, so no one need wait on it)."""
+        q = sa.delete(leases).where(leases.c.digest == digest)
         with self._write("release lease") as conn:
-            conn.execute(sa.delete(leases).where(leases.c.digest == digest, leases.c.holder == holder))
+            conn.execute(q if holder is None else q.where(leases.c.holder == holder))
 
 
 def _after_fork_in_child() -> None:
