@@ -90,10 +90,24 @@ def _install() -> None:
 
         if settings.usable() and settings.get("TUNECACHE_INSTALL"):  # a bad value: one warning, stock Triton
             basepatch.patch()
+            _check_keys()
     except Exception as e:  # noqa: BLE001
         import logging
 
         logging.getLogger("tunecache").warning("tunecache: TUNECACHE_INSTALL: not installed: %r", e)
+
+
+def _check_keys() -> None:
+    """A trusted-keys or signing-key file that cannot be read: one line now, at start, not at the
+    first import or lookup (``tunecache.signing`` needs only the settings). Never raises."""
+    try:
+        from tunecache import signing
+
+        signing.warn_key_files()
+    except Exception as e:  # noqa: BLE001
+        import logging
+
+        logging.getLogger("tunecache").warning("tunecache: checking the key files failed: %r", e)
 
 
 def _install_inductor() -> None:
@@ -102,6 +116,7 @@ def _install_inductor() -> None:
         from tunecache.inductor import enable
 
         enable.activate()
+        _check_keys()
     except Exception as e:  # noqa: BLE001
         import logging
 

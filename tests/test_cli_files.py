@@ -79,7 +79,10 @@ def test_failed_import_and_dry_run_create_no_sqlite_store(tmp_path, export_file)
     assert r.returncode == 0, r.stderr
     assert "dry run, nothing written: 3 problems" in r.stdout and "3 new" in r.stdout, r.stdout
     assert not (tmp_path / "new").exists(), tree(tmp_path / "new")
-    # the real import still creates the store, and its directory
+    # the real import creates no directory either (issue 38: at / as root); into one that exists, the store
+    assert "does not exist" in one_line_error(cli_process("--url", url, "import", str(export_file)))
+    assert not (tmp_path / "new").exists(), tree(tmp_path / "new")
+    target.parent.mkdir(parents=True)
     r = cli_process("--url", url, "import", str(export_file))
     assert r.returncode == 0 and "3 new" in r.stdout, r.stderr
     assert target.is_file()

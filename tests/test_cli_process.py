@@ -301,8 +301,8 @@ def test_db_upgrade_on_a_read_only_store_says_so(tmp_path, sqlite_url, make_read
 
 def test_an_unknown_url_scheme_lists_the_supported_ones():
     err = one_line_error(tc("--url", "garbage://host/db", "ls"))
-    assert "tunecache[garbage]" not in err and "'garbage'" in err, err
-    for scheme in ("sqlite://", "postgresql://", "mysql://", "tunecache[postgres]", "tunecache[mysql]"):
+    assert ".[garbage]" not in err and "'garbage'" in err, err
+    for scheme in ("sqlite://", "postgresql://", "mysql://", ".[postgres]", ".[mysql]"):
         assert scheme in err, err
 
 

@@ -60,3 +60,61 @@ def test_installing_from_a_checkout_names_every_extra():
     section = README[README.index("Installing from a checkout") :].split("\n## ", 1)[0]
     for name in extras:
         assert f"[{name}]" in section or f"`{name}`" in section, f"extra {name!r} not in the README"
+
+
+def _readme_install_lines() -> list[str]:
+    """Every ``pip install`` line of the README's code blocks, as written (its comment dropped)."""
+    lines = []
+    for block in re.findall(r"```\w*\n(.*?)```", README, re.S):
+        for line in block.splitlines():
+            cmd = line.split(" #")[0].strip()
+            if cmd.startswith("pip install"):
+                lines.append(cmd)
+    return lines
+
+
+def test_every_install_line_of_the_readme_works_from_the_checkout(tmp_path):
+    """tunecache is on no package index: each install line, run as written in the checkout (in a
+    fresh venv that sees this one's dependencies, so nothing is downloaded), installs this tunecache
+    with the extras it names; none may reach for a package index."""
+    import shutil
+    import sysconfig
+
+    lines = _readme_install_lines()
+    assert lines, "the README shows no install line"
+    checkout = tmp_path / "checkout"
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    for f in files:
+        if (ROOT / f).is_file():
+            (checkout / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / f, checkout / f)
+    venv = tmp_path / "venv"
+    # Without its own (older) pip and setuptools: this venv's, lent below, build the checkout offline.
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    pip = venv / "bin" / "pip"
+    pip.write_text(
+        f"#!{venv / 'bin' / 'python'}\nimport sys\nfrom pip._internal.cli.main import main\nsys.exit(main())\n"
+    )
+    pip.chmod(0o755)
+    site = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    Path(site, "lend-deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")  # torch, psycopg...
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["PATH"] = os.pathsep.join([str(venv / "bin"), env.get("PATH", "")])
+    # Offline, as a checkout on a build host: no index, setuptools from the lent dependencies.
+    env.update(PIP_NO_INDEX="1", PIP_FIND_LINKS="", PIP_NO_BUILD_ISOLATION="0", PIP_QUIET="1")
+    for line in lines:
+        r = subprocess.run(["bash", "-ec", line], cwd=checkout, env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, f"{line}: {r.stderr[-2000:]}"
+        assert re.search(r"pip install (-e )?'?\.", line), f"not an install from the checkout: {line}"
+        probe = "import tunecache, json; print(json.dumps(tunecache.__file__))"
+        out = subprocess.run(
+            [str(venv / "bin" / "python"), "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True
+        )
+        assert out.returncode == 0 and str(tmp_path) in out.stdout, (line, out.stdout, out.stderr[-2000:])
+        r = subprocess.run([str(venv / "bin" / "tunecache"), "--version"], env=env, capture_output=True, text=True)
+        assert r.returncode == 0, (line, r.stderr)

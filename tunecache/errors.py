@@ -82,3 +82,8 @@ def driver_message(exc: BaseException) -> str:
     orig = getattr(exc, "orig", None) or exc
     lines = [ln.strip() for ln in str(orig).strip().splitlines() if ln.strip()]
     return lines[0] if lines else type(orig).__name__
+
+
+class InterruptedAfterCommit(KeyboardInterrupt):
+    """Ctrl-C came once a write had committed (an import's one transaction): what the message says
+    is in the store stays there, and nothing may be undone as if it were not."""

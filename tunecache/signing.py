@@ -22,6 +22,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import logging
 import os
 import threading
 from collections.abc import Collection
@@ -46,7 +47,8 @@ def _crypto() -> Any:
         from cryptography.hazmat.primitives.asymmetric import ed25519
     except ImportError:
         raise SigningError(
-            "signing and verifying exports needs the 'cryptography' package: pip install 'tunecache[sign]'"
+            "signing and verifying exports needs the 'cryptography' package: "
+            "pip install '.[sign]' in the tunecache checkout"
         ) from None
     return ed25519
 
@@ -232,23 +234,60 @@ def trusted_keys(environ: Any = None) -> dict[str, bytes]:
     """The public keys of ``TUNECACHE_TRUSTED_KEYS``, by key id (for messages: trust is decided by
     the raw key, the values). A bad entry raises :class:`ConfigurationError` naming it: a typo must
     not silently trust nothing (or anything)."""
+    return {key_id(raw): raw for _, raw in trusted_key_sources(environ)}
+
+
+def trusted_key_sources(environ: Any = None) -> list[tuple[str, bytes]]:
+    """Each entry of ``TUNECACHE_TRUSTED_KEYS`` (a ``.pub`` file's path, or "inline" for a key given
+    as text) with its raw public key; raises as :func:`trusted_keys`."""
     value = settings.get("TUNECACHE_TRUSTED_KEYS", environ) or ""
-    out: dict[str, bytes] = {}
+    out: list[tuple[str, bytes]] = []
     for entry in (e.strip() for e in value.split(",")):
         if not entry:
             continue
         if entry.startswith(PUBLIC_PREFIX):
-            raw = parse_public(entry, "TUNECACHE_TRUSTED_KEYS")
-        else:
-            try:
-                text = Path(entry).read_text()
-            except OSError as e:
-                raise ConfigurationError(
-                    f"TUNECACHE_TRUSTED_KEYS: cannot read the public key file {entry}: {e.strerror or e}"
-                ) from None
-            raw = parse_public(text.strip(), f"TUNECACHE_TRUSTED_KEYS: {entry}")
-        out[key_id(raw)] = raw
+            out.append(("inline", parse_public(entry, "TUNECACHE_TRUSTED_KEYS")))
+            continue
+        try:
+            text = Path(entry).read_text()
+        except OSError as e:
+            raise ConfigurationError(
+                f"TUNECACHE_TRUSTED_KEYS: cannot read the public key file {entry}: {e.strerror or e}"
+            ) from None
+        out.append((entry, parse_public(text.strip(), f"TUNECACHE_TRUSTED_KEYS: {entry}")))
     return out
+
+
+def key_file_problems() -> list[str]:
+    """What is wrong with ``TUNECACHE_TRUSTED_KEYS`` and ``TUNECACHE_SIGNING_KEY`` (a file that
+    cannot be read, a bad key), one line each with what follows from it; empty when both are usable
+    or unset. Said once at start (:func:`warn_key_files`) rather than at the first import or lookup."""
+    out = []
+    try:
+        trusted_key_sources()
+    except ConfigurationError as e:
+        out.append(
+            f"{e}; until it is fixed, nothing of a store that needs a trusted key (binaries, launch specs, "
+            "torch.compile entries) is used, and imports that need one are refused"
+        )
+    try:
+        process_signer()
+    except (SigningError, ConfigurationError) as e:
+        out.append(f"TUNECACHE_SIGNING_KEY: {e}; binaries, launch specs and torch.compile entries are stored unsigned")
+    return out
+
+
+_key_files_checked = False
+
+
+def warn_key_files() -> None:
+    """Log :func:`key_file_problems` once per process (``install()`` and the start-up hook call it)."""
+    global _key_files_checked
+    if _key_files_checked:
+        return
+    _key_files_checked = True
+    for line in key_file_problems():
+        logging.getLogger("tunecache").warning("tunecache: %s", line)
 
 
 __all__ = [
@@ -258,12 +297,15 @@ __all__ = [
     "Signer",
     "file_public_key",
     "key_id",
+    "key_file_problems",
     "keygen",
     "process_signer",
     "public_line",
     "row_public_key",
     "row_signer",
+    "trusted_key_sources",
     "trusted_keys",
+    "warn_key_files",
     "verify",
     "verify_row",
 ]

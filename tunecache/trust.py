@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from tunecache import counters, settings, signing
-from tunecache.errors import SigningError
+from tunecache.errors import ConfigurationError, SigningError
 from tunecache.model import Binary, InductorEntry, LaunchSpec, binary_sha256
 
 log = logging.getLogger("tunecache")
@@ -85,24 +85,41 @@ def inductor_message(e: InductorEntry) -> bytes:
 
 
 _signer_warned = False
+_unsigned_warned: set[str] = set()
 
 
-def _signer() -> signing.Signer | None:
+def _signer(store: Any = None) -> signing.Signer | None:
     """This process's signing key; a key that cannot be read is warned about once and rows are stored
-    unsigned (a fleet that trusts only signed rows then compiles them: never a failed launch)."""
+    unsigned (a fleet that trusts only signed rows then compiles them: never a failed launch). With
+    ``store`` (a Store being written), a process storing unsigned rows where other hosts must check
+    signatures (a store not private to this user) is told, once per store, that they will not use them."""
     global _signer_warned
     try:
-        return signing.process_signer()
+        signer = signing.process_signer()
     except SigningError as e:
         if not _signer_warned:
             _signer_warned = True
             log.warning("tunecache: TUNECACHE_SIGNING_KEY: %s; binaries and launch specs are stored unsigned", e)
-        return None
+        signer = None
+    if signer is None and store is not None and store.masked_url not in _unsigned_warned:
+        why = not_private(store.url)
+        if why is not None:
+            _unsigned_warned.add(store.masked_url)
+            log.warning(
+                "tunecache: the binaries, launch specs and torch.compile entries this process stores in %s are "
+                "unsigned (no usable TUNECACHE_SIGNING_KEY), and %s: hosts that trust only signed rows will not "
+                "use them and build them again. Make a key (`tunecache keygen`), set TUNECACHE_SIGNING_KEY here "
+                "and list its .pub in the other hosts' TUNECACHE_TRUSTED_KEYS",
+                store.masked_url,
+                why,
+            )
+    return signer
 
 
-def sign_specs(source_hash: str, target_digest: str, specs: list[LaunchSpec]) -> list[LaunchSpec]:
-    """``specs`` signed with this process's key (unchanged where no key is set or one is signed)."""
-    signer = _signer()
+def sign_specs(source_hash: str, target_digest: str, specs: list[LaunchSpec], store: Any = None) -> list[LaunchSpec]:
+    """``specs`` signed with this process's key (unchanged where no key is set or one is signed);
+    ``store``: where they go (see :func:`_signer`)."""
+    signer = _signer(store)
     if signer is None:
         return specs
     return [
@@ -111,40 +128,71 @@ def sign_specs(source_hash: str, target_digest: str, specs: list[LaunchSpec]) ->
     ]
 
 
-def sign_binaries(bins: list[Binary]) -> list[Binary]:
+def sign_binaries(bins: list[Binary], store: Any = None) -> list[Binary]:
     """``bins`` signed with this process's key (unchanged where no key is set or one is signed)."""
-    signer = _signer()
+    signer = _signer(store)
     if signer is None:
         return bins
     return [b if b.signature else replace(b, signature=signer.sign_row(binary_message(b))) for b in bins]
 
 
-def sign_inductor(e: InductorEntry) -> InductorEntry:
+def sign_inductor(e: InductorEntry, store: Any = None) -> InductorEntry:
     """``e`` signed with this process's key (unchanged where no key is set or it is signed)."""
-    signer = _signer()
-    if signer is None or e.signature:
+    if e.signature:
+        return e
+    signer = _signer(store)
+    if signer is None:
         return e
     return replace(e, signature=signer.sign_row(inductor_message(e)))
 
 
 def private_sqlite(url: Any) -> bool:
     """Whether ``url`` is a SQLite file (existing or not) that only this user can write."""
+    return not_private(url) is None
+
+
+def not_private(url: Any) -> str | None:
+    """Why ``url`` is not a SQLite file that only this user can write (None: it is), in a user's words."""
     if not str(getattr(url, "drivername", "")).startswith("sqlite"):
-        return False
+        return "it is not a SQLite file but a database others may write"
     db = getattr(url, "database", None)
     if not db or db == ":memory:" or db.startswith("file:"):
-        return False
+        return "it is an in-memory or URI SQLite database"
     path = os.path.abspath(os.path.expanduser(db))
     for p in (path, os.path.dirname(path)):
         try:
             st = os.stat(p)
         except FileNotFoundError:
             continue
-        except OSError:
-            return False
-        if st.st_uid != os.geteuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            return False
-    return True
+        except OSError as e:
+            return f"{p} cannot be checked ({e.strerror or e})"
+        if st.st_uid != os.geteuid():
+            return f"{p} belongs to uid {st.st_uid}, not to this user (uid {os.geteuid()})"
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            who = "everyone" if st.st_mode & stat.S_IWOTH else "its group"
+            return f"{p} is writable by {who} (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+def store_trust(url: Any) -> tuple[bool, str]:
+    """Whether this process trusts the store at ``url`` as a whole (``TUNECACHE_TRUST_STORE``), and
+    why, or why not and what to do, in one sentence."""
+    mode = settings.get("TUNECACHE_TRUST_STORE")
+    if mode == "yes":
+        return True, "TUNECACHE_TRUST_STORE=yes"
+    if mode == "no":
+        return False, "TUNECACHE_TRUST_STORE=no: only rows a key in TUNECACHE_TRUSTED_KEYS signed are used"
+    why = not_private(url)
+    if why is None:
+        return True, "TUNECACHE_TRUST_STORE=auto, and only this user can write the SQLite file and its directory"
+    return False, (
+        f"TUNECACHE_TRUST_STORE=auto trusts only a SQLite file only this user can write, and {why}: move it to a "
+        "directory only you can write, or sign rows where they are made (TUNECACHE_SIGNING_KEY) and list the "
+        "public key in TUNECACHE_TRUSTED_KEYS, or set TUNECACHE_TRUST_STORE=yes if you trust whoever can write it"
+    )
+
+
+_why_not: dict[str, str] = {}  # masked store URL -> why it is not trusted as a whole (for refused())
 
 
 @dataclass(frozen=True)
@@ -198,10 +246,34 @@ class Policy:
 def policy(store: Any) -> Policy:
     """The trust this process gives ``store`` (a :class:`tunecache.store.store.Store`) now, from the settings.
     Raises :class:`~tunecache.errors.ConfigurationError` for a bad ``TUNECACHE_TRUSTED_KEYS`` entry."""
-    mode = settings.get("TUNECACHE_TRUST_STORE")
-    whole = mode == "yes" or (mode == "auto" and private_sqlite(store.url))
+    whole, why = store_trust(store.url)
+    if not whole:
+        _why_not[store.masked_url] = why
     keys = frozenset(signing.trusted_keys().values()) if not whole else frozenset()
     return Policy(keys, whole, store.masked_url)
+
+
+def describe(store: Any) -> dict[str, Any]:
+    """This process's trust in ``store``, for ``tunecache info``: the trusted keys (key id, and the
+    file each came from) or why they cannot be read, the signing key, and whether the store is
+    trusted as a whole and why. Never raises for a bad setting: it is what is shown."""
+    out: dict[str, Any] = {"trusted_keys": [], "trusted_keys_error": None, "signing_key": None}
+    try:
+        out["trusted_keys"] = [
+            {"key_id": signing.key_id(raw), "from": src} for src, raw in signing.trusted_key_sources()
+        ]
+    except ConfigurationError as e:
+        out["trusted_keys_error"] = str(e)
+    path = settings.get("TUNECACHE_SIGNING_KEY")
+    if path:
+        try:
+            signer = signing.process_signer()
+            out["signing_key"] = {"path": path, "key_id": signer.key_id if signer else None, "error": None}
+        except SigningError as e:
+            out["signing_key"] = {"path": path, "key_id": None, "error": str(e)}
+    out["trust_store"] = settings.get("TUNECACHE_TRUST_STORE")
+    out["store_trusted"], out["why"] = store_trust(store.url)
+    return out
 
 
 _refused_lock = threading.Lock()
@@ -222,11 +294,12 @@ def refused(what: str, name: str, why: str, store: str) -> None:
         "(first: %s %s: %s); Triton (or torch.compile) compiles them here instead. "
         "Sign them where they are made (TUNECACHE_SIGNING_KEY) and list the public "
         "key in TUNECACHE_TRUSTED_KEYS, or set TUNECACHE_TRUST_STORE=yes for a store only you can write. "
-        "stats()['untrusted'] counts them",
+        "stats()['untrusted'] counts them%s",
         store,
         what,
         name,
         why,
+        f". The store is not trusted as a whole: {_why_not[store]}" if store in _why_not else "",
     )
 
 
@@ -235,13 +308,16 @@ def reset_warnings() -> None:
     global _refused_warned
     with _refused_lock:
         _refused_warned = False
+        _unsigned_warned.clear()
 
 
 __all__ = [
     "Policy",
     "binary_message",
+    "describe",
     "inductor_message",
     "policy",
+    "not_private",
     "private_sqlite",
     "refused",
     "reset_warnings",
@@ -249,4 +325,5 @@ __all__ = [
     "sign_inductor",
     "sign_specs",
     "spec_message",
+    "store_trust",
 ]

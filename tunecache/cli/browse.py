@@ -10,6 +10,7 @@ from typing import Any
 import click
 import orjson
 
+from tunecache import trust
 from tunecache.cli.options import filter_options, json_option, problem_filters, read_store
 from tunecache.cli.output import json_out, problem_summary, table
 from tunecache.errors import TunecacheError
@@ -51,6 +52,7 @@ def info(ctx: click.Context, as_json: bool) -> None:
     usage = store.binary_usage().values()
     out["binaries"] = {"count": sum(n for n, _ in usage), "bytes": sum(b for _, b in usage)}
     out["inductor"] = store.inductor_counts()
+    out["trust"] = trust.describe(store)
     if as_json:
         json_out(out)
         return
@@ -64,6 +66,19 @@ def info(ctx: click.Context, as_json: bool) -> None:
     click.echo("counts:    " + ", ".join(f"{k}={v}" for k, v in out["counts"].items()))
     click.echo(f"binaries:  {out['binaries']['count']} ({out['binaries']['bytes']} bytes)")
     click.echo(f"torch.compile: {_inductor_line(out['inductor'])}")
+    _trust_lines(out["trust"])
+
+
+def _trust_lines(t: dict[str, Any]) -> None:
+    """What this process trusts of the store: keys, its own signing key, the store as a whole."""
+    keys = ", ".join(f"{k['key_id']} ({k['from']})" for k in t["trusted_keys"]) or "none"
+    click.echo(f"trusted keys: {t['trusted_keys_error'] or keys}")
+    sk = t["signing_key"]
+    signing_line = (
+        "none: rows this host stores are unsigned" if sk is None else sk["error"] or f"{sk['key_id']} ({sk['path']})"
+    )
+    click.echo(f"signing key:  {signing_line}")
+    click.echo(f"store trusted as a whole: {'yes' if t['store_trusted'] else 'no'} ({t['why']})")
 
 
 def _inductor_line(counts: dict[str, dict[str, int]]) -> str:

@@ -10,7 +10,6 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from functools import partial
 
 import click
 import orjson
@@ -26,7 +25,8 @@ from tunecache.cli.options import (
     url_option,
 )
 from tunecache.cli.output import json_out
-from tunecache.errors import OutputExistsError, StoreNotFoundError
+from tunecache.errors import InterruptedAfterCommit, OutputExistsError, StoreNotFoundError
+from tunecache.store.opening import check_directory, remove_new_store
 from tunecache.store.store import Store
 
 
@@ -56,7 +56,7 @@ from tunecache.store.store import Store
     "--sign",
     "sign_key",
     metavar="KEY",
-    help="Sign the file with this private key (from `tunecache keygen`); needs tunecache[sign].",
+    help="Sign the file with this private key (from `tunecache keygen`); needs the sign extra.",
 )
 @click.option("--force", is_flag=True, help="Overwrite PATH if it exists (without it, an existing file is refused).")
 @json_option
@@ -173,10 +173,18 @@ def import_cmd(
     """
     from tunecache.exchange import import_
 
+    created: list[Store] = []
+
+    def create() -> Store:
+        created.append(store_for(ctx, create=True))
+        return created[0]
+
     try:  # an existing store: read-only or too new is said before the file is read
         store: Store | Callable[[], Store] | None = store_for(ctx)
     except StoreNotFoundError:  # created only once the file validated; a dry run never creates it
-        store = None if dry_run else partial(store_for, ctx, create=True)
+        if not dry_run:
+            check_directory(ctx.obj.get("url"))  # nor a directory for it
+        store = None if dry_run else create
     try:
         with _ExchangeProgress() as progress:
             s = import_(
@@ -190,8 +198,14 @@ def import_cmd(
                 with_inductor=inductor,
                 trust_unsigned=trust_unsigned,
             )
-    except KeyboardInterrupt:  # the import's one transaction rolled back on the way out
-        raise KeyboardInterrupt("nothing imported") from None
+    except InterruptedAfterCommit:
+        raise
+    except BaseException as e:  # before the commit, its one transaction rolled back on the way out
+        if created:  # and a store made for it goes too
+            remove_new_store(created[0])
+        if isinstance(e, KeyboardInterrupt):
+            raise KeyboardInterrupt("nothing imported") from None
+        raise
     if as_json:
         json_out(s.as_dict())
         return
@@ -210,7 +224,7 @@ def import_cmd(
 @json_option
 def keygen(path: str, as_json: bool) -> None:
     """Make an Ed25519 key pair for signing exports: PATH (private, mode 0600) and PATH.pub (public:
-    list it in TUNECACHE_TRUSTED_KEYS where exports are imported). Needs tunecache[sign]."""
+    list it in TUNECACHE_TRUSTED_KEYS where exports are imported). Needs the sign extra."""
     from tunecache.signing import keygen as make_key
 
     out = make_key(path)

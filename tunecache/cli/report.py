@@ -122,7 +122,8 @@ def report(
     **filters: Any,
 ) -> None:
     """One self-contained HTML page of the store: configs x keys, winners, failures, time saved,
-    misses, and hosts slower than their peers (needs the report extra: pip install 'tunecache[report]')."""
+    misses, and hosts slower than their peers (needs the report extra: pip install '.[report]' in the
+    tunecache checkout)."""
     from tunecache.report import compare
     from tunecache.report.report import write_report
 

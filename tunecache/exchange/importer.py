@@ -22,7 +22,7 @@ import orjson
 from sqlalchemy.engine import Connection
 
 from tunecache import signing
-from tunecache.errors import ImportFormatError, StoreReadOnlyError, UntrustedFileError
+from tunecache.errors import ImportFormatError, InterruptedAfterCommit, StoreReadOnlyError, UntrustedFileError
 from tunecache.exchange import validate
 from tunecache.exchange.format import (
     CONFLICT_POLICIES,
@@ -145,33 +145,28 @@ def import_(
         else:
             if store.readonly:
                 raise StoreReadOnlyError(f"import: store {store.masked_url} is opened read-only")
-            with store.bulk_load("import") as writer:  # it takes its locks before _decide reads
-                conn = writer.conn
-                write, delete = _decide(conn, scan, on_conflict, summary)
-                add_specs: Callable[[list[dict[str, Any]]], int] | None = None
-                add_bins: Callable[[list[dict[str, Any]]], int] | None = None
-                if with_launch_specs and scan.specs:  # additive, whatever the conflict policy
-                    add_specs = partial(store.add_specs, conn)
-                if with_binaries and scan.binaries:
-                    add_bins = partial(store.add_binaries, conn)
-                add_ind: Callable[[list[Any]], int] | None = None
-                if with_inductor and scan.inductor:
-                    add_ind = partial(store.add_inductor, conn, replace=on_conflict == "replace")
-                summary.launch_specs_new, summary.binaries_new, summary.inductor_new = _apply(
-                    conn,
-                    writer,
-                    reader,
-                    gz,
-                    max_line_bytes,
-                    scan,
-                    write,
-                    delete,
-                    add_specs,
-                    add_bins,
-                    progress,
-                    add_ind,
-                )
-                t_commit = time.perf_counter()
+            writer: BulkWriter | None = None
+            try:
+                with store.bulk_load("import") as writer:  # it takes its locks before _decide reads
+                    _write_all(
+                        store,
+                        writer,
+                        scan,
+                        reader,
+                        gz,
+                        max_line_bytes,
+                        on_conflict,
+                        summary,
+                        progress,
+                        with_launch_specs,
+                        with_binaries,
+                        with_inductor,
+                    )
+                    t_commit = time.perf_counter()
+            except KeyboardInterrupt:
+                if writer is not None and writer.committed:  # Ctrl-C as the connection closed: it is in
+                    raise InterruptedAfterCommit(f"after the import committed: {_said(summary)}") from None
+                raise
             log.debug("tunecache: import committed in %.2fs", time.perf_counter() - t_commit)
     summary.seconds = round(time.perf_counter() - t0, 3)
     log.info(
@@ -184,6 +179,45 @@ def import_(
         summary.conflicts,
     )
     return summary
+
+
+def _write_all(
+    store: Store,
+    writer: BulkWriter,
+    scan: Scan,
+    reader: Rewind,
+    gz: bool,
+    max_line_bytes: int,
+    on_conflict: str,
+    summary: ImportSummary,
+    progress: Progress | None,
+    with_launch_specs: bool,
+    with_binaries: bool,
+    with_inductor: bool,
+) -> None:
+    """Pass 2 inside the load's transaction: decide, then write what was decided."""
+    conn = writer.conn
+    write, delete = _decide(conn, scan, on_conflict, summary)
+    add_specs: Callable[[list[dict[str, Any]]], int] | None = None
+    add_bins: Callable[[list[dict[str, Any]]], int] | None = None
+    if with_launch_specs and scan.specs:  # additive, whatever the conflict policy
+        add_specs = partial(store.add_specs, conn)
+    if with_binaries and scan.binaries:
+        add_bins = partial(store.add_binaries, conn)
+    add_ind: Callable[[list[Any]], int] | None = None
+    if with_inductor and scan.inductor:
+        add_ind = partial(store.add_inductor, conn, replace=on_conflict == "replace")
+    summary.launch_specs_new, summary.binaries_new, summary.inductor_new = _apply(
+        conn, writer, reader, gz, max_line_bytes, scan, write, delete, add_specs, add_bins, progress, add_ind
+    )
+
+
+def _said(s: ImportSummary) -> str:
+    """What a committed import put in the store, in the words of the CLI's summary line."""
+    return (
+        f"{s.problems} problems ({s.configs} config rows): {s.new} new, {s.updated} updated, {s.skipped} skipped, "
+        f"{s.conflicts} conflicts are in the store"
+    )
 
 
 def _check_trust(

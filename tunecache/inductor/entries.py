@@ -128,7 +128,7 @@ class InductorStore:
                 return
             leases.busy()
             digest, desc = inductor_target()
-            entry = trust.sign_inductor(InductorEntry(kind, key, digest, bytes(data), desc))
+            entry = trust.sign_inductor(InductorEntry(kind, key, digest, bytes(data), desc), store)
             kept = store.put_inductor(entry)
             if kept is None:
                 counters.count(None, None, inductor_puts=1)

@@ -28,7 +28,7 @@ try:
 except ImportError as e:  # pragma: no cover - exercised by users without the extra
     from tunecache.errors import TunecacheError
 
-    raise TunecacheError("tunecache report needs matplotlib: pip install 'tunecache[report]'") from e
+    raise TunecacheError("tunecache report needs matplotlib: pip install '.[report]' in the tunecache checkout") from e
 
 _ids = itertools.count()
 #: Relative times at or above this are drawn in the darkest colour.
@@ -230,8 +230,25 @@ def winner_line(
     ax.set_ylabel("winner median (ms)")
     if times and min(times) > 0 and max(times) / min(times) > 20:
         ax.set_yscale("log")
+        _plain_log_labels(ax.yaxis)
     _legend_outside(ax, title="winning config", title_fontsize=7)
     return _svg(fig, titles_)
+
+
+def _plain_log_labels(axis: Any) -> None:
+    """Label a log axis with plain numbers (0.01, 2, 100): its default formatter writes TeX
+    (``$\\mathdefault{10^{2}}$``), which math text off (:func:`_plain_text`) prints raw."""
+    from matplotlib.ticker import FuncFormatter
+
+    def major(v: float, _pos: Any) -> str:
+        return f"{v:g}"
+
+    def minor(v: float, _pos: Any) -> str:  # 2 and 5 of each decade: enough to read a value off
+        lead = round(v / 10 ** math.floor(math.log10(v) + 1e-9), 6) if v > 0 else 0
+        return f"{v:g}" if lead in (2, 5) else ""
+
+    axis.set_major_formatter(FuncFormatter(major))
+    axis.set_minor_formatter(FuncFormatter(minor))
 
 
 def _bar_titles(titles_: _Titles, bars: Any, texts: Sequence[str] | None) -> None:
@@ -281,6 +298,7 @@ def saved_over_time(series: dict[str, tuple[Sequence[Any], Sequence[float]]]) ->
 MISS_REASONS = {
     "capture": ("#6a1b9a", "capture (CUDA graph)"),
     "offline": ("#0277bd", "offline"),
+    "readonly": ("#ef6c00", "read-only store (benchmarked, not kept)"),
     "uncovered": ("#9e9e9e", "uncovered (tunecache could not serve the kernel)"),
 }
 

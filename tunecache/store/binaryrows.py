@@ -66,7 +66,7 @@ class BinaryRows:
         concurrent uploaders may pass it by a binary each)."""
         if not bins:
             return 0
-        bins = trust.sign_binaries(list(bins))  # signed where made
+        bins = trust.sign_binaries(list(bins), self)  # signed where made
         with self._write("store binaries") as conn:
             used = 0
             if max_kernel_bytes is not None:

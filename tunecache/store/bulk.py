@@ -69,6 +69,9 @@ class BulkWriter:
 
     #: Whether :meth:`write` may run in a thread of its own while the caller builds the next batch.
     threaded = False
+    #: Set once the load's transaction committed (by :meth:`Store.bulk_load`): a Ctrl-C after it
+    #: interrupted nothing that was undone.
+    committed = False
 
     def __init__(self, conn: Connection, dialect: str) -> None:
         self.conn = conn

@@ -129,13 +129,21 @@ def sqlite_path(u: URL) -> Path | None:
 
 
 def sqlite_writable(path: Path) -> bool:
+    """Whether this process may write the store file ``path`` (and its directory, where SQLite
+    writes its WAL): by permission, and by mode. A file with no write bit (444) or a directory with
+    none (555) is read-only whoever runs it: root may write anything, yet an image that marks its
+    store read-only means it for the root user of most containers too."""
     parent = path.parent
     if path.exists():
-        return os.access(path, os.W_OK) and os.access(parent, os.W_OK)
+        return _writable(path) and _writable(parent)
     probe = parent
     while not probe.exists():
         probe = probe.parent
-    return os.access(probe, os.W_OK)
+    return _writable(probe)
+
+
+def _writable(path: Path) -> bool:
+    return os.access(path, os.W_OK) and bool(path.stat().st_mode & 0o222)
 
 
 def sqlite_os_cause(u: URL, reason: str) -> str:
@@ -255,8 +263,8 @@ def store_error(what: str, e: Exception, u: URL) -> StoreError:
 #: backend -> (the extra that installs its driver, that driver)
 _EXTRAS = {"postgresql": ("postgres", "psycopg"), "mysql": ("mysql", "pymysql"), "mariadb": ("mysql", "pymysql")}
 SUPPORTED_URLS = (
-    "sqlite:////path/file.sqlite3, postgresql://user@host/db (pip install 'tunecache[postgres]'), "
-    "mysql:// or mariadb://user@host/db (pip install 'tunecache[mysql]')"
+    "sqlite:////path/file.sqlite3, postgresql://user@host/db (pip install '.[postgres]' in the tunecache checkout), "
+    "mysql:// or mariadb://user@host/db (pip install '.[mysql]' in the tunecache checkout)"
 )
 
 
@@ -270,11 +278,12 @@ def _driver_error(u: URL, e: Exception) -> StoreError:
     extra, driver = _EXTRAS[backend]
     if u.get_driver_name() == driver:
         return StoreError(
-            f"no database driver for {mask_url(u)} ({driver_message(e)}): pip install 'tunecache[{extra}]'"
+            f"no database driver for {mask_url(u)} ({driver_message(e)}): "
+            f"pip install '.[{extra}]' in the tunecache checkout"
         )
     return StoreError(
         f"no database driver {u.get_driver_name()!r} for {mask_url(u)} ({driver_message(e)}): install it, or use "
-        f"{backend}:// ({driver}: pip install 'tunecache[{extra}]')"
+        f"{backend}:// ({driver}: pip install '.[{extra}]' in the tunecache checkout)"
     )
 
 

@@ -53,6 +53,32 @@ def connect(url: str | URL | None = None, *, readonly: bool | None = None, creat
         raise StoreError(f"cannot open store {mask_url(u)}: {e.strerror or e}") from None
 
 
+def check_directory(url: str | URL | None = None) -> None:
+    """Raise :class:`StoreError` where ``url`` is a SQLite file whose directory does not exist: a
+    command that creates a store there (``import``) then creates no directory (at ``/`` as root)."""
+    u = resolve_url(url)
+    path = sqlite_path(u) if u.get_backend_name() == "sqlite" else None
+    if path is not None and not path.parent.is_dir():
+        raise StoreError(
+            f"no store at {path} and its directory {path.parent} does not exist; nothing was created: "
+            f"create it first (mkdir -p {path.parent}) or check --url or TUNECACHE_URL"
+        )
+
+
+def remove_new_store(store: Store) -> None:
+    """Remove a SQLite store this process has just created (its file and what SQLite and the
+    migration lock made beside it) after a command that created it failed: it leaves nothing behind.
+    Other backends: nothing (a database's tables are not this process's to drop)."""
+    store.engine.dispose()
+    path = sqlite_path(store.url) if store.dialect == "sqlite" else None
+    if path is None:
+        return
+    store.readonly = True  # a later close() connects no more (to checkpoint), which would make the file again
+    for p in (path, *(Path(f"{path}{tail}") for tail in ("-wal", "-shm", "-journal", ".migrate.lock"))):
+        with contextlib.suppress(FileNotFoundError):
+            p.unlink()
+
+
 def _check_sqlite_file(path: Path) -> None:
     """Refuse, before SQLite touches it, what is not a store: opening writes a database header into
     an empty file and switches a database to WAL, so a look at the wrong path would change it."""

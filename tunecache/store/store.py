@@ -33,7 +33,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from tunecache import counters, forks, trust
+from tunecache import counters, forks, interrupts, trust
 from tunecache.configidentity import search_space_hash
 from tunecache.errors import StoreError, StoreReadOnlyError, driver_message
 from tunecache.model import (
@@ -517,7 +517,7 @@ class Store(BinaryRows, InductorRows):
         :mod:`tunecache.tuner.heal`), and :meth:`gc_launch_specs` drops the superseded ones."""
         if not specs:
             return 0
-        specs = trust.sign_specs(source_hash, target_digest, list(specs))  # signed where made
+        specs = trust.sign_specs(source_hash, target_digest, list(specs), self)  # signed where made
         rows = [launch_spec_row(kernel[:255], source_hash, target_digest, sp) for sp in specs]
         with self._write("record launch specs") as conn:
             return self.add_specs(conn, rows)
@@ -541,15 +541,19 @@ class Store(BinaryRows, InductorRows):
         """One write transaction for loading many rows, through the database's fastest path (see
         :mod:`tunecache.store.bulk`); its ``conn`` reads and deletes inside the same transaction."""
         dbapi_error = getattr(self.engine.dialect.dbapi, "Error", ())
-        with self._write(what) as conn:
-            try:
-                writer = bulk_writer(conn, self.dialect)  # takes its locks before the caller reads
+        with interrupts.held() as hold:  # a Ctrl-C during the commit is raised once it is known done
+            with self._write(what) as conn:
                 try:
-                    yield writer
-                finally:
-                    writer.close()
-            except dbapi_error as e:  # raw driver calls (COPY) bypass SQLAlchemy's error wrapping
-                raise StoreError(f"{what} failed on {self.masked_url}: {scrub(driver_message(e), self.url)}") from None
+                    writer = bulk_writer(conn, self.dialect)  # takes its locks before the caller reads
+                    try:
+                        yield writer
+                    finally:
+                        writer.close()
+                except dbapi_error as e:  # raw driver calls (COPY) bypass SQLAlchemy's error wrapping
+                    msg = f"{what} failed on {self.masked_url}: {scrub(driver_message(e), self.url)}"
+                    raise StoreError(msg) from None
+                hold()
+            writer.committed = True
 
     def get_specs(self, source_hash: str) -> dict[str, list[LaunchSpec]]:
         """Every recorded specialisation of one kernel, by target digest, in one query."""

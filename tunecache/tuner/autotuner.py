@@ -484,6 +484,8 @@ class TunecacheAutotuner(FastLaunch, WinnerPreload, WinnerRecovery, Autotuner):
         counters.count(self._tc_name, self._tc_ks.store, misses=1)
         store = self._tc_ks.open_store()
         if mode == "readonly" or store is None or store.readonly:
+            if store is not None and store.readonly:
+                self._tc_ks.unwritable_miss(self._problem(ctx), mode)
             return self._bench_unstored(ctx, p, bench_fn, keep=mode != "readonly" and store is None)
         return self._single_flight(ctx, p, store, bench_fn)
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from triton.runtime.autotuner import Autotuner
 
-from tunecache import settings
+from tunecache import settings, signing
 from tunecache.binaries import preload
 from tunecache.settings import current_mode
 from tunecache.store.store import Store
@@ -88,6 +88,7 @@ def install() -> None:
     """
     settings.check_all()
     basepatch.patch()
+    signing.warn_key_files()  # a key file that cannot be read: one line now, not silence until a lookup
 
 
 def uninstall() -> None:

@@ -299,6 +299,32 @@ class KernelStore:
                 return "failed"
         return "spool" if missspool.append(problem, reason, store.masked_url) else "unrecorded"
 
+    def unwritable_miss(self, problem: Problem, mode: str) -> None:
+        """A miss benchmarked in this process whose result the read-only store cannot keep: spooled
+        (reason "readonly", which ``tunecache misses`` lists), and, outside ``TUNECACHE_MODE=readonly``
+        (where that is the intent), said once per process and store with what to do: such a worker
+        otherwise re-tunes every miss at every start, silently (issue 38)."""
+        store = self.store
+        if store is None:
+            return
+        where = self.record_miss(problem, "readonly")
+        if mode == "readonly" or not counters.first_time("readonly store", store.masked_url):
+            return
+        kept = (
+            f"its misses are recorded in {missspool.path()} (`tunecache misses` lists them)"
+            if where == "spool"
+            else f"the miss spool {missspool.path()} is not writable either (set TUNECACHE_MISS_SPOOL)"
+        )
+        log.warning(
+            "tunecache: store %s is read-only for this process (%s): every miss is benchmarked here at "
+            "every start and the result dropped; %s. Tune them ahead (`tunecache warm`, or a run that may "
+            "write), and set TUNECACHE_MODE=offline to launch a stored or first config without benchmarking, "
+            "or TUNECACHE_MODE=readonly if benchmarking here is intended",
+            store.masked_url,
+            read_only_cause(store),
+            kept,
+        )
+
     def record_miss_later(self, problem: Problem, reason: str) -> None:
         """:meth:`record_miss` in the background (a report, never a delay)."""
         background.submit(functools.partial(self.record_miss, problem, reason))
@@ -342,3 +368,12 @@ class KernelStore:
         except StoreError as e:
             self.trouble("read", e)
             return None
+
+
+def read_only_cause(store: Store) -> str:
+    """Why ``store`` takes no writes from this process, in a user's words."""
+    if store.dialect == "postgresql":
+        return "this PostgreSQL login may only read: a `tunecache db grant --reader` role"
+    if store.dialect == "sqlite":
+        return "this user may not write the SQLite file or its directory, or its mode marks it read-only"
+    return "it was opened read-only"
