@@ -142,3 +142,24 @@ def test_hosts_on_two_texts_heal_alternately_and_both_keep_their_specs(store_url
         assert _compiled(r) == [] and r["launched"] == want and r["loaded"] == 1, host
         assert r["stats"]["preload_skipped"] == 0, host
         assert r["spec_kernel_hashes"] == sorted(old + new) and r["binaries"] == sorted(old + new), host
+
+
+def test_a_process_whose_builds_stay_here_keeps_its_timings_here_too(sqlite_url, monkeypatch):
+    """Timings of overridden builds are timings of other code under Triton's stock key (issue 35,
+    item 2): such a process tunes its misses in memory and stores no problem, so no fresh host takes
+    a winner chosen on hand-edited IR; what the store already holds it still reads."""
+    import tinykernels
+
+    from tunecache.store.opening import open_store
+
+    tinykernels.launch(tinykernels.make_add(store=sqlite_url), 64)  # a stock host tunes N=64
+    monkeypatch.setenv("TRITON_KERNEL_OVERRIDE", "1")
+    k = tinykernels.make_add(store=sqlite_url)
+    tinykernels.launch(k, 64)  # a hit: read as any host reads it
+    tinykernels.launch(k, 128)  # a miss: benchmarked here, launched, not stored
+    assert len(k.cache) == 2
+    s = open_store(sqlite_url)
+    try:
+        assert s.counts()["problems"] == 1  # N=64 only
+    finally:
+        s.close()

@@ -12,7 +12,8 @@ other host computes for the stock build: filed in the store it would become the 
 
 So every path that hands a build of this process to the store asks :func:`builds_shareable`: the
 Triton cache seam of torch.compile (:mod:`tunecache.inductor.tritoncache`), the tuner's binary
-upload (:func:`tunecache.binaries.binaries.upload`) and heal (:mod:`tunecache.tuner.heal`). It is
+upload (:func:`tunecache.binaries.binaries.upload`), heal (:mod:`tunecache.tuner.heal`) and the
+tuner's write of a miss's timings (measured on such builds, they would pick the fleet's winner). It is
 asked after a compile or a tuning, never on the launch path; knobs set at run time count from then.
 ``TRITON_ALWAYS_COMPILE`` is not among them: it rebuilds the same bytes under the same key.
 
@@ -72,8 +73,8 @@ def builds_shareable() -> bool:
         _said.add(why)
         log.warning(
             "tunecache: %s: Triton's cache key does not cover it, so nothing this process builds is shared "
-            "(no torch.compile Triton kernel entry, no binary, no launch spec healed); stored ones are not "
-            "placed into its Triton cache either",
+            "(no torch.compile Triton kernel entry, no binary, no launch spec healed, no timing of a miss); stored "
+            "binaries are not placed into its Triton cache either",
             why,
         )
     return False

@@ -482,6 +482,8 @@ class TunecacheAutotuner(FastLaunch, WinnerPreload, WinnerRecovery, Autotuner):
         if capture or mode == "offline":
             return self._fallback(ctx, "capture" if capture else "offline", mode)
         counters.count(self._tc_name, self._tc_ks.store, misses=1)
+        if not sharing.builds_shareable():  # timings of builds Triton's key does not tell apart: kept here
+            return self._bench_unstored(ctx, p, bench_fn, keep=False)
         store = self._tc_ks.open_store()
         if mode == "readonly" or store is None or store.readonly:
             if store is not None and store.readonly:
