@@ -311,8 +311,9 @@ class Fleet:
         raw = json.loads(lines[-1].removeprefix("RESULT "))
         res.update(self.normalise(workload, raw))
         events = [ln.split() for ln in (log.read_text().splitlines() if log.exists() else [])]
-        res["compiles"] = sum(e[1] == "compile" for e in events)
-        res["binaries_served"] = sum(e[1] == "hit" for e in events)  # an empty local cache: hits came from the store
+        # fla's child counts its first pass's loads itself (its own listener replaces the hook's there)
+        res["compiles"] = sum(e[1] == "compile" for e in events) + res.pop("first_pass_compiles", 0)
+        res["binaries_served"] = sum(e[1] == "hit" for e in events) + res.pop("first_pass_hits", 0)  # from the store
         res["summary"] = [ln for ln in r.stderr.splitlines() if ln.startswith("tunecache") and "covered" in ln]
         res["warnings"] = [
             ln for ln in r.stderr.splitlines() if ln.startswith("tunecache:") and ln not in res["summary"]
@@ -325,8 +326,11 @@ class Fleet:
             return raw
         if workload == "fla":
             st = raw.get("tunecache_stats") or {}
+            loads = raw.get("first_pass_loads") or {}
             return {
                 "first_output_s": round(raw["first_s"], 3),
+                "first_pass_compiles": sum((loads.get("compiles") or {}).values()),
+                "first_pass_hits": sum((loads.get("cache_hits") or {}).values()),
                 "benchmarks": raw["benchmarks"],
                 "waits": int(st.get("waits", 0)),
                 "entries_served": int(st.get("hits", 0)),
@@ -629,7 +633,12 @@ def time_targets(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def checks(results: dict[str, Any], times: bool = False) -> list[str]:
     """The targets on counts (and with ``times``, on times); each miss as one line."""
-    bad = []
+    bad = [
+        f"stock {w} {k}: {r['error'][-300:]}"
+        for w, st in results["stock"].items()
+        for k, r in st.items()
+        if "error" in r
+    ]
     if times:
         for what, t in results.get("time_targets", {}).items():
             if not t["met"]:
@@ -645,6 +654,9 @@ def checks(results: dict[str, Any], times: bool = False) -> list[str]:
                 bad.append(f"{workload} {name}: {f['waits_in_vain']} waits on an entry that never landed")
             if name == "cold" and f.get("most_per_key", 0) > 1:
                 bad.append(f"{workload} cold: keys done by more than one host: {f['keys_done_twice'][:5]}")
+            stock_cold = ((results["stock"].get(workload) or {}).get("cold") or {}).get("benchmarks")
+            if name == "cold" and stock_cold is not None and f.get("benchmarks", 0) > stock_cold:
+                bad.append(f"{workload} cold: the fleet ran {f['benchmarks']} benchmarks, one stock start {stock_cold}")
             if name == "warm" and (f.get("benchmarks") or f.get("keys")):
                 bad.append(f"{workload} warm: {f['benchmarks']} benchmarks, {f['keys']} keys computed")
             if name == "upgrade":
@@ -789,7 +801,9 @@ def main() -> None:
                 print(f"[fla] skipped: {why}", file=sys.stderr)
                 continue
             for name in [f"inductor:{m}" for m in modes] if w == "inductor" else [w]:
-                if not a.no_stock:
+                if a.cpu and name == "sparse":  # stock Triton's benchmarker needs a GPU driver
+                    fl.results["skipped"]["sparse stock"] = "stock Triton cannot benchmark under the interpreter"
+                elif not a.no_stock:
                     print(f"[{name}] stock cold, then stock warm", file=sys.stderr, flush=True)
                     fl.results["stock"][name] = stock(fl, name)
                 fl.results["scenarios"][name] = run_scenarios(fl, name)
