@@ -138,7 +138,9 @@ def test_store_trouble_loses_no_rows(tmp_path: Path) -> None:
     hosts_ok(rec["restart"])
     hosts_ok(rec["down"])  # every host produced its output with the database gone
     assert rec["rows_lost"] == 0, rec["keys_benchmarked_not_stored"]
-    assert rec["restart"]["fleet"]["most_per_key"] == 1
+    # A host whose wait for another's benchmark fails on the restarting store tunes the key itself
+    # (the store being down never stops a kernel): a key may be benchmarked twice, never lost.
+    assert rec["restart"]["fleet"]["keys"] == 2
 
 
 def prove(*args: str) -> subprocess.CompletedProcess:
