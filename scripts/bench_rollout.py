@@ -517,6 +517,9 @@ def run_scenarios(fl: Fleet, workload: str) -> dict[str, Any]:
 
     if "trouble" in scen and workload == "sparse":
         out["trouble"] = store_trouble(fl, workload, log)
+    for name in ("upgrade", "trouble"):
+        if name in scen and workload != "sparse":
+            out[name] = {"skipped": "run with the sparse workload only (an edited kernel source; rows to lose)"}
     return out
 
 
