@@ -653,6 +653,9 @@ def checks(results: dict[str, Any], times: bool = False) -> list[str]:
             f = rec.get("fleet") or {}
             if f.get("failed_hosts"):
                 bad.append(f"{workload} {name}: hosts failed: {f['failed_hosts']}")
+            failing = [h["host"] for h in rec.get("hosts", []) if h.get("store_errors")]
+            if failing and name != "trouble":
+                bad.append(f"{workload} {name}: the store failed for {failing} (see their warnings)")
             if f.get("waits_in_vain"):
                 bad.append(f"{workload} {name}: {f['waits_in_vain']} waits on an entry that never landed")
             if name == "cold" and f.get("most_per_key", 0) > 1:
