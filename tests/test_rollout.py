@@ -113,7 +113,6 @@ def test_inductor_warm_fleet_computes_nothing(inductor: dict[str, Any]) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="issue 35 item 4: an untrusted put evicts a signed entry")
 def test_inductor_misconfigured_host_evicts_no_signed_entry(inductor: dict[str, Any]) -> None:
     trust = inductor["trust"]
     hosts_ok(trust)
