@@ -39,14 +39,7 @@ lost. Stock starts (no tunecache: one cold, then one warm on its caches) run in 
 for the ratios (``--no-stock`` skips them). Writes DIR/bench_rollout.json and DIR/bench_rollout.md;
 ``--check`` exits 1 when a target on counts is missed (times are reported, never checked).
 
-On the H200 (one command per mode, each inside 10 minutes; see the README, "Rolling out"):
-
-    python scripts/bench_rollout.py /tmp/r1 --workloads sparse --scenarios cold,warm,upgrade,trust --hosts 4
-    python scripts/bench_rollout.py /tmp/r2 --workloads inductor --modes default --scenarios cold,warm --hosts 4
-    python scripts/bench_rollout.py /tmp/r3 --workloads inductor --modes max-autotune-no-cudagraphs \\
-        --scenarios cold,warm --hosts 4 --seq 512,1024
-    python scripts/bench_rollout.py /tmp/r4 --workloads fla --scenarios cold,warm --hosts 4
-    python scripts/bench_rollout.py /tmp/r5 --workloads sparse --scenarios trouble --hosts 4
+On the H200: the commands of the README, "Rolling out" (one per mode, each inside 10 minutes).
 """
 
 from __future__ import annotations
