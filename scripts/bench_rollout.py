@@ -568,7 +568,10 @@ def store_trouble(fl: Fleet, workload: str, log: Any) -> dict[str, Any]:
             "restart": {"fleet": fleet_figures(restart), "hosts": restart, "stop_s": down, "start_s": up},
             "down": {"fleet": fleet_figures(box2["res"]), "hosts": box2["res"]},
             "keys_benchmarked_not_stored": missing,
-            "rows_lost": len(missing) + lost,
+            # every bucket was tuned by some host, in a single flight or in process while the store was
+            # restarting (then written when it was back): each must be stored
+            "buckets_not_stored": max(0, len(fl.a.buckets) - stored["problems"]),
+            "rows_lost": len(missing) + lost + max(0, len(fl.a.buckets) - stored["problems"]),
             "rows": {
                 "after_restart": {k: stored[k] for k in ("problems", "configs")},
                 "before_down": {k: before[k] for k in ("problems", "configs")},
