@@ -307,7 +307,11 @@ class Fleet:
         # fla's child counts its first pass's loads itself (its own listener replaces the hook's there)
         res["compiles"] = sum(e[1] == "compile" for e in events) + res.pop("first_pass_compiles", 0)
         res["binaries_served"] = sum(e[1] == "hit" for e in events) + res.pop("first_pass_hits", 0)  # from the store
-        res["summary"] = [ln for ln in r.stderr.splitlines() if ln.startswith("tunecache") and "covered" in ln]
+        res["summary"] = [  # TUNECACHE_SUMMARY: the tuner's line and torch.compile's
+            ln
+            for ln in r.stderr.splitlines()
+            if ln.startswith("tunecache") and (" covered," in ln or ": torch.compile: " in ln)
+        ]
         res["warnings"] = [
             ln for ln in r.stderr.splitlines() if ln.startswith("tunecache:") and ln not in res["summary"]
         ][:5]
