@@ -85,7 +85,7 @@ def test_misconfigured_host_loses_the_fleet_nothing(sparse: dict[str, Any]) -> N
 def inductor(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """torch.compile of bench_inductor.py's block on the CPU: cold, warm, mixed trust."""
     out = tmp_path_factory.mktemp("rollout-inductor")
-    res = bench(out, "--workloads", "inductor", "--scenarios", "cold,warm,trust", "--wait-seconds", "10")
+    res = bench(out, "--workloads", "inductor", "--scenarios", "cold,warm,trust")  # TUNECACHE_WAIT_SECONDS 300
     return res["scenarios"]["inductor:default"]
 
 
