@@ -7,9 +7,11 @@ A simulated worker start issues exactly the store calls a real start of the bund
 the bench records them from a real warm start (``tunecache.cli.demo``'s child, bucket 1, with the Store
 methods wrapped: open the store and check the schema, prefetch each kernel's problems and launch
 specs, then the deferred flush of hit counts and per-kernel counters) and replays them with the same
-arguments. ``--no-prove`` skips the proof: one untraced real start and one simulated start against
+arguments. The proof gates the figures: one untraced real start and one simulated start against
 a private PostgreSQL with ``pg_stat_statements`` preloaded, whose statements and call counts
-(including the driver's first-connect queries and BEGIN/COMMIT/ROLLBACK) must be equal.
+(including the driver's first-connect queries and BEGIN/COMMIT/ROLLBACK) must be equal, else the
+run exits 1 naming the statements that differ, before measuring anything. ``--prove-only`` stops
+after the proof; ``--no-prove`` skips it (the figures are then unproven).
 
 Everything is loopback and bounded: a private cluster (tests/faults/pgcluster.py: initdb on a free
 port, PostgreSQL's default ``max_connections = 100``), a private PgBouncer (tests/pgbouncer.py:
@@ -42,7 +44,16 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tests" / "faults"))
 
 #: The store calls a start makes, recorded by :func:`traced_start` (its schema check is open_store's).
-TRACED = ("get", "get_many", "get_kernel_problems", "get_specs", "record_hits", "bump_stats", "record_miss")
+TRACED = (
+    "get",
+    "get_many",
+    "kernel_names",
+    "get_kernel_problems",
+    "get_specs",
+    "record_hits",
+    "bump_stats",
+    "record_miss",
+)
 
 # The autotuner's waiting loop (tunecache/tuner/autotuner.py, _single_flight): first poll, growth, cap.
 POLL_FIRST_S, POLL_GROWTH, POLL_CAP_S = 0.05, 1.5, 0.5
@@ -335,6 +346,32 @@ def reset_statements(admin_url: str) -> None:
     e.dispose()
 
 
+class ProofFailed(SystemExit):
+    """The simulated start is not the real one: every figure measured with it would be wrong."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(f"bench_fleet: proof failed, no load measured: {why}")
+
+
+def prove(url: str, admin: str, dbname: str, plan: list[list[Any]]) -> dict[str, Any]:
+    """One untraced real start and one simulated start: their statements and call counts."""
+    reset_statements(admin)
+    real_start(url)  # untraced
+    real = statements(admin, dbname)
+    reset_statements(admin)
+    one = {"mode": "start", "url": url, "plan": plan, "starts": 1, "threads": 1}
+    run_children({**one, "start_at": time.time(), "max_seconds": 60}, 1, 120)
+    sim = statements(admin, dbname)
+    return {
+        "statements": len(real),
+        "calls": sum(real.values()),
+        "equal": real == sim,
+        "only_real": {q: n for q, n in real.items() if sim.get(q) != n},
+        "only_simulated": {q: n for q, n in sim.items() if real.get(q) != n},
+        "real": real,
+    }
+
+
 def real_start(url: str) -> dict:
     env = {**os.environ, "TUNECACHE_URL": url, "TRITON_INTERPRET": "1"}
     r = subprocess.run(
@@ -359,7 +396,9 @@ def main() -> None:
     ap.add_argument("--bench-seconds", type=float, default=3.0, help="the storm's benchmark")
     ap.add_argument("--max-seconds", type=float, default=120.0, help="bound per phase")
     ap.add_argument("--pool-size", type=int, default=10, help="PgBouncer server pool")
-    ap.add_argument("--no-prove", action="store_true")
+    ap.add_argument("--no-prove", action="store_true", help="measure without proving the simulated start")
+    ap.add_argument("--prove-only", action="store_true", help="prove the simulated start, measure nothing")
+    ap.add_argument("--drop-call", type=int, default=None, help=argparse.SUPPRESS)  # tests: a replay that lacks a call
     ap.add_argument("--json", help="write the results here too")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -403,23 +442,18 @@ def main() -> None:
         report["seed"] = {"benchmarks": seed["benchmarks"], "warm_benchmarks": warm["benchmarks"]}
         report["plan"] = [m for m, _ in plan]
 
+        if a.drop_call is not None:  # a replay that lacks one query of the real start: the proof must fail
+            del plan[a.drop_call]
         if not a.no_prove:
-            reset_statements(admin)
-            real_start(url)  # untraced
-            real = statements(admin, dbname)
-            reset_statements(admin)
-            one = {"mode": "start", "url": url, "plan": plan, "starts": 1, "threads": 1}
-            run_children({**one, "start_at": time.time(), "max_seconds": 60}, 1, 120)
-            sim = statements(admin, dbname)
-            report["prove"] = {
-                "statements": len(real),
-                "calls": sum(real.values()),
-                "equal": real == sim,
-                "only_real": {q: n for q, n in real.items() if sim.get(q) != n},
-                "only_simulated": {q: n for q, n in sim.items() if real.get(q) != n},
-                "real": real,
-            }
-            print(f"prove: real start == simulated start: {real == sim}", file=sys.stderr)
+            report["prove"] = prove(url, admin, dbname, plan)
+            equal = report["prove"]["equal"]
+            print(f"prove: real start == simulated start: {equal}", file=sys.stderr)
+            if not equal:
+                diff = {k: report["prove"][k] for k in ("only_real", "only_simulated")}
+                raise ProofFailed(f"the simulated start does not issue the real start's statements: {json.dumps(diff)}")
+            if a.prove_only:
+                print(json.dumps(report, indent=2, default=str))
+                return
 
         targets = [
             ("direct, no pool (TUNECACHE_POOL_SIZE=0)", url, 0),

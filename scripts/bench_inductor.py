@@ -34,11 +34,16 @@ max-autotune starts (209 s each on the H200); ``--modes`` runs one mode per comm
 ``--no-stock-cold`` leaves out stock's cold start (tc_first is cold too: stock_warm then restarts on
 the local caches tc_first left, which Inductor fills as it would without tunecache).
 ``--smoke``: CPU, tiny shapes, default mode, float32 (checks the script, in about a minute).
+
+A fleet (N hosts with distinct host ids started together, then N fresh hosts on the warm store,
+against stock cold and warm starts of the same invocation) is scripts/bench_rollout.py's
+``--workloads inductor``, which runs this script's child and hook.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -170,6 +175,8 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         ran["error"] = repr(e)
 
     by_kind: dict[str, int] = {}  # the store's answers per Inductor cache (main process)
+    put_keys: list[str] = []  # the entries this process computed and put (kind:key hash)
+    waits: dict[str, float] = {"seconds": 0.0, "in_vain": 0}  # lease waits (main process)
     if os.environ.get("TUNECACHE_INSTALL"):
         from tunecache.inductor.entries import InductorStore
 
@@ -183,9 +190,27 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
 
         def counted_put(self: Any, kind: str, key: str, data: bytes) -> None:
             by_kind[f"{kind}_put"] = by_kind.get(f"{kind}_put", 0) + 1
+            put_keys.append(f"{kind}:{hashlib.sha256(key.encode()).hexdigest()[:16]}")
             put(self, kind, key, data)
 
         InductorStore.get, InductorStore.put = counted_get, counted_put  # type: ignore[method-assign]
+
+        from tunecache import counters as tc_counters
+        from tunecache.inductor import leases
+
+        on_miss = leases.on_miss
+
+        def timed_on_miss(*args: Any, **kwargs: Any) -> Any:
+            """A lease wait: how long, and whether the entry it waited for landed (a fleet's defect
+            when not: the host waited on a holder that never put it)."""
+            before, t = tc_counters.stats()["inductor_lease_waits"], time.perf_counter()
+            entry = on_miss(*args, **kwargs)
+            if tc_counters.stats()["inductor_lease_waits"] > before:
+                waits["seconds"] += time.perf_counter() - t
+                waits["in_vain"] += entry is None
+            return entry
+
+        leases.on_miss = timed_on_miss
 
     torch.manual_seed(0)
     model = Block().to(device=device, dtype=dtype).eval()
@@ -232,6 +257,9 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         "inductor_counters": {k: v for k, v in sorted(inductor.items()) if v},
         "tunecache": stats,
         "tunecache_by_kind": by_kind,
+        "put_keys": put_keys,
+        "lease_wait_s": round(waits["seconds"], 3),
+        "lease_waits_in_vain": int(waits["in_vain"]),
         "fx_backend": backend,
         **({"benchmark_count_error": ran["error"]} if "error" in ran else {}),
     }
