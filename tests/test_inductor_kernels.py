@@ -232,13 +232,16 @@ def test_a_process_with_an_override_or_dump_knob_neither_files_nor_fetches(store
     tritoncache.install(InductorStore(store))
     shared, built = kernel(60), kernel(61)
     compile_on(tmp_path / "a", monkeypatch, shared)
-    for knob in ("override", "dump_ir"):
-        monkeypatch.setattr(knobs.compilation, knob, True)
+    # Through the environment, as a user sets them: setting a knob attribute would pin it (and write
+    # the variable into os.environ) for every later test of the session.
+    for knob, var in (("override", "TRITON_KERNEL_OVERRIDE"), ("dump_ir", "TRITON_KERNEL_DUMP")):
+        monkeypatch.delitem(vars(knobs.compilation), knob, raising=False)
+        monkeypatch.setenv(var, "1")
         assert sharing.unshared_reason() is not None
         with caplog.at_level(logging.WARNING, logger="tunecache"):
             assert compile_on(tmp_path / knob, monkeypatch, shared)[0] == "compile"  # not fetched
             assert compile_on(tmp_path / knob, monkeypatch, built)[0] == "compile"
-        monkeypatch.setattr(knobs.compilation, knob, False)
+        monkeypatch.delenv(var)
     assert [r["key"] for r in stored(store)] == [shared[0]]
     said = [r for r in caplog.records if "nothing this process builds is shared" in r.getMessage()]
     assert len(said) == 2  # once per reason

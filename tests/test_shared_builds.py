@@ -101,29 +101,33 @@ def _dump_then_edit(dump_dir: Path) -> Path:
 def test_a_dump_or_override_process_shares_nothing_it_built(store_url, tmp_path):
     """Item 2: TRITON_KERNEL_DUMP and TRITON_KERNEL_OVERRIDE do not enter Triton's key. A process with
     either compiles under the normal key; the tuner's upload, heal and the Triton cache seam file
-    nothing of it. The same process without them shares as before."""
+    nothing of it, nor does the tuner store its timings. The same process without them shares as before."""
     v1, v2 = _module(tmp_path / "v1", "in range"), _module(tmp_path / "v2", "the lanes inside N")
     over = tmp_path / "override"
     dump = {"TRITON_KERNEL_DUMP": "1", "TRITON_DUMP_DIR": str(over), "TC_TRITONCACHE": "1"}
-    tuned = _run("tune", v1, tmp_path / "dumper", store_url, "dumper", **dump)
-    assert tuned["stats"]["benchmarks"] == 2
-    assert tuned["binaries"] == [] and tuned["triton_kernels"] == []  # the results are stored, no code
+    dumped = _run("tune", v1, tmp_path / "dumper", store_url, "dumper", **dump)
+    assert dumped["stats"]["benchmarks"] == 2
+    assert dumped["binaries"] == [] and dumped["triton_kernels"] == []  # no code
+    # ... and no timing (tuned in memory): a stock host finds nothing to hit and tunes (no code filed).
+    tuned = _run("tune", v1, tmp_path / "tuner", store_url, "tuner")
+    assert tuned["stats"]["benchmarks"] == 2 and tuned["binaries"] and tuned["spec_kernel_hashes"]
 
     # The edited text, dumped then overridden: heal must record nothing of what this process built.
     healed = _run("restart", v2, tmp_path / "dumper2", store_url, "dumper2", **dump)
     assert healed["stats"]["hits"] == 1 and _compiled(healed)
-    assert healed["spec_kernel_hashes"] == tuned["spec_kernel_hashes"] and healed["binaries"] == []
+    assert healed["spec_kernel_hashes"] == tuned["spec_kernel_hashes"] and healed["binaries"] == tuned["binaries"]
     _dump_then_edit(over)
     override = {"TRITON_KERNEL_OVERRIDE": "1", "TRITON_OVERRIDE_DIR": str(over), "TC_TRITONCACHE": "1"}
     r = _run("restart", v2, tmp_path / "overrider", store_url, "overrider", **override)
     assert _compiled(r) == healed["launched"]  # Triton's normal key, built from the edited PTX
     assert r["spec_kernel_hashes"] == tuned["spec_kernel_hashes"]
-    assert r["binaries"] == [] and r["triton_kernels"] == []
+    assert r["binaries"] == tuned["binaries"] and r["triton_kernels"] == []
 
-    # Without the knobs, the same text heals: its spec and binary are recorded.
+    # Without the knobs, the same text heals: its spec and binary are recorded beside the old text's.
     clean = _run("restart", v2, tmp_path / "clean", store_url, "clean", TC_TRITONCACHE="1")
-    assert clean["launched"] == healed["launched"]
-    assert set(clean["launched"]) <= set(clean["spec_kernel_hashes"]) and clean["launched"] == clean["binaries"]
+    assert clean["launched"] == healed["launched"] and not set(clean["launched"]) & set(tuned["binaries"])
+    assert set(clean["launched"]) <= set(clean["spec_kernel_hashes"])
+    assert clean["binaries"] == sorted(tuned["binaries"] + clean["launched"])
 
 
 @pytest.mark.parametrize("store_url", ["sqlite", "postgresql"], indirect=True)
@@ -153,6 +157,9 @@ def test_a_process_whose_builds_stay_here_keeps_its_timings_here_too(sqlite_url,
     from tunecache.store.opening import open_store
 
     tinykernels.launch(tinykernels.make_add(store=sqlite_url), 64)  # a stock host tunes N=64
+    from triton import knobs
+
+    monkeypatch.delitem(vars(knobs.compilation), "override", raising=False)  # the variable decides
     monkeypatch.setenv("TRITON_KERNEL_OVERRIDE", "1")
     k = tinykernels.make_add(store=sqlite_url)
     tinykernels.launch(k, 64)  # a hit: read as any host reads it
