@@ -415,6 +415,18 @@ class Fleet:
         finally:
             s.close()
 
+    @staticmethod
+    def size(url: str) -> dict[str, Any]:
+        """The store's size after a cold fleet: torch.compile's entries and bytes by cache, rows by table."""
+        from tunecache.store.opening import open_store
+
+        s = open_store(url)
+        try:
+            inductor = {k: v for k, v in s.inductor_counts().items() if v["entries"]}
+            return {"inductor": inductor, "inductor_bytes": sum(v["bytes"] for v in inductor.values()), **s.counts()}
+        finally:
+            s.close()
+
 
 # ---- scenarios ------------------------------------------------------------------------------------
 
@@ -464,6 +476,7 @@ def run_scenarios(fl: Fleet, workload: str) -> dict[str, Any]:
         if "cold" in scen:
             log(f"cold fleet: {n} hosts, empty store")
             record("cold", fl.fleet(workload, url, fl.fresh(n, "cold")))
+            out["cold"]["store_size"] = fl.size(url)  # what one model costs the store
         else:
             log("seeding the store: one host")
             fl.fleet(workload, url, fl.fresh(1, "seed"))
