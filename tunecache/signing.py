@@ -53,6 +53,12 @@ def _crypto() -> Any:
     return ed25519
 
 
+def verifier_ready() -> None:
+    """Import the crypto library now (a background warm-up: the first verification then pays no
+    import); SigningError if it is missing."""
+    _crypto()
+
+
 def key_id(raw_public: bytes) -> str:
     return hashlib.sha256(raw_public).hexdigest()[:16]
 
@@ -297,6 +303,7 @@ __all__ = [
     "Signer",
     "file_public_key",
     "key_id",
+    "verifier_ready",
     "key_file_problems",
     "keygen",
     "process_signer",

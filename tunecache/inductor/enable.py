@@ -15,11 +15,12 @@ processes that never compile never import torch._inductor because of tunecache.
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 from tunecache import settings
 from tunecache.inductor import leases
-from tunecache.inductor.entries import InductorStore
+from tunecache.inductor.entries import InductorStore, default
 
 log = logging.getLogger("tunecache")
 
@@ -72,6 +73,9 @@ def enable(entries: InductorStore | None = None, *, switch_on: bool = True) -> l
                 setattr(config, attr, True)
     if done:
         leases.watch_compiles()  # a lease taken in a compile ends with it (see tunecache.inductor.leases)
+    if done:  # the store opened while torch traces, not at the first lookup of the compile
+        warm = (entries or default()).warm
+        threading.Thread(target=warm, name="tunecache-inductor-warm", daemon=True).start()
     if done and settings.get("TUNECACHE_INDUCTOR_KERNELS"):
         from tunecache.inductor import tritoncache
 
