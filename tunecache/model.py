@@ -168,6 +168,16 @@ class Binary:
 #: The caches of torch.compile (Inductor) whose entries tunecache keeps (:mod:`tunecache.inductor`):
 #: Inductor's four remote caches, and the Triton kernels it compiles (:mod:`tunecache.inductor.tritoncache`).
 INDUCTOR_KINDS = ("autotune", "bundled_autotune", "fx_graph", "aot_autograd", "triton_kernel")
+#: The fields of the target an Inductor entry is bound to (the store's columns, an export's ``target``).
+INDUCTOR_TARGET_FIELDS = (
+    "backend",
+    "arch",
+    "device_name",
+    "driver_version",
+    "driver_release",
+    "torch_version",
+    "triton_version",
+)
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,6 @@ from tunecache.exchange.format import (
     FORMAT_NAME,
     FORMAT_VERSION,
     GZIP_LEVEL,
-    INDUCTOR_TARGET_FIELDS,
     INDUCTOR_VERSION,
     MAX_INDUCTOR_LINE_BYTES,
     MAX_LINE_BYTES,
@@ -46,6 +45,7 @@ from tunecache.exchange.format import (
 from tunecache.model import (
     BINARY_FIELDS_SIGNED,
     CONFIG_ROW_COLUMNS,
+    INDUCTOR_TARGET_FIELDS,
     LAUNCH_SPEC_COLUMNS,
     LAUNCH_SPEC_FIELDS,
     LAUNCH_SPEC_FIELDS_SIGNED,

@@ -269,15 +269,6 @@ HEADER_FIELDS_V3 = (*HEADER_FIELDS, "binaries", "signed_by")
 HEADER_FIELDS_V5 = (*HEADER_FIELDS_V3, "inductor_entries")
 #: The fields of a torch.compile cache entry line (version 5), in order.
 INDUCTOR_FIELDS = ("cache", "key", "target_digest", "target", "sha256", "value", "signature")
-INDUCTOR_TARGET_FIELDS = (
-    "backend",
-    "arch",
-    "device_name",
-    "driver_version",
-    "driver_release",
-    "torch_version",
-    "triton_version",
-)
 #: What a file written before the driver release was recorded may leave out of an entry's target.
 INDUCTOR_TARGET_OPTIONAL = frozenset({"driver_release"})
 MAX_INDUCTOR_KEY = 4096

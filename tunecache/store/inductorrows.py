@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from tunecache.model import INDUCTOR_KINDS, InductorEntry, utcnow
+from tunecache.model import INDUCTOR_KINDS, INDUCTOR_TARGET_FIELDS, InductorEntry, utcnow
 from tunecache.store.filters import not_this_driver
 from tunecache.store.schema import inductor_entries
 from tunecache.store.signers import kept_out_by, replaceable_by
@@ -33,18 +33,8 @@ class InductorRows:
 
         def _inserted(self, conn: Connection, table: sa.Table, values: dict[str, Any]) -> bool: ...
 
-    _INDUCTOR_TARGET = (
-        "backend",
-        "arch",
-        "device_name",
-        "driver_version",
-        "driver_release",
-        "torch_version",
-        "triton_version",
-    )
-
     def _inductor_entry(self, r: Any) -> InductorEntry:
-        target = {k: r[k] for k in self._INDUCTOR_TARGET}
+        target = {k: r[k] for k in INDUCTOR_TARGET_FIELDS}
         return InductorEntry(
             r["kind"], r["key"], r["target_digest"], bytes(r["value"]), target, r["signature"], r["sha256"]
         )
@@ -121,7 +111,7 @@ class InductorRows:
             "sha256": en.sha256,
             "size": en.size,
             "value": en.value,
-            **{k: str(en.target.get(k, ""))[: inductor_entries.c[k].type.length] for k in self._INDUCTOR_TARGET},
+            **{k: str(en.target.get(k, ""))[: inductor_entries.c[k].type.length] for k in INDUCTOR_TARGET_FIELDS},
             "host": hostname(),
             "created_at": now,
             "used_at": now,
@@ -176,7 +166,7 @@ class InductorRows:
     def list_inductor(self, limit: int | None = None, **filters: Any) -> list[dict[str, Any]]:
         """The matching entries without their bytes, most recently used first (``tunecache ls --inductor``)."""
         e = inductor_entries.c
-        cols = (e.kind, e.key, e.target_digest, *(e[k] for k in self._INDUCTOR_TARGET), e.size, e.hit_count)
+        cols = (e.kind, e.key, e.target_digest, *(e[k] for k in INDUCTOR_TARGET_FIELDS), e.size, e.hit_count)
         q = sa.select(*cols, e.used_at, e.host, (e.signature.is_not(None)).label("signed"))
         q = q.where(*self._inductor_where(**filters)).order_by(e.used_at.desc(), e.kind, e.key)
         if limit:
