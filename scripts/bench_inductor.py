@@ -109,6 +109,19 @@ MODES = ("default", "max-autotune-no-cudagraphs")
 # ---- one start (the child process) ---------------------------------------------------------------
 
 
+def child_spec(*, cpu: bool, d: int, heads: int, seq: list[int], mode: str, outputs: Path) -> dict[str, Any]:
+    """What one start of the block is told (``--child``): float32 on the CPU, bf16 on the GPU."""
+    return {
+        "device": "cpu" if cpu else "cuda",
+        "dtype": "float32" if cpu else "bfloat16",
+        "d": d,
+        "heads": heads,
+        "seq": seq,
+        "mode": mode,
+        "outputs": str(outputs),
+    }
+
+
 def child(spec: dict[str, Any]) -> dict[str, Any]:
     """One fresh start: compile the block, run every length once, report what it took."""
     t_proc = time.perf_counter()
@@ -292,15 +305,7 @@ class Bench:
         log.parent.mkdir(exist_ok=True)
         log.unlink(missing_ok=True)
         outputs = self.out / "logs" / f"{mode}-{name}.pt"
-        spec = {
-            "device": "cpu" if a.smoke else "cuda",
-            "dtype": "float32" if a.smoke else "bfloat16",
-            "d": a.d,
-            "heads": a.heads,
-            "seq": a.seq,
-            "mode": mode,
-            "outputs": str(outputs),
-        }
+        spec = child_spec(cpu=a.smoke, d=a.d, heads=a.heads, seq=a.seq, mode=mode, outputs=outputs)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("TUNECACHE_", "TORCHINDUCTOR_"))}
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(self.hook), os.environ.get("PYTHONPATH")) if p)
         env["BENCH_COMPILE_LOG"] = str(log)

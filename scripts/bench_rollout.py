@@ -249,15 +249,10 @@ class Fleet:
         if workload.startswith("inductor:"):
             outputs = self.out / "outputs" / f"{tag}.pt"
             outputs.parent.mkdir(exist_ok=True)
-            spec = {
-                "device": "cpu" if a.cpu else "cuda",
-                "dtype": "float32" if a.cpu else "bfloat16",
-                "d": a.d,
-                "heads": a.model_heads,
-                "seq": a.seq,
-                "mode": workload.split(":", 1)[1],
-                "outputs": str(outputs),
-            }
+            mode = workload.split(":", 1)[1]
+            spec = bench_inductor.child_spec(
+                cpu=a.cpu, d=a.d, heads=a.model_heads, seq=a.seq, mode=mode, outputs=outputs
+            )
             return [sys.executable, bench_inductor.__file__, "--child", json.dumps(spec)]
         if workload == "fla":
             import textwrap

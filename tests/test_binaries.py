@@ -22,6 +22,7 @@ from typing import Any
 import orjson
 import pytest
 from click.testing import CliRunner
+from healkernel_runs import kernel_module, run_phase
 from processes import run_json
 from realcli import cli_process, one_line_error
 
@@ -560,49 +561,19 @@ def test_only_the_modules_triton_builds_are_host_modules():
 # ---- a comment edit: the first compile of a stored winner records its binary (issue 25, item 5) ------
 
 
-#: tests/heal_roundtrip.py's kernel module (healkernel.py), as tuned; COMMENT is what the edit changes.
-_HEAL_KERNEL = """
-import triton
-import triton.language as tl
-
-CONFIGS = [
-    triton.Config({"BLOCK": 64}, num_warps=4, num_stages=1),
-    triton.Config({"BLOCK": 128}, num_warps=2, num_stages=1),
-]
-
-
-@triton.jit
-def add_two(X, Y, N, BLOCK: tl.constexpr):
-    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    m = i < N  # COMMENT
-    tl.store(Y + i, tl.load(X + i, mask=m) + 2, mask=m)
-"""
-
-
-def _heal_run(phase: str, kernel_dir: Path, cache: Path, url: str, **env: str) -> dict[str, Any]:
-    env = {"KERNEL_DIR": str(kernel_dir), "TRITON_CACHE_DIR": str(cache), "TUNECACHE_URL": url, **env}
-    return run_json(["heal_roundtrip.py", phase], env=env)
-
-
-def _kernel_module(where: Path, comment: str) -> Path:
-    where.mkdir()
-    (where / "healkernel.py").write_text(_HEAL_KERNEL.replace("COMMENT", comment))
-    return where
-
-
 def test_after_a_comment_edit_a_hit_records_its_winners_binary_so_the_fleet_stops_compiling(tmp_path):
     """Triton's key covers comments, tunecache's source hash does not: after a comment edit every stored
     problem still hits, but the stored spec and binary sit under the old Triton key. The first compile
     of a hit's winner (once per process) records its spec and binary under the new key; from then on a
     fresh host places and preloads them and compiles nothing."""
     url = f"sqlite:///{tmp_path / 'fleet.sqlite3'}"
-    tuned = _heal_run("tune", _kernel_module(tmp_path / "v1", "in range"), tmp_path / "tuner-cache", url)
+    tuned = run_phase("tune", kernel_module(tmp_path / "v1", "in range"), tmp_path / "tuner-cache", url)
     assert tuned["stats"]["benchmarks"] == 2 and len(tuned["spec_kernel_hashes"]) == 1
     old = tuned["spec_kernel_hashes"]
     assert tuned["binaries"] == old
 
-    edited = _kernel_module(tmp_path / "v2", "the lanes inside N")
-    r = _heal_run("restart", edited, tmp_path / "host-b-cache", url)
+    edited = kernel_module(tmp_path / "v2", "the lanes inside N")
+    r = run_phase("restart", edited, tmp_path / "host-b-cache", url)
     assert r["source_hash"] == tuned["source_hash"] and r["cache_key"] != tuned["cache_key"]
     assert r["stats"]["hits"] == 1 and r["stats"]["benchmarks"] == 0
     # The stored spec names the binary of the old text: the preload compiles it, finds another binary, drops it.
@@ -615,7 +586,7 @@ def test_after_a_comment_edit_a_hit_records_its_winners_binary_so_the_fleet_stop
     assert r["spec_kernel_hashes"] == sorted(old + new) and r["binaries"] == sorted(old + new)
 
     # A fresh host with the edited source: places the binary, preloads it, compiles nothing, skips nothing.
-    fresh = _heal_run("restart", edited, tmp_path / "host-c-cache", url)
+    fresh = run_phase("restart", edited, tmp_path / "host-c-cache", url)
     assert fresh["stats"]["hits"] == 1 and fresh["stats"]["benchmarks"] == 0
     assert fresh["loaded"] == 1 and fresh["stats"]["preload_skipped"] == 0
     assert fresh["compiles_at_preload"] == [{"hash": new[0], "cache_hit": True}]
@@ -625,12 +596,12 @@ def test_after_a_comment_edit_a_hit_records_its_winners_binary_so_the_fleet_stop
 
 def test_a_comment_edit_records_nothing_from_a_process_that_must_not_write(tmp_path):
     url = f"sqlite:///{tmp_path / 'fleet.sqlite3'}"
-    tuned = _heal_run("tune", _kernel_module(tmp_path / "v1", "in range"), tmp_path / "tuner-cache", url)
-    edited = _kernel_module(tmp_path / "v2", "the lanes inside N")
-    r = _heal_run("restart", edited, tmp_path / "cache-readonly", url, TUNECACHE_MODE="readonly")
+    tuned = run_phase("tune", kernel_module(tmp_path / "v1", "in range"), tmp_path / "tuner-cache", url)
+    edited = kernel_module(tmp_path / "v2", "the lanes inside N")
+    r = run_phase("restart", edited, tmp_path / "cache-readonly", url, TUNECACHE_MODE="readonly")
     assert r["stats"]["hits"] == 1 and r["stats"]["benchmarks"] == 0 and r["launched"] != tuned["spec_kernel_hashes"]
     assert r["spec_kernel_hashes"] == tuned["spec_kernel_hashes"] and r["binaries"] == tuned["binaries"]
     # TUNECACHE_BINARIES=0: the spec is recorded (a preload then loads the kernel early), not the binary.
-    r = _heal_run("restart", edited, tmp_path / "cache-nobin", url, TUNECACHE_BINARIES="0")
+    r = run_phase("restart", edited, tmp_path / "cache-nobin", url, TUNECACHE_BINARIES="0")
     assert r["spec_kernel_hashes"] == sorted(tuned["spec_kernel_hashes"] + r["launched"])
     assert r["binaries"] == tuned["binaries"]

@@ -358,6 +358,21 @@ def test_hopper_fp8_kernel_matches_the_reference_for_every_config_and_records_it
     assert failure["required"] == 322560 and failure["limit"] == 232448, failure
 
 
+def _bench_inductor_hook(tmp_path: Path) -> Path:
+    """A folder with scripts/bench_inductor.py's sitecustomize.py: tunecache's start-up hook and its
+    compile counter in a child, as the .pth of an install would run it."""
+    import importlib.util
+
+    root = Path(__file__).resolve().parent.parent
+    spec_ = importlib.util.spec_from_file_location("bench_inductor", root / "scripts" / "bench_inductor.py")
+    bench = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(bench)
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(bench.HOOK)
+    return hook
+
+
 def test_torch_compile_on_a_fresh_host_with_the_store_warm_runs_no_autotune_benchmarks(tmp_path):
     """Issue 28: max-autotune torch.compile of the bench's transformer block. A tunecache start with
     empty local caches and an empty store autotunes and fills the store; a fresh host (new empty
@@ -368,17 +383,11 @@ def test_torch_compile_on_a_fresh_host_with_the_store_warm_runs_no_autotune_benc
     cache, and come from the store's Triton kernels on a fresh host: docs/benchmarks.md), serves
     entries from the store, and computes what the filling start did (bit for bit: the same kernels
     and configs) and what stock torch.compile does (to bf16 tolerance: stock's own autotuning may pick other GEMMs)."""
-    import importlib.util
     import json
     from concurrent.futures import ThreadPoolExecutor
 
     root = Path(__file__).resolve().parent.parent
-    spec_ = importlib.util.spec_from_file_location("bench_inductor", root / "scripts" / "bench_inductor.py")
-    bench = importlib.util.module_from_spec(spec_)
-    spec_.loader.exec_module(bench)
-    hook = tmp_path / "hook"
-    hook.mkdir()
-    (hook / "sitecustomize.py").write_text(bench.HOOK)  # tunecache's start-up hook, as its .pth would run it
+    hook = _bench_inductor_hook(tmp_path)
     url = f"sqlite:///{tmp_path / 'store.sqlite3'}"
 
     def start(name: str, caches: str, with_tunecache: bool) -> tuple[dict, list]:
@@ -421,18 +430,12 @@ def test_hosts_started_together_leave_no_lease_and_wait_no_longer_than_the_first
     them): 4 hosts with distinct host ids start torch.compile together on one empty store. No host
     waits longer than the first host's whole run plus two lease periods (it waited 287 s on leases
     nobody put: TUNECACHE_WAIT_SECONDS), and no lease is left in the store once they have ended."""
-    import importlib.util
     import json
     import sqlite3
     from concurrent.futures import ThreadPoolExecutor
 
     root = Path(__file__).resolve().parent.parent
-    spec_ = importlib.util.spec_from_file_location("bench_inductor", root / "scripts" / "bench_inductor.py")
-    bench = importlib.util.module_from_spec(spec_)
-    spec_.loader.exec_module(bench)
-    hook = tmp_path / "hook"
-    hook.mkdir()
-    (hook / "sitecustomize.py").write_text(bench.HOOK)
+    hook = _bench_inductor_hook(tmp_path)
     store = tmp_path / "store.sqlite3"
     lease_s = 10
 

@@ -20,45 +20,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from processes import run_json
+from healkernel_runs import kernel_module, run_phase
 
 pytest.importorskip("torch._inductor.remote_cache")
 
-#: tests/heal_roundtrip.py's kernel module (healkernel.py); COMMENT is what an edit changes.
-_KERNEL = """
-import triton
-import triton.language as tl
-
-CONFIGS = [
-    triton.Config({"BLOCK": 64}, num_warps=4, num_stages=1),
-    triton.Config({"BLOCK": 128}, num_warps=2, num_stages=1),
-]
-
-
-@triton.jit
-def add_two(X, Y, N, BLOCK: tl.constexpr):
-    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    m = i < N  # COMMENT
-    tl.store(Y + i, tl.load(X + i, mask=m) + 2, mask=m)
-"""
-
-
-def _module(where: Path, comment: str) -> Path:
-    where.mkdir(exist_ok=True)
-    (where / "healkernel.py").write_text(_KERNEL.replace("COMMENT", comment))
-    return where
-
 
 def _run(phase: str, kernel_dir: Path, cache: Path, url: str, host: str, **env: str) -> dict[str, Any]:
-    env = {
-        "KERNEL_DIR": str(kernel_dir),
-        "TRITON_CACHE_DIR": str(cache),
-        "TUNECACHE_URL": url,
-        "TUNECACHE_HOST_ID": host,
-        "TUNECACHE_TRUST_STORE": "yes",
-        **env,
-    }
-    return run_json(["heal_roundtrip.py", phase], env=env)
+    return run_phase(phase, kernel_dir, cache, url, TUNECACHE_HOST_ID=host, TUNECACHE_TRUST_STORE="yes", **env)
 
 
 def _compiled(r: dict[str, Any]) -> list[str]:
@@ -69,7 +37,7 @@ def _compiled(r: dict[str, Any]) -> list[str]:
 def test_kernels_compiled_inside_a_benchmark_are_not_filed_the_winners_binary_is(store_url, tmp_path):
     """Item 10: the tune phase compiles both configs inside tunecache's benchmark; none is filed as a
     torch.compile Triton kernel entry, and the winner's binary is uploaded by the tuner."""
-    v1 = _module(tmp_path / "v1", "in range")
+    v1 = kernel_module(tmp_path / "v1", "in range")
     tuned = _run("tune", v1, tmp_path / "tuner", store_url, "tuner", TC_TRITONCACHE="1")
     assert tuned["stats"]["benchmarks"] == 2
     assert tuned["triton_kernels"] == []
@@ -80,7 +48,7 @@ def test_kernels_compiled_inside_a_benchmark_are_not_filed_the_winners_binary_is
 def test_a_placed_binary_is_not_filed_again_as_this_hosts_own(store_url, tmp_path):
     """Item 3: a fresh host with the Triton cache seam places the stored winner's binary (a row it
     trusts); that placement is not a build of this process and is not filed as a signed entry."""
-    v1 = _module(tmp_path / "v1", "in range")
+    v1 = kernel_module(tmp_path / "v1", "in range")
     tuned = _run("tune", v1, tmp_path / "tuner", store_url, "tuner")
     fresh = _run("restart", v1, tmp_path / "fresh", store_url, "fresh", TC_TRITONCACHE="1")
     assert fresh["loaded"] == 1 and _compiled(fresh) == []  # placed and preloaded: nothing compiled
@@ -102,7 +70,7 @@ def test_a_dump_or_override_process_shares_nothing_it_built(store_url, tmp_path)
     """Item 2: TRITON_KERNEL_DUMP and TRITON_KERNEL_OVERRIDE do not enter Triton's key. A process with
     either compiles under the normal key; the tuner's upload, heal and the Triton cache seam file
     nothing of it, nor does the tuner store its timings. The same process without them shares as before."""
-    v1, v2 = _module(tmp_path / "v1", "in range"), _module(tmp_path / "v2", "the lanes inside N")
+    v1, v2 = kernel_module(tmp_path / "v1", "in range"), kernel_module(tmp_path / "v2", "the lanes inside N")
     over = tmp_path / "override"
     dump = {"TRITON_KERNEL_DUMP": "1", "TRITON_DUMP_DIR": str(over), "TC_TRITONCACHE": "1"}
     dumped = _run("tune", v1, tmp_path / "dumper", store_url, "dumper", **dump)
@@ -134,7 +102,7 @@ def test_a_dump_or_override_process_shares_nothing_it_built(store_url, tmp_path)
 def test_hosts_on_two_texts_heal_alternately_and_both_keep_their_specs(store_url, tmp_path):
     """Item 8: a rolling deploy of a comment edit. Old-text and new-text hosts each heal; neither
     deletes the other's spec, and a fresh host of either text compiles nothing."""
-    v1, v2 = _module(tmp_path / "v1", "in range"), _module(tmp_path / "v2", "the lanes inside N")
+    v1, v2 = kernel_module(tmp_path / "v1", "in range"), kernel_module(tmp_path / "v2", "the lanes inside N")
     tuned = _run("tune", v1, tmp_path / "tuner", store_url, "old-1")
     old = tuned["spec_kernel_hashes"]
     new_host = _run("restart", v2, tmp_path / "new-1", store_url, "new-1")
