@@ -47,8 +47,10 @@ from __future__ import annotations
 import argparse
 import collections
 import importlib.util
+import io
 import json
 import os
+import pstats
 import shutil
 import subprocess
 import sys
@@ -280,9 +282,13 @@ class Fleet:
         env["BENCH_COMPILE_LOG"] = str(log)
         if workload == "fla":
             env.update(FLA_CACHE_RESULTS="0", BENCH_PAUSE_S="0")
+        cmd = self.command(workload, tag, version)
+        prof = Path(dirs["TRITON_CACHE_DIR"]).parent / "profile.prof"
+        if self.a.profile and cmd[1] != "-c":  # where a fresh host's time goes (issue 35)
+            cmd = [cmd[0], "-m", "cProfile", "-o", str(prof), *cmd[1:]]
         t = time.perf_counter()
         r = subprocess.run(
-            self.command(workload, tag, version),
+            cmd,
             env=env,
             capture_output=True,
             text=True,
@@ -291,6 +297,10 @@ class Fleet:
         )
         wall = time.perf_counter() - t
         Path(dirs["TRITON_CACHE_DIR"]).parent.joinpath("stderr").write_text(r.stderr)
+        if prof.exists():
+            top = io.StringIO()
+            pstats.Stats(str(prof), stream=top).sort_stats("cumulative").print_stats(80)
+            prof.with_suffix(".txt").write_text(top.getvalue())
         res: dict[str, Any] = {"host": host, "trust": trust, "version": version, "wall_s": round(wall, 3)}
         lines = [ln for ln in r.stdout.splitlines() if ln.strip()]
         if r.returncode != 0 or not lines:
@@ -801,6 +811,11 @@ def main() -> None:
     )
     p.add_argument("--gpus", type=int, default=None, help="GPUs to spread hosts over (default: all visible)")
     p.add_argument("--timeout", type=float, default=580.0, help="seconds per host")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="run each host (not fla's) under cProfile: DIR/hosts/*/profile.prof and its top functions in profile.txt",
+    )
     p.add_argument("--check", action="store_true", help="exit 1 when a target on counts is missed")
     p.add_argument("--check-times", action="store_true", help="with --check: the targets on times too (GPU)")
     a = p.parse_args()
