@@ -95,6 +95,12 @@ class _Finder:
 
 if os.environ.get("BENCH_COMPILE_LOG"):
     sys.meta_path.insert(0, _Finder())
+if os.environ.get("BENCH_TUNECACHE_LOG"):  # tunecache's debug lines of every process (leases: who waits on what)
+    import logging
+    _h = logging.FileHandler(os.environ["BENCH_TUNECACHE_LOG"])
+    _h.setFormatter(logging.Formatter("%(created).3f %(process)d %(message)s"))
+    logging.getLogger("tunecache").addHandler(_h)
+    logging.getLogger("tunecache").setLevel(logging.DEBUG)
 if os.environ.get("TUNECACHE_INSTALL"):  # what tunecache-install.pth does in site-packages
     try:
         __import__("_tunecache_startup")

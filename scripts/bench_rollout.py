@@ -280,6 +280,8 @@ class Fleet:
         env = self.env(host, dirs, url, trust)
         log = Path(dirs["TRITON_CACHE_DIR"]).parent / "compiles.log"
         env["BENCH_COMPILE_LOG"] = str(log)
+        if self.a.debug_log:
+            env["BENCH_TUNECACHE_LOG"] = str(log.with_name("tunecache.log"))
         if workload == "fla":
             env.update(FLA_CACHE_RESULTS="0", BENCH_PAUSE_S="0")
         cmd = self.command(workload, tag, version)
@@ -811,6 +813,11 @@ def main() -> None:
     )
     p.add_argument("--gpus", type=int, default=None, help="GPUs to spread hosts over (default: all visible)")
     p.add_argument("--timeout", type=float, default=580.0, help="seconds per host")
+    p.add_argument(
+        "--debug-log",
+        action="store_true",
+        help="tunecache's debug lines of every process of a host (compile workers too) in DIR/hosts/*/tunecache.log",
+    )
     p.add_argument(
         "--profile",
         action="store_true",

@@ -110,10 +110,13 @@ def on_miss(store: Store, kind: str, key: str, target_digest: str) -> InductorEn
     ttl = lease_seconds()
     digest = lease_digest(kind, key, target_digest)
     if _take(store, digest, kind, ttl):
+        log.debug("tunecache: torch.compile %s %s: missed, lease taken by %s", kind, key[:16], _holder)
         return None
     row = store.lease_of(digest)
     if row is None or row["host"] == lease_host():
+        log.debug("tunecache: torch.compile %s %s: missed, lease %s", kind, key[:16], row and "of this host")
         return None  # released meanwhile (then the entry may be there: Inductor asks again next start)
+    log.debug("tunecache: torch.compile %s %s: missed, waiting on %s of %s", kind, key[:16], row["holder"], row["host"])
     counters.count(None, None, inductor_lease_waits=1)
     started = time.monotonic()
     deadline, looks = started + wait, 0
@@ -124,10 +127,15 @@ def on_miss(store: Store, kind: str, key: str, target_digest: str) -> InductorEn
             looks += 1
             entry = store.get_inductor(kind, key, target_digest)
             if entry is not None:
+                log.debug("tunecache: torch.compile %s %s: served after the wait", kind, key[:16])
                 return entry
             row = store.lease_of(digest)
             if row is None or row["expires_at"] < time.time() or row["host"] == lease_host():
+                why = "released" if row is None else "lapsed" if row["expires_at"] < time.time() else "this host's"
+                log.debug("tunecache: torch.compile %s %s: lease %s without a put: computing", kind, key[:16], why)
                 break  # released without a put, lapsed (holder killed), or its host's now: compute
+        else:
+            log.debug("tunecache: torch.compile %s %s: waited TUNECACHE_WAIT_SECONDS: computing", kind, key[:16])
         _take(store, digest, kind, ttl)
         return None
     finally:
@@ -156,6 +164,7 @@ def release_all() -> None:
         items = list(_held.items())
         _held.clear()
     for digest, h in items:
+        log.debug("tunecache: torch.compile %s lease %s released (process end)", h.kind, digest[:12])
         with contextlib.suppress(Exception):
             h.store.release_lease(digest, _holder)
 
@@ -200,6 +209,8 @@ def _heartbeat() -> None:
                     with _lock:
                         _held.pop(digest, None)
                     h.store.release_lease(digest, _holder)
+                    why = "idle" if idle else "compile ended"
+                    log.debug("tunecache: torch.compile %s lease %s released (%s)", h.kind, digest[:12], why)
                 elif not h.store.renew_lease(digest, _holder, ttl):
                     with _lock:  # put by another process (or taken over): no longer ours
                         _held.pop(digest, None)
