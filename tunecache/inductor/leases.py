@@ -110,13 +110,13 @@ def on_miss(store: Store, kind: str, key: str, target_digest: str) -> InductorEn
     ttl = lease_seconds()
     digest = lease_digest(kind, key, target_digest)
     if _take(store, digest, kind, ttl):
-        log.debug("tunecache: torch.compile %s %s: missed, lease taken by %s", kind, key[:16], _holder)
+        log.debug("tunecache: torch.compile %s: missed, lease %s taken by %s", _named(kind, key), digest[:12], _holder)
         return None
     row = store.lease_of(digest)
     if row is None or row["host"] == lease_host():
-        log.debug("tunecache: torch.compile %s %s: missed, lease %s", kind, key[:16], row and "of this host")
+        log.debug("tunecache: torch.compile %s: missed, lease %s", _named(kind, key), row and "of this host")
         return None  # released meanwhile (then the entry may be there: Inductor asks again next start)
-    log.debug("tunecache: torch.compile %s %s: missed, waiting on %s of %s", kind, key[:16], row["holder"], row["host"])
+    log.debug("tunecache: torch.compile %s: missed, waiting on %s of %s", _named(kind, key), row["holder"], row["host"])
     counters.count(None, None, inductor_lease_waits=1)
     started = time.monotonic()
     deadline, looks = started + wait, 0
@@ -127,19 +127,24 @@ def on_miss(store: Store, kind: str, key: str, target_digest: str) -> InductorEn
             looks += 1
             entry = store.get_inductor(kind, key, target_digest)
             if entry is not None:
-                log.debug("tunecache: torch.compile %s %s: served after the wait", kind, key[:16])
+                log.debug("tunecache: torch.compile %s: served after the wait", _named(kind, key))
                 return entry
             row = store.lease_of(digest)
             if row is None or row["expires_at"] < time.time() or row["host"] == lease_host():
                 why = "released" if row is None else "lapsed" if row["expires_at"] < time.time() else "this host's"
-                log.debug("tunecache: torch.compile %s %s: lease %s without a put: computing", kind, key[:16], why)
+                log.debug("tunecache: torch.compile %s: lease %s without a put: computing", _named(kind, key), why)
                 break  # released without a put, lapsed (holder killed), or its host's now: compute
         else:
-            log.debug("tunecache: torch.compile %s %s: waited TUNECACHE_WAIT_SECONDS: computing", kind, key[:16])
+            log.debug("tunecache: torch.compile %s: waited TUNECACHE_WAIT_SECONDS: computing", _named(kind, key))
         _take(store, digest, kind, ttl)
         return None
     finally:
         counters.count(None, None, inductor_wait_seconds=time.monotonic() - started)
+
+
+def _named(kind: str, key: str) -> str:
+    """An entry as debug lines (and bench_inductor's put list) name it: its kind and key hash."""
+    return f"{kind}:{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
 
 def on_put(store: Store, kind: str, key: str, target_digest: str) -> None:
@@ -150,6 +155,7 @@ def on_put(store: Store, kind: str, key: str, target_digest: str) -> None:
     with _lock:
         _held.pop(digest, None)
     store.release_lease(digest, None)
+    log.debug("tunecache: torch.compile %s: put, lease %s released", _named(kind, key), digest[:12])
 
 
 def held() -> int:
