@@ -103,9 +103,8 @@ def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("TUNECACHE_CPU_BENCH_REPS", "1")
     import tunecache
-    from tunecache import counters
+    from tunecache import counters, writeback
     from tunecache.store.opening import reset_shared_stores
-    from tunecache.tuner import writeback
 
     tunecache.reset_stats()
     counters.reset_warnings()

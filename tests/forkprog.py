@@ -25,10 +25,10 @@ from dataclasses import replace  # noqa: E402
 import tinykernels  # noqa: E402
 
 import tunecache  # noqa: E402
-from tunecache import counters  # noqa: E402
+from tunecache import counters, writeback  # noqa: E402
 from tunecache.store import breaker, migrate, opening  # noqa: E402
 from tunecache.store.opening import open_store  # noqa: E402
-from tunecache.tuner import background, companions, writeback  # noqa: E402
+from tunecache.tuner import background, companions  # noqa: E402
 
 CHILD_LIMIT_S = 60
 

@@ -37,7 +37,7 @@ _asleep = None  # a queue the workers say "asleep" on
 
 def init(asleep) -> None:
     global _asleep
-    from tunecache.tuner import writeback
+    from tunecache import writeback
 
     writeback.FLUSH_DELAY_S = 600.0  # the flusher would write nothing before the worker ends
     _asleep = asleep

@@ -56,7 +56,7 @@ def test_restart_in_a_new_process_does_no_benchmarks(sqlite_url):
 
 FIRST_HIT = """
     import json, threading, time, tinykernels, tunecache
-    from tunecache.tuner import writeback
+    from tunecache import writeback
     writeback.FLUSH_DELAY_S = 0.2
     k = tinykernels.make_add()
     k.wait_for_prefetch()

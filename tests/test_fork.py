@@ -63,7 +63,7 @@ RESETTING_MODULES = {
     "tunecache.store.store",
     "tunecache.tuner.background",
     "tunecache.tuner.companions",
-    "tunecache.tuner.writeback",
+    "tunecache.writeback",
 }
 
 FORK_PROGRAM = """

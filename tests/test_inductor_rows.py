@@ -16,6 +16,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -25,7 +26,7 @@ pytest.importorskip("torch._inductor.remote_cache")
 
 from realcli import tc  # noqa: E402
 
-from tunecache import counters, signing, trust  # noqa: E402
+from tunecache import counters, signing, trust, writeback  # noqa: E402
 from tunecache.inductor import entries as inductor_entries  # noqa: E402
 from tunecache.inductor.entries import InductorStore  # noqa: E402
 from tunecache.store.opening import open_store  # noqa: E402
@@ -55,6 +56,31 @@ def keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, str]]:
 def store(store_url: str):
     with contextlib.closing(open_store(store_url)) as s:
         yield s
+
+
+# ---- a hit's use is recorded off the compile's path --------------------------------------------
+
+
+def test_a_hit_is_served_without_waiting_for_the_store_to_record_it(store, monkeypatch):
+    """A hit's use (``used_at``, ``hit_count``: what gc keeps by) is written by the deferred writes:
+    a store whose writes wait (a fleet's puts of megabytes hold its write lock) never delays the
+    bytes a fresh host's compile waits for; the use lands at the next flush."""
+    monkeypatch.setenv("TUNECACHE_TRUST_STORE", "yes")  # unsigned entries, served as on a trusted store
+    entries = InductorStore(store)
+    entries.put("fx_graph", "k", b"graph")
+    real, release = store.touch_inductor, threading.Event()
+
+    def waits(*args):
+        release.wait(10)
+        return real(*args)
+
+    monkeypatch.setattr(store, "touch_inductor", waits)
+    t = time.monotonic()
+    assert entries.get("fx_graph", "k") == b"graph"
+    assert time.monotonic() - t < 5, "the hit waited for the store to record it"
+    release.set()
+    writeback.flush()
+    assert [e["hit_count"] for e in store.list_inductor()] == [1]
 
 
 # ---- item 4: an untrusted put never evicts a signed entry ------------------------------------

@@ -108,7 +108,7 @@ def test_a_forked_child_summarises_its_own_counts_not_its_parents(sqlite_url):
 TERM_PROGRAM = """
 import json, multiprocessing, os, signal, sys, time
 from tunecache import counters, processend
-from tunecache.tuner import writeback
+from tunecache import writeback
 
 class Store:
     readonly = False

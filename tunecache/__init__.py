@@ -28,7 +28,7 @@ from tunecache.errors import (
 from tunecache.model import ConfigResult, Problem
 from tunecache.store.opening import open_store
 from tunecache.store.store import Store
-from tunecache.tuner.writeback import flush
+from tunecache.writeback import flush
 
 __all__ = [
     "__version__",

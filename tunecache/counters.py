@@ -1,7 +1,7 @@
 """Process counters and one-time warnings: what this process reports about itself.
 
 Counters answer "did this restart benchmark anything?" (``tunecache.stats()``). The per-kernel
-counters a store keeps (``tunecache stats``) are queued for it by :mod:`tunecache.tuner.writeback`, off
+counters a store keeps (``tunecache stats``) are queued for it by :mod:`tunecache.writeback`, off
 the launch path: writeback registers itself here (:func:`persist_with`) at import, so that this core
 module imports nothing of the layers above it. Warnings that every later miss would repeat are
 logged once per kernel and kind.
@@ -55,7 +55,7 @@ _warned: set[tuple[str, str]] = set()
 _warned_lock = threading.Lock()
 _coverage: dict[str, dict[str, Any]] = {}  # kernel -> its class, covered, why not (see coverage())
 _skips: Counter[str] = Counter()  # why launch specs were not preloaded (see preload_skips())
-#: Where the persisted counters go: (store, kernel, deltas); set by tunecache.tuner.writeback at import.
+#: Where the persisted counters go: (store, kernel, deltas); set by tunecache.writeback at import.
 _persist: Callable[[Any, str, Mapping[str, float]], None] | None = None
 
 

@@ -17,7 +17,7 @@ import functools
 import logging
 from typing import Any
 
-from tunecache import counters, processend, settings, signing, trust
+from tunecache import counters, processend, settings, signing, trust, writeback
 from tunecache.identity import canonical_json, sha256_hex
 from tunecache.inductor import leases
 from tunecache.model import INDUCTOR_KINDS, InductorEntry
@@ -121,10 +121,7 @@ class InductorStore:
             return None, True
         counters.count(None, None, inductor_hits=1)
         if self._writes(store):
-            try:
-                store.touch_inductor(entry)
-            except Exception as e:  # noqa: BLE001 - a hit not recorded only ages the entry sooner
-                self._failed("put", e)
+            writeback.inductor_hit(store, entry)  # written off this compile's path (tunecache.writeback)
         return entry.value, True
 
     def put(self, kind: str, key: str, data: bytes) -> None:

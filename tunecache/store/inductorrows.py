@@ -9,7 +9,7 @@ transactions.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
@@ -49,15 +49,18 @@ class InductorRows:
             row = conn.execute(q).mappings().first()
         return None if row is None else self._inductor_entry(row)
 
-    def touch_inductor(self, entry: InductorEntry) -> None:
-        """Record a use of ``entry`` (its used_at and hit count: gc keeps what is used)."""
+    def touch_inductor(self, uses: Mapping[tuple[str, str, str], int]) -> None:
+        """Record uses of entries, ``{(kind, key_hash, target_digest): hits}``, in one transaction
+        (their used_at and hit counts: gc keeps what is used)."""
         e = inductor_entries.c
-        with self._write("record inductor hit") as conn:
-            conn.execute(
-                sa.update(inductor_entries)
-                .where(e.kind == entry.kind, e.key_hash == entry.key_hash, e.target_digest == entry.target_digest)
-                .values(used_at=utcnow(), hit_count=e.hit_count + 1)
-            )
+        now = utcnow()
+        with self._write("record inductor hits") as conn:
+            for (kind, key_hash, target), n in uses.items():
+                conn.execute(
+                    sa.update(inductor_entries)
+                    .where(e.kind == kind, e.key_hash == key_hash, e.target_digest == target)
+                    .values(used_at=now, hit_count=e.hit_count + n)
+                )
 
     def put_inductor(self, entry: InductorEntry) -> str | None:
         """Store ``entry`` (signed by the caller where it is made) under its kind, key and target.

@@ -34,7 +34,7 @@ from typing import Any
 import orjson
 from triton.runtime.autotuner import Autotuner
 
-from tunecache import counters, settings, sharing
+from tunecache import counters, settings, sharing, writeback
 from tunecache.binaries import preload
 from tunecache.configidentity import ConfigIds, search_space_hash
 from tunecache.errors import CaptureMissError, ConfigurationError, StoreError
@@ -58,7 +58,6 @@ from tunecache.tuner import (
     missspool,
     singleflight,
     winner,
-    writeback,
 )
 from tunecache.tuner.fastpath import FastLaunch
 from tunecache.tuner.firstcall import FirstCall

@@ -17,14 +17,14 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from tunecache import counters, settings, trust
+from tunecache import counters, settings, trust, writeback
 from tunecache.binaries import binaries, preload
 from tunecache.errors import StoreError, StoreReadOnlyError
 from tunecache.model import ConfigResult, LaunchSpec, Problem, pick_winner
 from tunecache.store.opening import shared_store
 from tunecache.store.store import Store
 from tunecache.target import Target
-from tunecache.tuner import background, companions, missspool, writeback
+from tunecache.tuner import background, companions, missspool
 
 RETRY_OPEN_S = 30.0
 log = logging.getLogger("tunecache")

@@ -1,11 +1,13 @@
 """Deferred writes: what need not be written before a kernel launches.
 
-Hit counts, per-kernel counters and results measured while the store was down are queued here
-and flushed by a background thread and at exit, so they never sit on the launch path and are not
-lost when the database blinks. The thread is started by the background prefetch (:func:`start`),
-before the first launch: starting a thread costs a first hit some 0.4 ms, in the middle of a
-restart's first pass. What is still queued when the process ends is written by its last words
-(:mod:`tunecache.processend`), which also cover a multiprocessing child's ends that skip atexit.
+Hit counts (of stored problems and of torch.compile's entries), per-kernel counters and results
+measured while the store was down are queued here and flushed by a background thread and at exit, so
+they never sit on the launch path (nor a compile's cache hit: a write waits for the store's write
+lock, which a fleet's puts hold) and are not lost when the database blinks. The thread is started by
+the background prefetch (:func:`start`), before the first launch: starting a thread costs a first
+hit some 0.4 ms, in the middle of a restart's first pass. What is still queued when the process ends
+is written by its last words (:mod:`tunecache.processend`), which also cover a multiprocessing
+child's ends that skip atexit.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ _flush_lock = threading.Lock()  # one flush at a time: a flush that returns foun
 _pending_hits: dict[Any, Counter[str]] = defaultdict(Counter)  # store -> digest -> n
 _pending_stats: dict[Any, dict[str, Counter[str]]] = defaultdict(lambda: defaultdict(Counter))
 _pending_puts: dict[Any, list[tuple[Any, list[Any], bool]]] = defaultdict(list)
+_pending_entry_hits: dict[Any, Counter[tuple[str, str, str]]] = defaultdict(Counter)  # store -> entry -> n
 _wake = threading.Event()  # set: something is queued (or a flush failed and is retried)
 _flusher: threading.Thread | None = None
 FLUSH_DELAY_S = 2.0
@@ -37,6 +40,16 @@ def hit(store: Any, digest: str) -> None:
         return
     with _lock:
         _pending_hits[store][digest] += 1
+        _schedule()
+    processend.arm()  # outside the lock: it may import and set a signal handler
+
+
+def inductor_hit(store: Any, entry: Any) -> None:
+    """Count a torch.compile cache hit served by ``entry`` (its ``used_at`` and ``hit_count``)."""
+    if store is None or store.readonly:
+        return
+    with _lock:
+        _pending_entry_hits[store][(entry.kind, entry.key_hash, entry.target_digest)] += 1
         _schedule()
     processend.arm()  # outside the lock: it may import and set a signal handler
 
@@ -110,6 +123,8 @@ def _flush() -> bool:
         hits = {s: dict(c) for s, c in _pending_hits.items()}
         sts = {s: {k: dict(c) for k, c in d.items()} for s, d in _pending_stats.items()}
         puts = {s: list(v) for s, v in _pending_puts.items()}
+        entry_hits = {s: dict(c) for s, c in _pending_entry_hits.items()}
+        _pending_entry_hits.clear()
         _pending_hits.clear()
         _pending_stats.clear()
         _pending_puts.clear()
@@ -131,6 +146,13 @@ def _flush() -> bool:
             done = False
             with _lock:
                 _pending_hits[store].update(d)
+    for store, uses in entry_hits.items():
+        try:
+            store.touch_inductor(uses)
+        except StoreError:
+            done = False
+            with _lock:
+                _pending_entry_hits[store].update(uses)
     for store, d in sts.items():
         try:
             store.bump_stats(d)
@@ -149,9 +171,9 @@ def pending_puts() -> int:
 
 
 def pending_hits() -> int:
-    """Hits queued, not yet written (one per stored problem and store)."""
+    """Hits queued, not yet written (one per stored problem or torch.compile entry, and store)."""
     with _lock:
-        return sum(len(v) for v in _pending_hits.values())
+        return sum(len(v) for v in _pending_hits.values()) + sum(len(v) for v in _pending_entry_hits.values())
 
 
 def fork_locks() -> dict[str, Any]:
@@ -172,6 +194,7 @@ def _after_fork_in_child() -> None:
     _wake = threading.Event()
     _flusher = None
     _pending_hits.clear()
+    _pending_entry_hits.clear()
     _pending_stats.clear()
     _pending_puts.clear()
 
