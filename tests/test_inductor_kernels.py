@@ -246,3 +246,64 @@ def test_a_process_with_an_override_or_dump_knob_neither_files_nor_fetches(store
     said = [r for r in caplog.records if "nothing this process builds is shared" in r.getMessage()]
     assert len(said) == 2  # once per reason
     assert sharing.unshared_reason() is None
+
+
+# ---- host modules: the C extensions Triton builds with gcc ----------------------------------------
+
+UTILS_SRC = """
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+static PyObject *answer(PyObject *self, PyObject *args) { return PyLong_FromLong(%d); }
+static PyMethodDef methods[] = {{"answer", answer, METH_NOARGS, ""}, {NULL, NULL, 0, NULL}};
+static struct PyModuleDef mod = {PyModuleDef_HEAD_INIT, "cuda_utils", NULL, -1, methods};
+PyMODINIT_FUNC PyInit_cuda_utils(void) { return PyModule_Create(&mod); }
+"""
+
+
+def build_utils(host: Path, monkeypatch, answer: int = 42, *, builds: bool) -> int:
+    """Triton's own ``compile_module_from_src`` of a ``cuda_utils`` module on ``host`` (a Triton cache
+    directory): gcc builds it unless ``builds`` is False (then building fails the test); its answer."""
+    from triton.runtime import build
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(host))
+    real, ran = getattr(build._build, "__wrapped__", build._build), []  # Triton's own, not an earlier call's
+
+    def counted(*args, **kwargs):
+        ran.append(1)
+        assert builds, "Triton built a host module the store should have served"
+        return real(*args, **kwargs)
+
+    counted.__wrapped__ = real  # type: ignore[attr-defined]
+    monkeypatch.setattr(build, "_build", counted)
+    monkeypatch.delitem(__import__("sys").modules, "cuda_utils", raising=False)
+    mod = build.compile_module_from_src(src=UTILS_SRC % answer, name="cuda_utils")
+    assert len(ran) == (1 if builds else 0)
+    return mod.answer()
+
+
+def test_a_host_module_built_on_one_host_is_placed_on_a_fresh_one_only_when_a_trusted_key_vouches(
+    store, tmp_path, monkeypatch
+):
+    """What a fresh torch.compile host built with gcc before its first lookup (Triton's driver
+    utilities, 0.3 s on the H200 host) travels like a kernel: signed where built, placed only where a
+    trusted key vouches for it, never filed again by the host it was placed on; bound to the
+    interpreter and machine, not to a device (it is asked for while the device is being read)."""
+    (tmp_path / "keys").mkdir()
+    keys = {k: signing.keygen(tmp_path / "keys" / k) for k in ("fleet", "other")}
+    monkeypatch.setenv("TUNECACHE_TRUST_STORE", "no")
+    monkeypatch.setenv("TUNECACHE_TRUSTED_KEYS", keys["fleet"]["public_key"])
+    monkeypatch.setenv("TUNECACHE_SIGNING_KEY", keys["fleet"]["private_key"])
+    tritoncache.install(InductorStore(store))
+
+    assert build_utils(tmp_path / "first", monkeypatch, builds=True) == 42
+    (row,) = stored(store)
+    assert row["backend"] == "host" and row["device_name"] == "" and row["signed"]
+    assert build_utils(tmp_path / "fresh", monkeypatch, builds=False) == 42  # placed, loaded, no gcc
+    assert len(stored(store)) == 1  # placed bytes are not filed again
+
+    # Another key's build of another module: refused by this fleet, which builds its own.
+    monkeypatch.setenv("TUNECACHE_SIGNING_KEY", keys["other"]["private_key"])
+    assert build_utils(tmp_path / "other", monkeypatch, 7, builds=True) == 7
+    monkeypatch.setenv("TUNECACHE_SIGNING_KEY", keys["fleet"]["private_key"])
+    tritoncache.install(InductorStore(store))  # a fresh process: a fresh trust policy
+    assert build_utils(tmp_path / "fleet", monkeypatch, 7, builds=True) == 7

@@ -327,7 +327,8 @@ def _put(b: Binary) -> int:
         md = json.loads(b.metadata)
         if not hostmodules.loads_here(md):
             return 0
-        mgr.put(b.binary, hostmodules.file_name(b.name, md), binary=True)
+        with sharing.not_built_here("placed from the store"):  # never filed (nor signed) again as this host's
+            mgr.put(b.binary, hostmodules.file_name(b.name, md), binary=True)
         return 1
     write_kernel(mgr, b)
     return 1

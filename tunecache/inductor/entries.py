@@ -20,7 +20,7 @@ from typing import Any
 from tunecache import counters, processend, settings, signing, trust, writeback
 from tunecache.identity import canonical_json, sha256_hex
 from tunecache.inductor import leases
-from tunecache.model import INDUCTOR_KINDS, InductorEntry
+from tunecache.model import INDUCTOR_KINDS, INDUCTOR_TARGET_FIELDS, InductorEntry
 from tunecache.store.opening import shared_store
 from tunecache.store.store import Store
 from tunecache.target import detect_target
@@ -54,6 +54,23 @@ def inductor_target() -> tuple[str, dict[str, str]]:
         canonical_json({"v": TARGET_VERSION, **t.digest_fields(), "torch_version": desc["torch_version"]})
     )
     return digest, desc
+
+
+@functools.lru_cache(maxsize=1)
+def host_target() -> tuple[str, dict[str, str]]:
+    """(digest, description) of what a host module is bound to (a C extension Triton builds with the
+    system's compiler, :mod:`tunecache.binaries.hostmodules`): the machine, the interpreter's extension
+    suffix and Triton's version, no device nor driver. Read without CUDA: Triton builds its driver
+    utilities while the device target is being read (:func:`inductor_target`)."""
+    import platform
+    import sysconfig
+
+    import triton
+
+    desc = {field: "" for field in INDUCTOR_TARGET_FIELDS}
+    desc.update(backend="host", arch=platform.machine(), triton_version=str(triton.__version__))
+    ext = str(sysconfig.get_config_var("EXT_SUFFIX"))
+    return sha256_hex(canonical_json({"v": TARGET_VERSION, "ext_suffix": ext, **desc})), desc
 
 
 class InductorStore:
@@ -93,9 +110,10 @@ class InductorStore:
         """The bytes stored under ``key`` in cache ``kind`` for this target, or None (a miss)."""
         return self.lookup(kind, key)[0]
 
-    def lookup(self, kind: str, key: str) -> tuple[bytes | None, bool]:
+    def lookup(self, kind: str, key: str, target: str | None = None) -> tuple[bytes | None, bool]:
         """(:meth:`get`'s answer, whether the store answered): (None, True) when the store lacks the
-        entry or holds one it does not vouch for, (None, False) with no store or on a failure."""
+        entry or holds one it does not vouch for, (None, False) with no store or on a failure.
+        ``target``: the digest the entry is bound to (default: this process's, :func:`inductor_target`)."""
         if kind not in INDUCTOR_KINDS:
             raise ValueError(f"{kind!r} is not an Inductor cache tunecache keeps: {', '.join(INDUCTOR_KINDS)}")
         try:
@@ -104,7 +122,7 @@ class InductorStore:
                 return None, False
             leases.busy()
             processend.arm()  # a compile worker says its summary line (and releases its leases) as it ends
-            digest, _ = inductor_target()
+            digest = target or inductor_target()[0]
             entry = store.get_inductor(kind, key, digest)
             if entry is None and self._writes(store):
                 entry = leases.on_miss(store, kind, key, digest)  # another host's, if it was computing it
@@ -124,9 +142,10 @@ class InductorStore:
             writeback.inductor_hit(store, entry)  # written off this compile's path (tunecache.writeback)
         return entry.value, True
 
-    def put(self, kind: str, key: str, data: bytes) -> None:
-        """Store ``data`` under ``key`` in cache ``kind`` for this target, signed with this process's
-        key; nothing in readonly, offline or off mode, or on a read-only store."""
+    def put(self, kind: str, key: str, data: bytes, target: tuple[str, dict[str, str]] | None = None) -> None:
+        """Store ``data`` under ``key`` in cache ``kind`` for this target (or ``target``, a digest and
+        its description), signed with this process's key; nothing in readonly, offline or off mode, or
+        on a read-only store."""
         if kind not in INDUCTOR_KINDS:
             raise ValueError(f"{kind!r} is not an Inductor cache tunecache keeps: {', '.join(INDUCTOR_KINDS)}")
         try:
@@ -136,7 +155,7 @@ class InductorStore:
             if store is None or store.readonly:
                 return
             leases.busy()
-            digest, desc = inductor_target()
+            digest, desc = target or inductor_target()
             entry = trust.sign_inductor(InductorEntry(kind, key, digest, bytes(data), desc), store)
             kept = store.put_inductor(entry)
             if kept is None:
@@ -215,4 +234,4 @@ def stats() -> dict[str, Any]:
     return {k: v for k, v in s.items() if k.startswith("inductor_") or k in ("untrusted", "store_errors")}
 
 
-__all__ = ["InductorStore", "default", "inductor_target", "stats"]
+__all__ = ["InductorStore", "default", "host_target", "inductor_target", "stats"]

@@ -22,6 +22,11 @@ and this is off). :class:`StoreCacheManager` is Triton's own ``FileCacheManager`
   tunecache placed (a stored binary, an entry), not a kernel compiled inside a benchmark (tunecache's,
   Inductor's select_algorithm candidates), nothing from a process with ``TRITON_KERNEL_OVERRIDE``,
   ``TRITON_KERNEL_DUMP`` or another knob outside Triton's key (which neither fetches).
+- ``get_file``/``put`` do the same for the host modules Triton builds with gcc
+  (:mod:`tunecache.binaries.hostmodules`: its driver utilities, and up to 3.6 a launcher per kernel
+  signature), bound to :func:`~tunecache.inductor.entries.host_target` instead of the device: a
+  fresh host's first compile otherwise builds ``cuda_utils`` (0.3 s on the H200 host, run of
+  2026-12-06) before its first lookup. Placed only where this interpreter and platform load it.
 
 A stored kernel is native code: it is placed only if the store's trust policy vouches for the entry
 (:mod:`tunecache.trust`) and it passes the checks of a stored binary
@@ -35,14 +40,16 @@ import base64
 import binascii
 import logging
 import threading
+from typing import Any
 
 import orjson
 from triton.runtime.cache import FileCacheManager
 
 from tunecache import forks, sharing
+from tunecache.binaries import hostmodules
 from tunecache.binaries.binaries import from_group, problems_of, write_kernel
 from tunecache.binaries.preload import triton_version
-from tunecache.inductor.entries import InductorStore, default
+from tunecache.inductor.entries import InductorStore, default, host_target
 from tunecache.model import BINARY_EXTS, Binary, binary_sha256
 
 log = logging.getLogger("tunecache")
@@ -115,6 +122,27 @@ class StoreCacheManager(FileCacheManager):  # type: ignore[misc]
             self._keep(filename[: -len(".json")], group)
         return str(path)
 
+    def get_file(self, filename: str) -> str | None:
+        path = super().get_file(filename)
+        name = self._host_module(filename) if path is None else None
+        if name and sharing.builds_shareable() and self._fetch_host(name, filename):
+            path = super().get_file(filename)
+        return path
+
+    def put(self, data: Any, filename: str, binary: bool = True) -> str:
+        path = super().put(data, filename, binary=binary)
+        name = self._host_module(filename)
+        if name and isinstance(data, bytes):
+            self._keep_host(name, data)
+        return str(path)
+
+    def _host_module(self, filename: str) -> str | None:
+        """The host module ``filename`` is for this interpreter (None: another file)."""
+        if not self._shared:
+            return None
+        suffix = hostmodules.ext_suffix()
+        return next((n for n in hostmodules.NAMES if filename == f"{n}{suffix}"), None)
+
     # ---- the store side: never raises into Triton ----------------------------------------------
 
     def _fetch(self, name: str) -> bool:
@@ -143,6 +171,55 @@ class StoreCacheManager(FileCacheManager):  # type: ignore[misc]
             log.warning("tunecache: stored Triton kernel %s... not placed: %s", key[:16], e)
             return False
         return True
+
+    def _fetch_host(self, name: str, filename: str) -> bool:
+        """Place the stored host module ``name`` of this key into the local cache; whether it was."""
+        key = hex_key(self.key)
+        if key is None:
+            return False
+        value, answered = (_entries or default()).lookup(KIND, key, host_target()[0])  # verified (trust)
+        if value is None:
+            if answered:
+                with _lock:
+                    _missing.add((key, name))
+            return False
+        try:
+            b = decode(key, value)
+            md = orjson.loads(b.metadata)
+        except (ValueError, orjson.JSONDecodeError) as e:
+            why: str | None = str(e)
+        else:
+            why = problems_of(b) or (None if b.name == name else f"it is named {b.name!r}, not {name!r}")
+            if why is None and not (isinstance(md, dict) and hostmodules.loads_here(md)):
+                why = "it was built for another interpreter or platform"
+        if why is not None:
+            log.warning("tunecache: stored host module %s %s... not placed: %s; Triton builds it", name, key[:16], why)
+            return False
+        try:
+            FileCacheManager.put(self, b.binary, filename, binary=True)  # placed: never filed again
+        except OSError as e:
+            log.warning("tunecache: stored host module %s %s... not placed: %s", name, key[:16], e)
+            return False
+        return True
+
+    def _keep_host(self, name: str, data: bytes) -> None:
+        """File a host module Triton just built in the store, if this process found the store lacking it."""
+        key = hex_key(self.key)
+        if key is None:
+            return
+        with _lock:
+            if (key, name) not in _missing:
+                return
+            _missing.discard((key, name))
+        why = sharing.unfiled_reason()
+        if why is not None or not sharing.builds_shareable():
+            why = why or "this process shares no build"
+            log.debug("tunecache: host module %s %s... not filed: %s", name, key[:16], why)
+            return
+        md, version, ext = hostmodules.metadata(key, name), triton_version(), hostmodules.EXT
+        b = Binary(key, binary_sha256(key, name, ext, version, md, data), name, ext, version, md, data)
+        if problems_of(b) is None:
+            (_entries or default()).put(KIND, key, encode(b), host_target())
 
     def _keep(self, name: str, group: dict[str, str]) -> None:
         """File a kernel Triton just compiled in the store, if this process found the store lacking it."""
