@@ -179,6 +179,7 @@ class StoreCacheManager(FileCacheManager):  # type: ignore[misc]
             return False
         value, answered = (_entries or default()).lookup(KIND, key, host_target()[0])  # verified (trust)
         if value is None:
+            log.debug("tunecache: host module %s %s...: not in the store (%s)", name, key[:16], answered)
             if answered:
                 with _lock:
                     _missing.add((key, name))
@@ -209,6 +210,7 @@ class StoreCacheManager(FileCacheManager):  # type: ignore[misc]
             return
         with _lock:
             if (key, name) not in _missing:
+                log.debug("tunecache: host module %s %s...: built, not looked up in the store", name, key[:16])
                 return
             _missing.discard((key, name))
         why = sharing.unfiled_reason()
@@ -218,8 +220,10 @@ class StoreCacheManager(FileCacheManager):  # type: ignore[misc]
             return
         md, version, ext = hostmodules.metadata(key, name), triton_version(), hostmodules.EXT
         b = Binary(key, binary_sha256(key, name, ext, version, md, data), name, ext, version, md, data)
-        if problems_of(b) is None:
+        why = problems_of(b)
+        if why is None:
             (_entries or default()).put(KIND, key, encode(b), host_target())
+        log.debug("tunecache: host module %s %s...: %s", name, key[:16], why or "filed")
 
     def _keep(self, name: str, group: dict[str, str]) -> None:
         """File a kernel Triton just compiled in the store, if this process found the store lacking it."""
