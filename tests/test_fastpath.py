@@ -273,7 +273,7 @@ def test_stacked_over_heuristics():
         OUT.zero_()
         k[grid](X32, Y32, OUT, N)
         assert torch.equal(OUT, (X32 + Y32) * 2)
-    assert k._tc_plan and k._tc_plan.direct
+    assert k._tc_plan and k._tc_plan.shapes
 
 
 class _WithDtype:
