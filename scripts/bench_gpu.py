@@ -216,9 +216,10 @@ def child_overhead(args: dict) -> dict:
     hit, a tunecache hit (its hit path), and a tunecache hit through Triton's run
     (TUNECACHE_FAST_LAUNCH=0). Every variant launches the same kernel with the same config. To
     attribute the hit path's cost on a GPU: a second tunecache kernel whose plan has no capture
-    check (``tunecache-no-capture-check``), and the capture check alone, as torch's public function
+    check (``tunecache-no-capture-check``); the capture check alone, as torch's public function
     (``capture-check-only``) and as the C function it wraps (``capture-check-c``), with the one the
-    hit path calls named in ``capture_check``."""
+    hit path calls named in ``capture_check``; and the tunecache kernel's own ``@jit`` launched as
+    ``plain-all-kwargs`` is (``tunecache-jit-all-kwargs``: anything per-JITFunction shows there)."""
     import torch
     import triton
     import triton.language as tl
@@ -265,6 +266,7 @@ def child_overhead(args: dict) -> dict:
         "tunecache": lambda: ours[grid](x, 1024),
         "tunecache-triton-run": lambda: slow[grid](x, 1024),
         "tunecache-no-capture-check": lambda: nocap[grid](x, 1024),
+        "tunecache-jit-all-kwargs": lambda: ours.fn[grid](x, 1024, **full),  # its own @jit, as plain-all-kwargs
     }
     if dev == "cuda":  # what the hit path's check for a capture in progress costs per launch, both ways
         launch["capture-check-only"] = torch.cuda.is_current_stream_capturing
@@ -289,7 +291,13 @@ def child_overhead(args: dict) -> dict:
         "ratio_vs_plain": {k: med[k] / med["plain"] for k in med if k != "plain" and not k.startswith("capture-check")},
         "ratio_vs_plain_all_kwargs": {
             k: med[k] / med["plain-all-kwargs"]
-            for k in ("stock", "tunecache", "tunecache-triton-run", "tunecache-no-capture-check")
+            for k in (
+                "stock",
+                "tunecache",
+                "tunecache-triton-run",
+                "tunecache-no-capture-check",
+                "tunecache-jit-all-kwargs",
+            )
         },
         "fast_path": bool(ours._tc_plan),
         "capture_check": getattr(check, "__qualname__", repr(check)),
