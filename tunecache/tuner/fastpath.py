@@ -54,6 +54,7 @@ keywords, where Triton's own launcher puts them (a call without them goes to Tri
 
 from __future__ import annotations
 
+import itertools
 import types
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -148,7 +149,7 @@ class LaunchPlan:
     Triton's run) and the winners' launch keywords by config. ``ns``: the launchers' globals, where
     the capture check and the bound keywords are read at each launch."""
 
-    __slots__ = ("arg_names", "keys", "name", "shapes", "bound", "held", "ns")
+    __slots__ = ("arg_names", "keys", "name", "shapes", "bound", "held", "ns", "made")
 
     def __init__(self, arg_names: Sequence[str], keys: Sequence[str], name: str) -> None:
         facts = torch_facts()
@@ -166,6 +167,7 @@ class LaunchPlan:
             "MISS": _through_triton,
             "BASE_RUN": _BASE_RUN,
         }
+        self.made = itertools.count()  # numbers the launchers' type names (``T3_0``), unique across threads
 
     @property
     def capturing(self) -> Callable[[], bool] | None:
@@ -183,15 +185,18 @@ class LaunchPlan:
         if shape in self.shapes or len(self.shapes) >= MAX_SHAPES:
             return
         facts = torch_facts()
-        dtyped = [facts.has_dtype(type(a)) for a in args] + [facts.has_dtype(type(v)) for v in kwargs.values()]
-        src = launcher_source(self.arg_names, self.keys, len(args), list(kwargs), dtyped, f"T{len(self.shapes)}_")
+        values = [*args, *kwargs.values()]
+        t = f"T{next(self.made)}_"
+        src = launcher_source(
+            self.arg_names, self.keys, len(args), list(kwargs), [facts.has_dtype(type(v)) for v in values], t
+        )
         if src is None:
             self.shapes[shape] = None
             return
-        for i, v in enumerate([*args, *kwargs.values()]):
-            self.ns[f"T{len(self.shapes)}_{i}"] = type(v)
-        exec(compile(src, f"<tunecache launcher of {self.name}>", "exec"), self.ns)  # noqa: S102 - generated, no user text as code
-        self.shapes[shape] = self.ns.pop("launch")
+        self.ns.update({f"{t}{i}": type(v) for i, v in enumerate(values)})
+        made: dict[str, Any] = {}
+        exec(compile(src, f"<tunecache launcher of {self.name}>", "exec"), self.ns, made)  # noqa: S102 - generated, no user text as code
+        self.shapes[shape] = made["launch"]
 
     def bind(self, config: Any) -> None:
         """Bind ``config``'s launch keywords once (not a config with a ``pre_hook``: Triton calls it).
