@@ -14,6 +14,9 @@ benchmarks the no-op with a CPU timer; tunecache benchmarks it too, into a throw
   tunecache        ``tunecache.autotune``: the hit path (``tunecache/tuner/fastpath.py``)
   tunecache-triton ``tunecache.autotune`` with ``TUNECACHE_FAST_LAUNCH=0``: Triton's run under tunecache
   plain            the bare ``@triton.jit`` launched with the winner's ``Config.all_kwargs()``: the floor
+  key              no launch: Triton's key of the call, built by the statements tunecache's launchers
+                   use, looked up in the kernel's cache. What any hit path must do on top of a launch,
+                   so ``plain + key`` is about the least a hit can cost (``floor`` in the table)
 
 Cases (the call, then what a launch of it passes):
 
@@ -23,9 +26,10 @@ Cases (the call, then what a launch of it passes):
   run        ``five.run(x, y, out, 1024, 64, grid=grid, warmup=False)``: what a library's own ``run``
              reaches through ``super().run``
 
-Each round times ``--calls`` calls of every variant of a case, one after another (interleaved); per
-variant the median over rounds of the thread's CPU time per call (wall time too); the ratio
-``tunecache / stock`` (target <= 1/3) and each one's overhead above ``plain``.
+Each round times ``--calls`` calls of every variant of a case, interleaved in blocks of ``--block``
+calls (every variant meets the same phases of a noisy machine); per variant the median over rounds of
+the thread's CPU time per call (wall time too); the ratio ``tunecache / stock`` (target <= 1/3), the
+floor ``(plain + key) / stock``, and each one's overhead above ``plain``.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ import triton.language as tl  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
 
 import tunecache  # noqa: E402
+from tunecache.tuner import fastpath  # noqa: E402
 
 CONFIGS = [triton.Config({"BLOCK": b}, num_warps=w) for b in (128, 256) for w in (4, 8)]
 
@@ -76,9 +81,10 @@ def cpu_bench(kernel_call, quantiles):
     return [1.0, 1.0, 1.0]
 
 
-def variants(fn, key: list[str], call, plain) -> dict:
+def variants(fn, key: list[str], call, plain, passed: tuple[tuple, dict]) -> dict:
     """A case's variants, each resolved (benchmarked by stock Triton and by the first tunecache kernel,
-    a store hit for the second) and launched a few times, as a call of no arguments."""
+    a store hit for the second) and launched a few times, as a call of no arguments. ``passed``: the
+    arguments the call passes to the kernel (for ``key``)."""
     kernels = {
         "stock": triton.autotune(configs=CONFIGS, key=key, do_bench=cpu_bench)(fn),
         "tunecache": tunecache.autotune(configs=CONFIGS, key=key, do_bench=cpu_bench)(fn),
@@ -96,6 +102,12 @@ def variants(fn, key: list[str], call, plain) -> dict:
     winner = kernels["tunecache"].best_config.all_kwargs()
     out = {name: (lambda k=k: call(k)) for name, k in kernels.items()}
     out["plain"] = lambda: plain(winner)
+    k, (args, kwargs) = kernels["tunecache"], passed
+    value_types = [type(v) for v in (*args, *kwargs.values())]
+    key = fastpath.key_function(k.arg_names, k.keys, len(args), list(kwargs), value_types, "bench")
+    cache = k.cache
+    assert cache.get(key(args, kwargs)) is k.best_config
+    out["key"] = lambda: cache.get(key(args, kwargs))
     return out
 
 
@@ -103,21 +115,27 @@ def cases() -> dict:
     x, y, out = torch.zeros(1024), torch.zeros(1024, dtype=torch.float16), torch.zeros(1024)
     grid = (8,)
     return {
-        "tiny": variants(tiny, ["N"], lambda k: k[grid](x, 1024), lambda w: tiny[grid](x, 1024, **w)),
+        "tiny": variants(tiny, ["N"], lambda k: k[grid](x, 1024), lambda w: tiny[grid](x, 1024, **w), ((x, 1024), {})),
         "five": variants(
-            five, ["N", "M"], lambda k: k[grid](x, y, out, 1024, 64), lambda w: five[grid](x, y, out, 1024, 64, **w)
+            five,
+            ["N", "M"],
+            lambda k: k[grid](x, y, out, 1024, 64),
+            lambda w: five[grid](x, y, out, 1024, 64, **w),
+            ((x, y, out, 1024, 64), {}),
         ),
         "keywords": variants(
             five,
             ["N", "M"],
             lambda k: k[grid](x=x, y=y, out=out, N=1024, M=64),
             lambda w: five[grid](x=x, y=y, out=out, N=1024, M=64, **w),
+            ((), {"x": x, "y": y, "out": out, "N": 1024, "M": 64}),
         ),
         "run": variants(
             five,
             ["N", "M"],
             lambda k: k.run(x, y, out, 1024, 64, grid=grid, warmup=False),
             lambda w: five.run(x, y, out, 1024, 64, grid=grid, warmup=False, **w),
+            ((x, y, out, 1024, 64), {}),
         ),
     }
 
@@ -134,6 +152,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--calls", type=int, default=100_000)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--block", type=int, default=1000, help="calls per variant between switches (default 1000)")
     ap.add_argument("--out", type=Path)
     ns = ap.parse_args()
     JITFunction.run = noop_run
@@ -143,6 +162,7 @@ def main() -> None:
         "python": sys.version.split()[0],
         "calls": ns.calls,
         "rounds": ns.rounds,
+        "block": ns.block,
         "cases": {},
     }
     for case, variants in cases().items():
@@ -150,18 +170,25 @@ def main() -> None:
             timed(f, 1000)
         cpu: dict = {v: [] for v in variants}
         wall: dict = {v: [] for v in variants}
+        blocks = [min(ns.block, ns.calls - i) for i in range(0, ns.calls, ns.block)]
         for _ in range(ns.rounds):
-            for v, f in variants.items():
-                c, w = timed(f, ns.calls)
-                cpu[v].append(c)
-                wall[v].append(w)
+            spent = {v: [0.0, 0.0] for v in variants}
+            for b in blocks:
+                for v, f in variants.items():
+                    c, w = timed(f, b)
+                    spent[v][0] += c * b
+                    spent[v][1] += w * b
+            for v, (c, w) in spent.items():
+                cpu[v].append(c / ns.calls)
+                wall[v].append(w / ns.calls)
         med = {v: statistics.median(xs) for v, xs in cpu.items()}
         result["cases"][case] = {
             "ns_per_call_cpu": med,
             "ns_per_call_wall": {v: statistics.median(xs) for v, xs in wall.items()},
             "ratio_tunecache_vs_stock": med["tunecache"] / med["stock"],
             "ratio_tunecache_triton_vs_stock": med["tunecache-triton"] / med["stock"],
-            "overhead_above_plain_ns": {v: med[v] - med["plain"] for v in med if v != "plain"},
+            "ratio_floor_vs_stock": (med["plain"] + med["key"]) / med["stock"],
+            "overhead_above_plain_ns": {v: med[v] - med["plain"] for v in med if v not in ("plain", "key")},
             "rounds_cpu": cpu,
         }
     md = summary(result)
@@ -175,17 +202,18 @@ def main() -> None:
 def summary(r: dict) -> str:
     lines = [
         f"Triton {r['triton']}, torch {r['torch']}, Python {r['python']}; {r['calls']} calls x {r['rounds']} "
-        "interleaved rounds, median thread CPU ns per call",
+        f"rounds, interleaved in blocks of {r['block']}, median thread CPU ns per call",
         "",
-        "| case | stock | tunecache | tunecache, Triton's run | plain @jit | **tunecache / stock** | "
-        "overhead above plain: stock / tunecache |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| case | stock | tunecache | tunecache, Triton's run | plain @jit | key alone | **tunecache / stock** | "
+        "floor: (plain + key) / stock | overhead above plain: stock / tunecache |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for case, c in r["cases"].items():
         m, o = c["ns_per_call_cpu"], c["overhead_above_plain_ns"]
         lines.append(
             f"| {case} | {m['stock']:.0f} | {m['tunecache']:.0f} | {m['tunecache-triton']:.0f} | {m['plain']:.0f} | "
-            f"**{c['ratio_tunecache_vs_stock']:.2f}** | {o['stock']:.0f} / {o['tunecache']:.0f} |"
+            f"{m['key']:.0f} | **{c['ratio_tunecache_vs_stock']:.2f}** | {c['ratio_floor_vs_stock']:.2f} | "
+            f"{o['stock']:.0f} / {o['tunecache']:.0f} |"
         )
     return "\n".join(lines) + "\n"
 

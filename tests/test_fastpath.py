@@ -273,7 +273,7 @@ def test_stacked_over_heuristics():
         OUT.zero_()
         k[grid](X32, Y32, OUT, N)
         assert torch.equal(OUT, (X32 + Y32) * 2)
-    assert k._tc_plan and k._tc_plan.direct
+    assert k._tc_plan and k._tc_plan.shapes
 
 
 class _WithDtype:
@@ -307,3 +307,134 @@ def test_generated_key_functions_build_tritons_key_for_every_shape_and_value_typ
     assert checked > 500
     assert fastpath.key_function(names, ["a"], 5, [], [], "t") is None  # more positional than names
     assert fastpath.key_function(names, ["a"], 2, ["b"], [], "t") is None  # b both ways
+
+
+def test_run_without_grid_goes_to_tritons_run_as_made():
+    """``run`` takes ``grid`` and ``warmup`` apart; a call missing one is no launch it serves: Triton's
+    run gets it as made, and fails it as Triton does."""
+    k = axpy()
+    for _ in range(3):
+        k.run(X32, Y32, OUT, N, grid=grid, warmup=False)
+    spy = Spy(k)
+    k.run(X32, Y32, OUT, N, grid=grid, warmup=False)
+    assert spy.last[0] == "fast"
+    with pytest.raises((TypeError, KeyError), match="grid"):  # as Triton (3.4 interpreted: KeyError)
+        k.run(X32, Y32, OUT, N, warmup=False)
+    assert spy.last[0] == "triton" and "grid" not in spy.last[2]
+
+
+def test_shapes_sharing_names_or_counts_each_get_their_own_launcher():
+    """A defaulted argument passed or not, with the same keyword names; all-keyword and mixed calls;
+    the same call through kernel[grid] and run: each shape is told apart, and each hit launches the
+    config Triton's cache holds for its own key."""
+    k = axpy()
+    spy = Spy(k)
+    calls = [
+        lambda: k[grid](X32, Y32, OUT, N, SCALE=1),
+        lambda: k[grid](X32, Y32, OUT, N, 2.0, SCALE=1),
+        lambda: k[grid](x=X32, y=Y16, out=OUT, N=N),
+        lambda: k[grid](X32, y=Y16, out=OUT, N=N),
+        lambda: k.run(X32, Y16, OUT, N, grid=grid, warmup=False),
+    ]
+    for c in calls:
+        c(), c()
+    assert set(k._tc_plan.shapes) == {(4, "SCALE"), (5, "SCALE"), ("x", "y", "out", "N"), (1, "y", "out", "N"), 4}
+    for shift in range(len(CONFIGS)):
+        for i, key in enumerate(sorted(k.cache, key=str)):
+            k.cache[key] = CONFIGS[(i + shift) % len(CONFIGS)]
+        for c in calls:
+            c(), c()  # a config not bound yet: Triton's run once
+            path, args, kwargs = spy.last
+            user = {n: v for n, v in kwargs.items() if n in k.arg_names and n not in CONFIGS[0].kwargs}
+            assert path == "fast" and k.best_config is k.cache[triton_key(k, args, user)]
+
+
+def test_the_capture_check_is_torchs_c_function_and_asks_only_once_cuda_is_up(monkeypatch):
+    calls = []
+
+    def c_check():  # stands in for torch._C._cuda_isCurrentStreamCapturing
+        calls.append(1)
+        return True
+
+    up = [False]
+    facts = fastpath._Torch()
+    facts.cuda_built = True
+    monkeypatch.setattr(torch._C, "_cuda_isCurrentStreamCapturing", c_check, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: up[0])
+    before = facts.capture_check()
+    assert before() is False and not calls  # CUDA not up: not asked (it would raise without a GPU)
+    up[0] = True
+    assert before() is True and calls == [1]
+    assert facts.capture_check() is c_check  # CUDA up: the C function itself, no wrapper
+    monkeypatch.delattr(torch._C, "_cuda_isCurrentStreamCapturing")
+    assert facts.capture_check() is torch.cuda.is_current_stream_capturing  # not there: torch's public one
+    facts.cuda_built = False
+    assert facts.capture_check() is None
+
+
+class _Tuner:
+    """What a launcher reads and sets on its kernel."""
+
+    def __init__(self, config, fail=None):
+        self.cache, self.configs, self.best_config, self.nargs = {}, [config, config], None, None
+        self.fn = types.SimpleNamespace(run=self.launch)
+        self.fail, self.launched, self.failed = fail, [], []
+
+    def launch(self, *args, **kwargs):
+        self.launched.append((args, kwargs))
+        if self.fail:
+            raise self.fail
+        return "ran"
+
+    def _tc_launch_failed(self, config, args, kwargs, e):
+        self.failed.append((config, args, kwargs, e))
+        return isinstance(e, RuntimeError)
+
+
+def test_a_generated_launcher_hits_and_falls_back_to_tritons_run():
+    """One launcher against a stand-in kernel: a hit launches with the bound keywords and sets what
+    Triton sets; a miss, an unbound config, a capture, an unhashable key value, a value without a torch
+    dtype where a tensor was learnt hand over to Triton's run; a failed launch to the recovery."""
+    plan = fastpath.LaunchPlan(["x", "N", "BLOCK"], ["N"], "t")
+    plan.ns["MISS"] = lambda self, grid, warmup, args, kwargs: ("miss", args, kwargs)
+    plan.ns["BASE_RUN"] = lambda self, *args, **kwargs: ("base run", args, kwargs)
+    plan.capturing = None
+    plan.learn((X32,), {"N": N})
+    launch = plan.shapes[(1, "N")]
+    config = CONFIGS[1]
+    t = _Tuner(config)
+    assert launch(t, grid, False, (X32,), {"N": N})[0] == "miss"  # not in Triton's cache
+    t.cache[(N, "torch.float32")] = config
+    assert launch(t, grid, False, (X32,), {"N": N})[0] == "miss"  # not bound yet
+    plan.bind(config)
+    assert launch(t, grid, False, (X32,), {"N": N}) == "ran"
+    assert t.launched[-1] == ((X32,), {"grid": grid, "warmup": False, "N": N, **config.all_kwargs()})
+    assert t.best_config is config and t.nargs is None
+    t.cache[(N, "torch.float16")] = config
+    assert launch(t, grid, True, (X16,), {"N": N}) == "ran"  # another dtype, the same quick key
+    assert t.launched[-1][1]["warmup"] is True
+    t.cache[(N,)] = t.cache[(N, "fp8")] = config
+    assert launch(t, grid, False, (None,), {"N": N}) == "ran"  # no dtype: the general key, Triton's
+    assert launch(t, grid, False, (_WithDtype("fp8"),), {"N": N}) == "ran"  # not a torch dtype: the same
+    assert launch(t, grid, False, (X32,), {"N": [N]})[0] == "miss"  # an unhashable key value
+    plan.capturing = lambda: True
+    assert launch(t, grid, False, (X32,), {"N": N})[0] == "miss"  # a capture in progress
+    plan.capturing = None
+    t.fail = RuntimeError("launch failed")  # the recovery blames the winner: launched again by Triton's run
+    assert launch(t, grid, False, (X32,), {"N": N}) == ("base run", (X32,), {"grid": grid, "warmup": False, "N": N})
+    assert t.failed[-1][0] is config and t.failed[-1][2] == {"grid": grid, "warmup": False, "N": N}
+    t.fail = ValueError("the call's own")  # not blamed: raised as Triton raises it
+    with pytest.raises(ValueError, match="the call's own"):
+        launch(t, grid, False, (X32,), {"N": N})
+
+
+def test_plan_bounds_and_launcher_text():
+    plan = fastpath.LaunchPlan(["x", "N"], ["N"], "t")
+    for n in range(fastpath.MAX_SHAPES + 5):
+        plan.learn((X32,), {f"extra{n}": 1})
+    assert len(plan.shapes) == fastpath.MAX_SHAPES  # past the bound: Triton's run
+    plan = fastpath.LaunchPlan(["x", "N"], ["N"], "t")
+    plan.learn((X32, N, 3), {})
+    assert 3 in plan.shapes and plan.shapes[3] is None  # more positional arguments than the kernel has
+    src = fastpath.launcher_source(["x", "N"], ["N"], 1, ["N", "weird'name"], [True, False, False])
+    assert "kwargs['N']" in src and "weird" not in src  # a keyword that is no argument is never written

@@ -7,22 +7,26 @@ two lookups, and the winner's ``Config.all_kwargs()`` (two more dicts) merged in
 4 us of Python per launch here, 14 us on the H200 host, more than a small kernel takes on the GPU.
 
 :class:`FastLaunch` (a mixin of :class:`~tunecache.tuner.autotuner.TunecacheAutotuner`, so also of
-every Autotuner ``install()`` adopts, under a library's own ``run``) does only what a hit needs:
+every Autotuner ``install()`` adopts, under a library's own ``run``) does only what a hit needs, in
+one function generated once per call shape (how many positional arguments, which keyword names, in
+order: Triton's key puts the dtypes of keyword arguments in the caller's order), a *launcher*:
 
-* the key from the call's positional and keyword arguments, by a function generated once per call
-  shape (how many positional arguments, which keyword names, in order: Triton's key puts the dtypes
-  of keyword arguments in the caller's order) that reads the arguments straight from ``args`` and
-  ``kwargs``: argument positions, key values and dtype candidates are resolved when it is built;
+* the key, read straight from ``args`` and ``kwargs``: argument positions and key values resolved
+  when it is built; the values seen without a dtype guarded by their exact types, the dtypes of
+  tensors looked up by name (a value there without a torch dtype: the general ``getattr`` key);
 * one lookup in Triton's own ``self.cache`` (so whatever resolves, re-resolves or forgets a key,
-  Triton, tunecache or a library, is seen at the next launch), and one of the winner's launch
-  keywords (``all_kwargs()``, bound once per config, not merged per call);
+  Triton, tunecache or a library, is seen at the next launch), the capture check (torch's C
+  function, no Python wrapper), and one lookup of the winner's launch keywords (``all_kwargs()``,
+  bound once per config, not merged per call);
 * ``best_config`` set and ``nargs`` left ``None`` as Triton leaves them after a launch, then
   ``JITFunction.run`` (or the wrapper's ``run``) with exactly the arguments Triton passes.
 
-Two entries serve a hit: ``kernel[grid](...)`` (``__getitem__`` returns a launcher that serves it
-itself, a frame less than Triton's launcher and ``run``; Triton's launcher where the class has a
-library's own ``run``, which must run first, or where the instance has a ``run`` of its own), and
-``run`` (what a library's ``super().run``, a ``Heuristics`` above the tuner or a direct call reach).
+Two entries reach the launchers: ``kernel[grid](...)`` (``__getitem__`` returns a launcher entry that
+serves it itself, a frame less than Triton's launcher and ``run``; Triton's launcher where the class
+has a library's own ``run``, which must run first, or where the instance has a ``run`` of its own),
+and ``run`` (what a library's ``super().run``, a ``Heuristics`` above the tuner or a direct call
+reach). ``run`` takes ``grid`` and ``warmup`` apart from the other keywords, so both entries share
+one launcher per shape and a ``run`` call's shape is cheap to tell.
 
 Bucket functions (``bucket=``) are not on this path: Triton's key holds the argument's own value,
 so the first launch of each value resolves through Triton's run (a memory lookup of the bucket's
@@ -36,16 +40,21 @@ one config (Triton uses it without a key); a call shape the generated function c
 cannot be hashed); a CUDA graph capture in progress; ``TUNECACHE_FAST_LAUNCH=0``. A launch that
 raises is handed to the stored-winner recovery as Triton's path hands it (``nargs`` set as Triton
 leaves it after a failed launch). No I/O, hashing of sources or logging happens here; the only
-per-call state read is the instance's ``cache`` and ``configs`` and the capture flag.
+per-call state read is the instance's ``cache``, ``configs`` and ``fn`` and the capture flag. A
+launcher is generated Python: its only identifiers are generated names; argument names appear in it
+as string literals, so no user text is executed as code.
 
 Where this differs from Triton's run, by design: during the launch ``nargs`` is what the previous
-call left (Triton's run sets it to this call's dict, then back to ``None``); the winner's
-``all_kwargs()`` is read the first time this path launches it, so a ``Config`` edited in place
-after that is not seen (a new ``Config`` object is).
+call left (Triton's run sets it to this call's dict, then back to ``None``); a config's
+``all_kwargs()`` is read once, after Triton's run first launched it (a config that path has not
+launched yet goes through it once), so a ``Config`` edited in place after that is not seen (a new
+``Config`` object is); ``run`` hands Triton's run ``grid`` and ``warmup`` ahead of the other
+keywords, where Triton's own launcher puts them (a call without them goes to Triton's run as made).
 """
 
 from __future__ import annotations
 
+import itertools
 import types
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -60,28 +69,26 @@ from tunecache.tuner import basepatch
 #: stored winner's own failure, as :meth:`~tunecache.tuner.recovery.WinnerRecovery.run` makes it.
 _BASE_RUN = basepatch.original("run")
 
-#: Bounds of one kernel's plan: call shapes with a generated key function, configs bound. Past
-#: them, new shapes and configs launch through Triton's run.
+#: Bounds of one kernel's plan: call shapes with a generated launcher, configs bound. Past them,
+#: new shapes and configs launch through Triton's run.
 MAX_SHAPES = 64
 MAX_BOUND = 4096
 
 _MISSING = object()
+#: ``launch(tuner, grid, warmup, args, kwargs)``: one call shape's generated launcher.
+Launcher = Callable[[Any, Any, Any, Sequence[Any], Mapping[str, Any]], Any]
 KeyFn = Callable[[Sequence[Any], Mapping[str, Any]], tuple]
 
 #: Types whose instances never have a ``dtype`` (no such class attribute, no instance dict).
 NO_DTYPE: tuple[type, ...] = (int, float, bool, str, type(None))
 
 
-def _never() -> bool:
-    return False
-
-
 class _Torch:
-    """What the key functions and the capture check need of torch, looked up once (torch is imported
-    by then: a launch passed tensors). Without torch: no types with a dtype, never a capture."""
+    """What the launchers and the capture check need of torch, looked up once (torch is imported by
+    then: a launch passed tensors). Without torch: no tensors, never a capture."""
 
     def __init__(self) -> None:
-        self.with_dtype: tuple[type, ...] = ()
+        self.tensor: type | None = None
         self.dtype_names: dict[Any, str] = {}
         self.cuda_built = False
         try:
@@ -89,21 +96,32 @@ class _Torch:
         except ImportError:
             return
         self.torch = torch
-        self.with_dtype = (torch.Tensor, torch.nn.Parameter)  # exactly these types: ``dtype`` always there
+        self.tensor = torch.Tensor
         self.dtype_names = {d: str(d) for d in vars(torch).values() if isinstance(d, torch.dtype)}
         self.cuda_built = bool(torch.backends.cuda.is_built())
 
+    def has_dtype(self, t: type) -> bool | None:
+        """Whether a value of type ``t`` has a dtype: True for tensors (their launchers read it and
+        fall back where it is no torch dtype), False where it never has one, None: not known."""
+        if self.tensor is not None and issubclass(t, self.tensor):
+            return True
+        return False if t in NO_DTYPE else None
+
     def capture_check(self) -> Callable[[], bool] | None:
         """What tells a CUDA graph capture in progress: None where there cannot be one (no torch, or
-        one built without CUDA); torch's own check once CUDA is up (a kernel's first launch on a GPU
-        brought it up); before that, one that asks only once CUDA is up (torch's check would raise
-        on a machine without a GPU)."""
+        one built without CUDA); torch's C function behind ``torch.cuda.is_current_stream_capturing``
+        (a Python frame less per launch; that wrapper where the C function is not there) once CUDA is
+        up (a kernel's first launch on a GPU brought it up); before that, one that asks only once CUDA
+        is up (the check would raise on a machine without a GPU)."""
         if not self.cuda_built:
             return None
         cuda = self.torch.cuda
+        capturing = getattr(self.torch._C, "_cuda_isCurrentStreamCapturing", None)
+        if not callable(capturing) or isinstance(capturing, type):  # absent, or torch's stand-in class
+            capturing = cuda.is_current_stream_capturing
         if cuda.is_initialized():
-            return cuda.is_current_stream_capturing
-        up, capturing = cuda.is_initialized, cuda.is_current_stream_capturing
+            return capturing
+        up = cuda.is_initialized
         return lambda: up() and capturing()
 
 
@@ -117,42 +135,129 @@ def torch_facts() -> _Torch:
     return _torch
 
 
-class LaunchPlan:
-    """One kernel's hit path: its argument positions and key names, a key function per call shape
-    (None: that shape goes through Triton's run), the winners' launch keywords by config."""
+def _call_shape(args: Sequence[Any], kwargs: Mapping[str, Any]) -> int | tuple:
+    """What selects a launcher: the number of positional arguments, the keyword names in order, or
+    both (written out where it is used on the hit path, a call less). An all-keyword launch, as fla
+    writes them, makes one tuple of the names and no list."""
+    if not kwargs:
+        return len(args)
+    return (len(args), *kwargs) if args else tuple(kwargs)
 
-    __slots__ = ("arg_names", "keys", "name", "shapes", "direct", "bound", "capturing")
+
+class LaunchPlan:
+    """One kernel's hit path: a generated launcher per call shape (None: that shape goes through
+    Triton's run) and the winners' launch keywords by config. ``ns``: the launchers' globals, where
+    the capture check and the bound keywords are read at each launch."""
+
+    __slots__ = ("arg_names", "keys", "name", "shapes", "bound", "held", "ns", "made")
 
     def __init__(self, arg_names: Sequence[str], keys: Sequence[str], name: str) -> None:
+        facts = torch_facts()
         self.arg_names = tuple(arg_names)
         self.keys = tuple(keys)
         self.name = name
-        self.shapes: dict[tuple, KeyFn | None] = {}  # for run: (len(args), *kwargs), grid and warmup in kwargs
-        self.direct: dict[tuple | int, KeyFn | None] = {}  # for kernel[grid]: len(args), or (len(args), *kwargs)
-        self.bound: dict[int, tuple[Any, dict[str, Any]]] = {}
-        self.capturing = torch_facts().capture_check()
+        self.shapes: dict[int | tuple, Launcher | None] = {}
+        self.bound: dict[int, dict[str, Any]] = {}
+        self.held: list[Any] = []  # the bound configs: alive while their ids key ``bound``
+        self.ns: dict[str, Any] = {
+            "M": _MISSING,
+            "DN": facts.dtype_names,
+            "BOUND": self.bound,
+            "CAPTURING": facts.capture_check(),
+            "MISS": _through_triton,
+            "BASE_RUN": _BASE_RUN,
+        }
+        self.made = itertools.count()  # numbers the launchers' type names (``T3_0``), unique across threads
 
-    def learn_shape(
-        self, shapes: dict, shape: tuple | int, args: Sequence[Any], kwargs: Mapping[str, Any]
-    ) -> KeyFn | None:
-        """The key function of this call's ``shape`` in ``shapes``, generated the first time (its
-        argument types are the ones a guarded quick branch expects)."""
-        if shape in shapes:
-            return shapes[shape]
-        if len(shapes) >= MAX_SHAPES:
-            return None
-        types = [type(a) for a in args] + [type(v) for v in kwargs.values()]
-        fn = shapes[shape] = key_function(self.arg_names, self.keys, len(args), list(kwargs), types, self.name)
-        return fn
+    @property
+    def capturing(self) -> Callable[[], bool] | None:
+        """The capture check every launcher of this plan calls (None: none)."""
+        return self.ns["CAPTURING"]
+
+    @capturing.setter
+    def capturing(self, check: Callable[[], bool] | None) -> None:
+        self.ns["CAPTURING"] = check
+
+    def learn(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+        """Generate the launcher of this call's shape the first time it is seen (the argument types
+        are the ones its quick key expects)."""
+        shape = _call_shape(args, kwargs)
+        if shape in self.shapes or len(self.shapes) >= MAX_SHAPES:
+            return
+        facts = torch_facts()
+        values = [*args, *kwargs.values()]
+        t = f"T{next(self.made)}_"
+        src = launcher_source(
+            self.arg_names, self.keys, len(args), list(kwargs), [facts.has_dtype(type(v)) for v in values], t
+        )
+        if src is None:
+            self.shapes[shape] = None
+            return
+        self.ns.update({f"{t}{i}": type(v) for i, v in enumerate(values)})
+        made: dict[str, Any] = {}
+        exec(compile(src, f"<tunecache launcher of {self.name}>", "exec"), self.ns, made)  # noqa: S102 - generated, no user text as code
+        self.shapes[shape] = made["launch"]
 
     def bind(self, config: Any) -> None:
         """Bind ``config``'s launch keywords once (not a config with a ``pre_hook``: Triton calls it).
-        Keyed by ``id(config)``: the entry holds the config, so no other object can have that id while
+        Keyed by ``id(config)``: ``held`` keeps the config, so no other object can have that id while
         the entry exists, and a hit needs no identity check."""
-        if config.pre_hook is not None or len(self.bound) >= MAX_BOUND:
+        if config is None or config.pre_hook is not None or len(self.bound) >= MAX_BOUND:
             return
         if id(config) not in self.bound:
-            self.bound[id(config)] = (config, config.all_kwargs())
+            self.bound[id(config)] = config.all_kwargs()
+            self.held.append(config)
+
+
+def _key_parts(
+    arg_names: Sequence[str], keys: Sequence[str], n: int, kwnames: Sequence[str], dtyped: Sequence[bool | None], t: str
+) -> tuple[list[str], str | None, list[str]] | None:
+    """The statements of Triton's key for a call shape, shared by :func:`key_source` and
+    :func:`launcher_source`: (reading the arguments, the quick key's expression or None, the general
+    key's statements). None where the shape does not fit."""
+    argpos = {name: i for i, name in enumerate(arg_names)}
+    if n > len(arg_names):
+        return None
+    passed: dict[str, tuple[str, int]] = {arg_names[i]: (f"a{i}", i) for i in range(n)}  # name -> (var, value index)
+    read = [f"{', '.join(f'a{i}' for i in range(n))}{',' if n == 1 else ''} = args"] if n else []
+    for j, name in enumerate(kwnames):
+        p = argpos.get(name)
+        if p is None:
+            continue  # not an argument: not in Triton's key
+        if p < n:
+            return None
+        passed[name] = (f"w{j}", n + j)
+        read.append(f"w{j} = kwargs[{name!r}]")
+    values = [passed[k][0] for k in keys if k in passed]
+    known = [dtyped[i] if i < len(dtyped) else None for _, i in passed.values()]
+    quick = None
+    if None not in known:
+        names = [f"DN[{v}.dtype]" for (v, _), has in zip(passed.values(), known) if has]
+        quick = f"({', '.join(values + names)}{',' if len(values + names) == 1 else ''})"
+        guard = " and ".join(f"type({v}) is {t}{i}" for (v, i), has in zip(passed.values(), known) if not has)
+        if guard:
+            quick = f"{quick} if {guard} else None"
+    general = [f"k = [{', '.join(values)}]"]
+    for var, _ in passed.values():  # positional first, then keywords in the caller's order
+        general.append(f"d = getattr({var}, 'dtype', M)")
+        general.append("if d is not M: k.append(str(d))")
+    general.append("key = tuple(k)")
+    return read, quick, general
+
+
+def _indent(lines: Sequence[str], level: int) -> list[str]:
+    return ["    " * level + line for line in lines]
+
+
+def _quick_lines(quick: str | None) -> list[str]:
+    if quick is None:
+        return ["key = None"]
+    return [
+        "try:",
+        f"    key = {quick}",
+        "except Exception:  # a value there without a torch dtype: the general key",
+        "    key = None",
+    ]
 
 
 def key_source(
@@ -161,64 +266,98 @@ def key_source(
     n: int,
     kwnames: Sequence[str],
     dtyped: Sequence[bool | None] = (),
+    t: str = "T",
 ) -> str | None:
     """Python source of ``key(args, kwargs)``: Triton's tuning key for a call with ``n`` positional
     arguments and the keyword names ``kwnames`` (in the caller's order), built as ``Autotuner.run``
     builds it: the values of the ``keys`` passed (a name not passed is skipped), then ``str(dtype)``
     of every argument with a ``dtype``, positional ones first, then keyword ones in their order;
-    keywords that are no argument (``grid``, ``warmup``) are left out. None where the shape does
-    not fit: more positional arguments than names, or an argument given both ways.
+    keywords that are no argument (``grid``) are left out. None where the shape does not fit: more
+    positional arguments than names, or an argument given both ways. The launchers compute their
+    key with these very statements.
 
-    ``dtyped``, per positional then keyword value, whether a value of the type seen there has a
-    dtype (None: not known for every value of that type). Where all are known, a quick branch
-    guarded by those exact types (``T0``...) builds the key in one tuple, with dtype names looked
-    up (``DN``: a dtype missing there raises KeyError, and the launch takes Triton's run).
-    Only generated names (``a0``, ``w1``) are identifiers; argument names appear as string literals.
+    ``dtyped``, per positional then keyword value: whether a value of the type seen there has a dtype
+    (True: a tensor; None: not known for every value of that type). Where all are known, a quick key
+    is built in one tuple: the values seen without a dtype guarded by their exact types (``T0``...),
+    the dtype names of the others looked up (``DN``). A value there without a torch dtype raises and
+    the general key is built. Only generated names (``a0``, ``w1``) are identifiers; argument names
+    appear as string literals.
 
-    >>> print(key_source(["x", "out", "N", "BLOCK"], ["N"], 3, ["grid", "warmup"], [True, True, False, None, None]))
+    >>> print(key_source(["x", "out", "N", "BLOCK"], ["N"], 2, ["N"], [True, True, False]))
     def key(args, kwargs):
-        a0, a1, a2 = args
-        if type(a0) is T0 and type(a1) is T1 and type(a2) is T2:
-            return (a2, DN[a0.dtype], DN[a1.dtype])
-        k = [a2]
-        d = getattr(a0, 'dtype', M)
-        if d is not M: k.append(str(d))
-        d = getattr(a1, 'dtype', M)
-        if d is not M: k.append(str(d))
-        d = getattr(a2, 'dtype', M)
-        if d is not M: k.append(str(d))
-        return tuple(k)
+        a0, a1 = args
+        w0 = kwargs['N']
+        try:
+            key = (w0, DN[a0.dtype], DN[a1.dtype]) if type(w0) is T2 else None
+        except Exception:  # a value there without a torch dtype: the general key
+            key = None
+        if key is None:
+            k = [w0]
+            d = getattr(a0, 'dtype', M)
+            if d is not M: k.append(str(d))
+            d = getattr(a1, 'dtype', M)
+            if d is not M: k.append(str(d))
+            d = getattr(w0, 'dtype', M)
+            if d is not M: k.append(str(d))
+            key = tuple(k)
+        return key
     >>> key_source(["x", "N"], ["N"], 1, ["x"]) is None  # x given both ways: Triton's run decides
     True
     """
-    argpos = {name: i for i, name in enumerate(arg_names)}
-    if n > len(arg_names):
+    parts = _key_parts(arg_names, keys, n, kwnames, dtyped, t)
+    if parts is None:
         return None
-    passed: dict[str, tuple[str, int]] = {arg_names[i]: (f"a{i}", i) for i in range(n)}  # name -> (var, value index)
-    lines = ["def key(args, kwargs):"]
-    if n:
-        lines.append(f"    {', '.join(f'a{i}' for i in range(n))}{',' if n == 1 else ''} = args")
-    for j, name in enumerate(kwnames):
-        p = argpos.get(name)
-        if p is None:
-            continue  # not an argument: not in Triton's key
-        if p < n:
-            return None
-        passed[name] = (f"w{j}", n + j)
-        lines.append(f"    w{j} = kwargs[{name!r}]")
-    values = [passed[k][0] for k in keys if k in passed]
-    known = [dtyped[i] if i < len(dtyped) else None for _, i in passed.values()]
-    if passed and None not in known:
-        guard = " and ".join(f"type({v}) is T{i}" for v, i in passed.values())
-        names = [f"DN[{v}.dtype]" for (v, _), has in zip(passed.values(), known) if has]
-        lines.append(f"    if {guard}:")
-        lines.append(f"        return ({', '.join(values + names)}{',' if len(values + names) == 1 else ''})")
-    lines.append(f"    k = [{', '.join(values)}]")
-    for var, _ in passed.values():  # positional first, then keywords in the caller's order
-        lines.append(f"    d = getattr({var}, 'dtype', M)")
-        lines.append("    if d is not M: k.append(str(d))")
-    lines.append("    return tuple(k)")
-    return "\n".join(lines)
+    read, quick, general = parts
+    lines = ["def key(args, kwargs):", *_indent(read + _quick_lines(quick), 1), "    if key is None:"]
+    return "\n".join([*lines, *_indent(general, 2), "    return key"])
+
+
+def launcher_source(
+    arg_names: Sequence[str],
+    keys: Sequence[str],
+    n: int,
+    kwnames: Sequence[str],
+    dtyped: Sequence[bool | None] = (),
+    t: str = "T",
+) -> str | None:
+    """Python source of one call shape's ``launch(self, grid, warmup, args, kwargs)`` (see
+    :func:`key_source` for the shape and the key): the key, one lookup in Triton's ``self.cache``,
+    the capture check, the winner's bound keywords (``BOUND``), ``best_config``, the launch with
+    exactly the arguments Triton's run passes, ``nargs``; anything else is handed to ``MISS``
+    (Triton's run), a failed launch to the stored-winner recovery. One function and one frame, no
+    dict built but the launch's own keywords. None where the shape does not fit."""
+    parts = _key_parts(arg_names, keys, n, kwnames, dtyped, t)
+    if parts is None:
+        return None
+    read, quick, general = parts
+    kw = ", **kwargs" if kwnames else ""
+    miss = "return MISS(self, grid, warmup, args, kwargs)"
+    return "\n".join(
+        [
+            "def launch(self, grid, warmup, args, kwargs):",
+            *_indent(read + _quick_lines(quick), 1),
+            "    try:",
+            "        if key is None:",
+            *_indent(general, 3),
+            "        config = self.cache.get(key)",
+            "        if config is None or (CAPTURING is not None and CAPTURING()):",
+            f"            {miss}",
+            "    except Exception:  # an unhashable key value, a broken CUDA context: Triton's run raises it",
+            f"        {miss}",
+            "    bound = BOUND.get(id(config))",
+            "    if bound is None:  # a config this path has not launched yet: Triton's run, once",
+            f"        {miss}",
+            "    self.best_config = config",
+            "    try:",
+            f"        ret = self.fn.run(*args, grid=grid, warmup=warmup{kw}, **bound)",
+            "    except BaseException as e:",
+            f"        if self._tc_launch_failed(config, args, {{'grid': grid, 'warmup': warmup{kw}}}, e):",
+            f"            return BASE_RUN(self, *args, grid=grid, warmup=warmup{kw})",
+            "        raise",
+            "    self.nargs = None",
+            "    return ret",
+        ]
+    )
 
 
 def key_function(
@@ -226,17 +365,16 @@ def key_function(
     keys: Sequence[str],
     n: int,
     kwnames: Sequence[str],
-    types: Sequence[type],
+    value_types: Sequence[type],
     name: str,
 ) -> KeyFn | None:
-    """:func:`key_source`, compiled (None where the shape does not fit). ``types``: of the values of
-    the call it is learnt from, positional then keyword ones, which the quick branch expects."""
+    """:func:`key_source`, compiled (None where the shape does not fit): the key a launcher learnt
+    from a call with values of ``value_types`` (positional then keyword ones) computes."""
     facts = torch_facts()
-    dtyped = [True if t in facts.with_dtype else False if t in NO_DTYPE else None for t in types]
-    src = key_source(arg_names, keys, n, kwnames, dtyped)
+    src = key_source(arg_names, keys, n, kwnames, [facts.has_dtype(t) for t in value_types])
     if src is None:
         return None
-    ns: dict[str, Any] = {"M": _MISSING, "DN": facts.dtype_names, **{f"T{i}": t for i, t in enumerate(types)}}
+    ns: dict[str, Any] = {"M": _MISSING, "DN": facts.dtype_names, **{f"T{i}": t for i, t in enumerate(value_types)}}
     exec(compile(src, f"<tunecache key of {name}>", "exec"), ns)  # noqa: S102 - generated above, no user text as code
     return ns["key"]
 
@@ -258,36 +396,27 @@ def plan_for(tuner: Any) -> LaunchPlan | None:
     return LaunchPlan(tuner.arg_names, tuner.keys, getattr(tuner, "_tc_name", "kernel"))
 
 
+def _through_triton(self: FastLaunch, grid: Any, warmup: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+    """A launch the hit path does not serve: Triton's run (through tunecache's recovering run), then
+    what the next launch of this call's shape and key needs."""
+    ret = super(FastLaunch, self).run(*args, grid=grid, warmup=warmup, **kwargs)
+    self._tc_learn(args, kwargs)
+    return ret
+
+
 def _launch(bound_to: tuple[Any, Any], *args: Any, **kwargs: Any) -> Any:
-    """``kernel[grid](*args, **kwargs)`` of a :class:`FastLaunch` (``bound_to``: the kernel and the grid):
-    a hit launched here, anything else through ``kernel.run(*args, grid=grid, warmup=False, **kwargs)``
-    as Triton's launcher calls it."""
+    """``kernel[grid](*args, **kwargs)`` of a :class:`FastLaunch` (``bound_to``: the kernel and the
+    grid): the call shape's launcher, or Triton's run as Triton's launcher calls it (``warmup=False``)."""
     self, grid = bound_to
     plan = self._tc_plan
     if plan and len(self.configs) > 1:
-        key = plan.direct.get((len(args), *kwargs) if kwargs else len(args))
-        if key is not None:
-            try:
-                config = self.cache.get(key(args, kwargs))
-                if config is not None and plan.capturing is not None and plan.capturing():
-                    config = None  # a capture in progress: Triton's run
-            except Exception:  # noqa: BLE001 - an unhashable key value, a broken CUDA context: Triton's run raises it
-                config = None
-            if config is not None:
-                bound = plan.bound.get(id(config))
-                if bound is not None:
-                    self.best_config = config
-                    try:
-                        ret = self.fn.run(*args, grid=grid, warmup=False, **kwargs, **bound[1])
-                    except BaseException as e:
-                        if self._tc_launch_failed(config, args, {"grid": grid, "warmup": False, **kwargs}, e):
-                            return _BASE_RUN(self, *args, grid=grid, warmup=False, **kwargs)
-                        raise
-                    self.nargs = None
-                    return ret
-    ret = self.run(*args, grid=grid, warmup=False, **kwargs)
-    self._tc_learn(True, (len(args), *kwargs) if kwargs else len(args), args, kwargs)
-    return ret
+        if not kwargs:  # the call's shape, as _call_shape
+            launch = plan.shapes.get(len(args))
+        else:
+            launch = plan.shapes.get((len(args), *kwargs) if args else tuple(kwargs))
+        if launch is not None:
+            return launch(self, grid, False, args, kwargs)
+    return _through_triton(self, grid, False, args, kwargs)
 
 
 class FastLaunch(Autotuner):
@@ -313,35 +442,25 @@ class FastLaunch(Autotuner):
             return types.MethodType(_launch, (self, grid))
         return super().__getitem__(grid)
 
-    def run(self, *args: Any, **kwargs: Any) -> Any:
-        """Triton's ``Autotuner.run`` (``kwargs`` with ``grid`` and ``warmup``), a hit served here."""
+    def run(self, *args: Any, grid: Any = _MISSING, warmup: Any = _MISSING, **kwargs: Any) -> Any:
+        """Triton's ``Autotuner.run``, a hit served here. ``grid`` and ``warmup`` are taken apart from
+        the other keywords (every launch passes both, as ``JITFunction.run`` requires), so that a call
+        shape is what the caller passed to the kernel and the launchers serve both entries; Triton's
+        run gets them back first, where Triton's launcher puts them."""
+        if grid is _MISSING or warmup is _MISSING:  # no launch: Triton's run fails it as it does
+            given = {n: v for n, v in (("grid", grid), ("warmup", warmup)) if v is not _MISSING}
+            return super().run(*args, **given, **kwargs)
         plan = self._tc_plan
         if plan and len(self.configs) > 1:
-            key = plan.shapes.get((len(args), *kwargs))
-            if key is not None:
-                try:
-                    config = self.cache.get(key(args, kwargs))
-                    if config is not None and plan.capturing is not None and plan.capturing():
-                        config = None  # a capture in progress: Triton's run
-                except Exception:  # noqa: BLE001 - as above
-                    config = None
-                if config is not None:
-                    bound = plan.bound.get(id(config))
-                    if bound is not None:
-                        self.best_config = config
-                        try:
-                            ret = self.fn.run(*args, **kwargs, **bound[1])
-                        except BaseException as e:
-                            if self._tc_launch_failed(config, args, kwargs, e):
-                                return _BASE_RUN(self, *args, **kwargs)
-                            raise
-                        self.nargs = None
-                        return ret
+            if not kwargs:  # the call's shape, as _call_shape
+                launch = plan.shapes.get(len(args))
+            else:
+                launch = plan.shapes.get((len(args), *kwargs) if args else tuple(kwargs))
+            if launch is not None:
+                return launch(self, grid, warmup, args, kwargs)
         elif plan is False:
-            return super().run(*args, **kwargs)
-        ret = super().run(*args, **kwargs)
-        self._tc_learn(False, (len(args), *kwargs), args, kwargs)
-        return ret
+            return super().run(*args, grid=grid, warmup=warmup, **kwargs)
+        return _through_triton(self, grid, warmup, args, kwargs)
 
     def _tc_launch_failed(self, config: Any, args: Sequence[Any], kwargs: Mapping[str, Any], e: BaseException) -> bool:
         """The hit path's launch of ``config`` raised ``e``: ``nargs`` as Triton's run leaves it after a
@@ -350,23 +469,16 @@ class FastLaunch(Autotuner):
         self.nargs = dict(zip(self.arg_names, args))
         return isinstance(e, Exception) and self._tc_blamed(config, args, kwargs, e)
 
-    def _tc_learn(self, direct: bool, shape: tuple | int, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
-        """After a launch through Triton's run: what the next launch of this shape and key needs
-        (``direct``: a launch by ``kernel[grid]``, whose ``kwargs`` hold no grid and warmup)."""
+    def _tc_learn(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+        """After a launch through Triton's run (``kwargs``: the call's, without grid and warmup): the
+        launcher of its shape, and the launch keywords of the config Triton's run launched."""
         plan = self._tc_plan
         if plan is None:
             plan = self._tc_plan = plan_for(self) or False
         if not plan or len(self.configs) < 2:
             return
-        key = plan.learn_shape(plan.direct if direct else plan.shapes, shape, args, kwargs)
-        if key is None:
-            return
-        try:
-            config = self.cache.get(key(args, kwargs))
-        except Exception:  # noqa: BLE001 - as above
-            return
-        if config is not None:
-            plan.bind(config)
+        plan.learn(args, kwargs)
+        plan.bind(getattr(self, "best_config", None))
 
 
 __all__ = [
@@ -377,6 +489,7 @@ __all__ = [
     "LaunchPlan",
     "key_function",
     "key_source",
+    "launcher_source",
     "plan_for",
     "torch_facts",
 ]
