@@ -215,11 +215,11 @@ def child_overhead(args: dict) -> dict:
     ``all_kwargs()``, exactly what the autotuners pass to JITFunction.run), a stock triton.autotune
     hit, a tunecache hit (its hit path), and a tunecache hit through Triton's run
     (TUNECACHE_FAST_LAUNCH=0). Every variant launches the same kernel with the same config. To
-    attribute the hit path's cost on a GPU: a second tunecache kernel whose plan has no capture
-    check (``tunecache-no-capture-check``); the capture check alone, as torch's public function
-    (``capture-check-only``) and as the C function it wraps (``capture-check-c``), with the one the
-    hit path calls named in ``capture_check``; and the tunecache kernel's own ``@jit`` launched as
-    ``plain-all-kwargs`` is (``tunecache-jit-all-kwargs``: anything per-JITFunction shows there)."""
+    attribute costs on a GPU: a check for a capture in progress alone, as torch's public function
+    (``capture-check-only``) and as the C function it wraps (``capture-check-c``; the hit path asks
+    neither since 2026-12-06, see tunecache/tuner/fastpath.py); and the tunecache kernel's own
+    ``@jit`` launched as ``plain-all-kwargs`` is (``tunecache-jit-all-kwargs``: anything
+    per-JITFunction shows there)."""
     import torch
     import triton
     import triton.language as tl
@@ -244,19 +244,15 @@ def child_overhead(args: dict) -> dict:
     stock = triton.autotune(configs=configs, key=["N"], do_bench=bench)(body())
     ours = tunecache.autotune(configs=configs, key=["N"], do_bench=bench)(body())
     slow = tunecache.autotune(configs=configs, key=["N"], do_bench=bench)(body())
-    nocap = tunecache.autotune(configs=configs, key=["N"], do_bench=bench)(body())
     x = torch.zeros(1024, device=dev)
     n = args.get("launches", 10000)
     grid = (4,)
-    for k in (stock, ours, slow, nocap):
+    for k in (stock, ours, slow):
         if k is slow:
             os.environ["TUNECACHE_FAST_LAUNCH"] = "0"  # read at the kernel's first launch
         for _ in range(3):
             k[grid](x, 1024)  # resolve (tune or hit), then hits
         os.environ.pop("TUNECACHE_FAST_LAUNCH", None)
-    check = ours._tc_plan.capturing if ours._tc_plan else None
-    if nocap._tc_plan:
-        nocap._tc_plan.capturing = None  # the same hit path without its capture check
     winner = ours.best_config
     constexprs, full = dict(winner.kwargs), winner.all_kwargs()
     launch = {
@@ -265,10 +261,9 @@ def child_overhead(args: dict) -> dict:
         "stock": lambda: stock[grid](x, 1024),
         "tunecache": lambda: ours[grid](x, 1024),
         "tunecache-triton-run": lambda: slow[grid](x, 1024),
-        "tunecache-no-capture-check": lambda: nocap[grid](x, 1024),
         "tunecache-jit-all-kwargs": lambda: ours.fn[grid](x, 1024, **full),  # its own @jit, as plain-all-kwargs
     }
-    if dev == "cuda":  # what the hit path's check for a capture in progress costs per launch, both ways
+    if dev == "cuda":  # what a check for a capture in progress would cost per launch (the hit path has none)
         launch["capture-check-only"] = torch.cuda.is_current_stream_capturing
         launch["capture-check-c"] = torch._C._cuda_isCurrentStreamCapturing
     for f in launch.values():
@@ -295,12 +290,10 @@ def child_overhead(args: dict) -> dict:
                 "stock",
                 "tunecache",
                 "tunecache-triton-run",
-                "tunecache-no-capture-check",
                 "tunecache-jit-all-kwargs",
             )
         },
         "fast_path": bool(ours._tc_plan),
-        "capture_check": getattr(check, "__qualname__", repr(check)),
         "winner": full,
         "launches": n,
         "rounds": rounds,

@@ -19,7 +19,7 @@ import triton.language as tl
 import tunecache
 from tunecache import buckets
 from tunecache.tuner import autotuner as at
-from tunecache.tuner import fastpath
+from tunecache.tuner import fastpath, measure
 
 CONFIGS = [triton.Config({"BLOCK": b}, num_warps=w) for b in (16, 32) for w in (1, 2)]
 N = 40
@@ -206,7 +206,7 @@ def test_kernels_with_hooks_prune_or_one_config_always_take_tritons_run(kw):
             assert len(HOOKED) == (1 if k.best_config.pre_hook else 0)
 
 
-def test_switched_off_a_capture_a_miss_or_a_shrunk_config_list_take_tritons_run(monkeypatch):
+def test_switched_off_a_miss_or_a_shrunk_config_list_take_tritons_run_a_capture_too_on_a_miss(monkeypatch):
     monkeypatch.setenv("TUNECACHE_FAST_LAUNCH", "0")
     off = axpy()
     spy = Spy(off)
@@ -220,10 +220,15 @@ def test_switched_off_a_capture_a_miss_or_a_shrunk_config_list_take_tritons_run(
     for _ in range(3):
         k[grid](X32, Y32, OUT, N)
     assert spy.last[0] == "fast"
-    k._tc_plan.capturing = lambda: True  # a CUDA graph capture in progress
-    k[grid](X32, Y32, OUT, N)
-    assert spy.last[0] == "triton"
-    k._tc_plan.capturing = None
+    with monkeypatch.context() as m:
+        m.setattr(measure, "capturing", lambda: True)  # a CUDA graph capture in progress
+        k[grid](X32, Y32, OUT, N)
+        assert spy.last[0] == "fast"  # a hit: the winner launched once, as Triton's run launches it
+        before = tunecache.stats()
+        k[grid](X32, Y32, OUT, N - 2)  # a miss: tunecache's run, which never benchmarks in a capture
+        after = tunecache.stats()
+        assert spy.last[0] == "triton" and after["benchmarks"] == before["benchmarks"]
+        assert after["capture_fallbacks"] == before["capture_fallbacks"] + 1
     k[grid](X32, Y32, OUT, N - 1)  # a miss
     assert spy.last[0] == "triton"
     k.configs = [CONFIGS[3]]  # a library's own lookup leaves one config (fla does): Triton launches it
@@ -349,29 +354,6 @@ def test_shapes_sharing_names_or_counts_each_get_their_own_launcher():
             assert path == "fast" and k.best_config is k.cache[triton_key(k, args, user)]
 
 
-def test_the_capture_check_is_torchs_c_function_and_asks_only_once_cuda_is_up(monkeypatch):
-    calls = []
-
-    def c_check():  # stands in for torch._C._cuda_isCurrentStreamCapturing
-        calls.append(1)
-        return True
-
-    up = [False]
-    facts = fastpath._Torch()
-    facts.cuda_built = True
-    monkeypatch.setattr(torch._C, "_cuda_isCurrentStreamCapturing", c_check, raising=False)
-    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: up[0])
-    before = facts.capture_check()
-    assert before() is False and not calls  # CUDA not up: not asked (it would raise without a GPU)
-    up[0] = True
-    assert before() is True and calls == [1]
-    assert facts.capture_check() is c_check  # CUDA up: the C function itself, no wrapper
-    monkeypatch.delattr(torch._C, "_cuda_isCurrentStreamCapturing")
-    assert facts.capture_check() is torch.cuda.is_current_stream_capturing  # not there: torch's public one
-    facts.cuda_built = False
-    assert facts.capture_check() is None
-
-
 class _Tuner:
     """What a launcher reads and sets on its kernel."""
 
@@ -393,12 +375,11 @@ class _Tuner:
 
 def test_a_generated_launcher_hits_and_falls_back_to_tritons_run():
     """One launcher against a stand-in kernel: a hit launches with the bound keywords and sets what
-    Triton sets; a miss, an unbound config, a capture, an unhashable key value, a value without a torch
+    Triton sets; a miss, an unbound config, an unhashable key value, a value without a torch
     dtype where a tensor was learnt hand over to Triton's run; a failed launch to the recovery."""
     plan = fastpath.LaunchPlan(["x", "N", "BLOCK"], ["N"], "t")
     plan.ns["MISS"] = lambda self, grid, warmup, args, kwargs: ("miss", args, kwargs)
     plan.ns["BASE_RUN"] = lambda self, *args, **kwargs: ("base run", args, kwargs)
-    plan.capturing = None
     plan.learn((X32,), {"N": N})
     launch = plan.shapes[(1, "N")]
     config = CONFIGS[1]
@@ -417,9 +398,6 @@ def test_a_generated_launcher_hits_and_falls_back_to_tritons_run():
     assert launch(t, grid, False, (None,), {"N": N}) == "ran"  # no dtype: the general key, Triton's
     assert launch(t, grid, False, (_WithDtype("fp8"),), {"N": N}) == "ran"  # not a torch dtype: the same
     assert launch(t, grid, False, (X32,), {"N": [N]})[0] == "miss"  # an unhashable key value
-    plan.capturing = lambda: True
-    assert launch(t, grid, False, (X32,), {"N": N})[0] == "miss"  # a capture in progress
-    plan.capturing = None
     t.fail = RuntimeError("launch failed")  # the recovery blames the winner: launched again by Triton's run
     assert launch(t, grid, False, (X32,), {"N": N}) == ("base run", (X32,), {"grid": grid, "warmup": False, "N": N})
     assert t.failed[-1][0] is config and t.failed[-1][2] == {"grid": grid, "warmup": False, "N": N}

@@ -15,9 +15,8 @@ order: Triton's key puts the dtypes of keyword arguments in the caller's order),
   when it is built; the values seen without a dtype guarded by their exact types, the dtypes of
   tensors looked up by name (a value there without a torch dtype: the general ``getattr`` key);
 * one lookup in Triton's own ``self.cache`` (so whatever resolves, re-resolves or forgets a key,
-  Triton, tunecache or a library, is seen at the next launch), the capture check (torch's C
-  function, no Python wrapper), and one lookup of the winner's launch keywords (``all_kwargs()``,
-  bound once per config, not merged per call);
+  Triton, tunecache or a library, is seen at the next launch), and one of the winner's launch
+  keywords (``all_kwargs()``, bound once per config, not merged per call);
 * ``best_config`` set and ``nargs`` left ``None`` as Triton leaves them after a launch, then
   ``JITFunction.run`` (or the wrapper's ``run``) with exactly the arguments Triton passes.
 
@@ -37,12 +36,18 @@ change: a miss; a config with a ``pre_hook``; a kernel with ``pre_hook``/``post_
 ``reset_to_zero``/``restore_value`` or prune functions (``early_config_prune``, ``perf_model``);
 one config (Triton uses it without a key); a call shape the generated function cannot serve
 (more positional arguments than the kernel has, an argument given both ways, a key value that
-cannot be hashed); a CUDA graph capture in progress; ``TUNECACHE_FAST_LAUNCH=0``. A launch that
-raises is handed to the stored-winner recovery as Triton's path hands it (``nargs`` set as Triton
-leaves it after a failed launch). No I/O, hashing of sources or logging happens here; the only
-per-call state read is the instance's ``cache``, ``configs`` and ``fn`` and the capture flag. A
-launcher is generated Python: its only identifiers are generated names; argument names appear in it
-as string literals, so no user text is executed as code.
+cannot be hashed); ``TUNECACHE_FAST_LAUNCH=0``. A launch that raises is handed to the stored-winner
+recovery as Triton's path hands it (``nargs`` set as Triton leaves it after a failed launch). No
+I/O, hashing of sources or logging happens here; the only per-call state read is the instance's
+``cache``, ``configs`` and ``fn``. A launcher is generated Python: its only identifiers are
+generated names; argument names appear in it as string literals, so no user text is executed as code.
+
+A CUDA graph capture needs no check here. On a hit, Triton's run under a capture does exactly what
+this path does (one launch of the winner, recorded into the graph); what must never happen inside a
+capture, a benchmark, happens only on a miss or after a failed launch, and both go through
+tunecache's run, which checks for a capture there (``measure.capturing``: a miss falls back to a
+stored or default config, the recovery judges a failure outside the capture). Asking torch on every
+launch cost 0.32-0.49 us on the H200 host (2026-12-06), a quarter of what this path adds to a launch.
 
 Where this differs from Triton's run, by design: during the launch ``nargs`` is what the previous
 call left (Triton's run sets it to this call's dict, then back to ``None``); a config's
@@ -84,13 +89,12 @@ NO_DTYPE: tuple[type, ...] = (int, float, bool, str, type(None))
 
 
 class _Torch:
-    """What the launchers and the capture check need of torch, looked up once (torch is imported by
-    then: a launch passed tensors). Without torch: no tensors, never a capture."""
+    """What the launchers need of torch, looked up once (torch is imported by then: a launch passed
+    tensors). Without torch: no tensors."""
 
     def __init__(self) -> None:
         self.tensor: type | None = None
         self.dtype_names: dict[Any, str] = {}
-        self.cuda_built = False
         try:
             import torch
         except ImportError:
@@ -98,7 +102,6 @@ class _Torch:
         self.torch = torch
         self.tensor = torch.Tensor
         self.dtype_names = {d: str(d) for d in vars(torch).values() if isinstance(d, torch.dtype)}
-        self.cuda_built = bool(torch.backends.cuda.is_built())
 
     def has_dtype(self, t: type) -> bool | None:
         """Whether a value of type ``t`` has a dtype: True for tensors (their launchers read it and
@@ -106,23 +109,6 @@ class _Torch:
         if self.tensor is not None and issubclass(t, self.tensor):
             return True
         return False if t in NO_DTYPE else None
-
-    def capture_check(self) -> Callable[[], bool] | None:
-        """What tells a CUDA graph capture in progress: None where there cannot be one (no torch, or
-        one built without CUDA); torch's C function behind ``torch.cuda.is_current_stream_capturing``
-        (a Python frame less per launch; that wrapper where the C function is not there) once CUDA is
-        up (a kernel's first launch on a GPU brought it up); before that, one that asks only once CUDA
-        is up (the check would raise on a machine without a GPU)."""
-        if not self.cuda_built:
-            return None
-        cuda = self.torch.cuda
-        capturing = getattr(self.torch._C, "_cuda_isCurrentStreamCapturing", None)
-        if not callable(capturing) or isinstance(capturing, type):  # absent, or torch's stand-in class
-            capturing = cuda.is_current_stream_capturing
-        if cuda.is_initialized():
-            return capturing
-        up = cuda.is_initialized
-        return lambda: up() and capturing()
 
 
 _torch: _Torch | None = None
@@ -147,7 +133,7 @@ def _call_shape(args: Sequence[Any], kwargs: Mapping[str, Any]) -> int | tuple:
 class LaunchPlan:
     """One kernel's hit path: a generated launcher per call shape (None: that shape goes through
     Triton's run) and the winners' launch keywords by config. ``ns``: the launchers' globals, where
-    the capture check and the bound keywords are read at each launch."""
+    the bound keywords are read at each launch."""
 
     __slots__ = ("arg_names", "keys", "name", "shapes", "bound", "held", "ns", "made")
 
@@ -163,20 +149,10 @@ class LaunchPlan:
             "M": _MISSING,
             "DN": facts.dtype_names,
             "BOUND": self.bound,
-            "CAPTURING": facts.capture_check(),
             "MISS": _through_triton,
             "BASE_RUN": _BASE_RUN,
         }
         self.made = itertools.count()  # numbers the launchers' type names (``T3_0``), unique across threads
-
-    @property
-    def capturing(self) -> Callable[[], bool] | None:
-        """The capture check every launcher of this plan calls (None: none)."""
-        return self.ns["CAPTURING"]
-
-    @capturing.setter
-    def capturing(self, check: Callable[[], bool] | None) -> None:
-        self.ns["CAPTURING"] = check
 
     def learn(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
         """Generate the launcher of this call's shape the first time it is seen (the argument types
@@ -322,7 +298,7 @@ def launcher_source(
 ) -> str | None:
     """Python source of one call shape's ``launch(self, grid, warmup, args, kwargs)`` (see
     :func:`key_source` for the shape and the key): the key, one lookup in Triton's ``self.cache``,
-    the capture check, the winner's bound keywords (``BOUND``), ``best_config``, the launch with
+    the winner's bound keywords (``BOUND``), ``best_config``, the launch with
     exactly the arguments Triton's run passes, ``nargs``; anything else is handed to ``MISS``
     (Triton's run), a failed launch to the stored-winner recovery. One function and one frame, no
     dict built but the launch's own keywords. None where the shape does not fit."""
@@ -340,7 +316,7 @@ def launcher_source(
             "        if key is None:",
             *_indent(general, 3),
             "        config = self.cache.get(key)",
-            "        if config is None or (CAPTURING is not None and CAPTURING()):",
+            "        if config is None:",
             f"            {miss}",
             "    except Exception:  # an unhashable key value, a broken CUDA context: Triton's run raises it",
             f"        {miss}",
