@@ -86,6 +86,7 @@ import triton
 import triton.language as tl
 from tunecache.kernels import sparse_decode_sm90 as sm90
 
+import tunecache
 from tunecache import autotune, buckets, settings
 from tunecache.buckets import SGLANG_CAPTURE_SIZES
 from tunecache.tuner.autotuner import TunecacheAutotuner
@@ -686,6 +687,10 @@ def warmup(
     the way one small shared cache would. ``progress(bucket, seconds)`` is called after each bucket
     (with ``total=`` the number of buckets too if it takes that keyword: ``tunecache warm``'s bar).
     On CUDA the device is synchronised after each bucket so that ``seconds`` is the real cost.
+
+    A bucket another host is benchmarking right now (a cold fleet starting together) is deferred
+    (``tunecache.defer_busy()``) and taken up again after the others, so the fleet's hosts tune
+    different buckets at once instead of waiting on one host bucket by bucket.
     """
     dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
     on_cuda = dev.type == "cuda"
@@ -715,13 +720,14 @@ def warmup(
     sm_scale = 1.0 / math.sqrt(D_QK)
     regions = max(1, slots // region)
 
-    winners: dict[int, dict] = {}
-    for b in sizes:
+    def inputs(b: int) -> tuple[torch.Tensor, torch.Tensor]:
         q = torch.randn(b, heads, D_QK, generator=gen, device=dev).to(torch.bfloat16)
         # topk distinct slots inside one region per query (queries wrap around if slots is small).
         pick = torch.rand(b, min(region, slots), generator=gen, device=dev).argsort(dim=1)[:, :topk]
         base = (torch.arange(b, device=dev) % regions)[:, None] * region
-        idx = (pick + base).clamp(max=slots - 1).to(torch.int32)
+        return q, (pick + base).clamp(max=slots - 1).to(torch.int32)
+
+    def warm(b: int, q: torch.Tensor, idx: torch.Tensor) -> None:
         t0 = time.perf_counter()
         sparse_mla_decode(q, kv, idx, sm_scale, k_scale=k_scale)
         if on_cuda:
@@ -732,4 +738,19 @@ def warmup(
             winners[b] = _config_dict(best)
         if progress is not None:
             progress(b, seconds)
-    return winners
+
+    # A cold fleet walks the buckets in the same order: a bucket another host is benchmarking is
+    # deferred (tunecache.defer_busy()) and this host takes the next one, so the fleet spreads them;
+    # the deferred ones come last, served by then (or waited for, as without deferral).
+    winners: dict[int, dict] = {}
+    deferred: list[tuple[int, torch.Tensor, torch.Tensor]] = []
+    with tunecache.defer_busy():
+        for b in sizes:
+            q, idx = inputs(b)
+            try:
+                warm(b, q, idx)
+            except tunecache.Busy:
+                deferred.append((b, q, idx))
+    for b, q, idx in deferred:
+        warm(b, q, idx)
+    return {b: winners[b] for b in sizes if b in winners}

@@ -32,9 +32,11 @@ Scenarios (each on a store of its own, except that warm and trust follow cold on
   database restarts, then N hosts of a new kernel version while it is unreachable; target: every host
   produces its output, no row lost.
 
-Per host: time to first output, process time, benchmarks, compiles, waits (count, seconds, and
-waits on an entry that never landed), entries and binaries served (Triton cache hits in an empty
-local cache), the ``TUNECACHE_SUMMARY`` line. Per fleet: benchmarks per key, the slowest host, rows
+Per host: time to first output, time to ready (sparse: every bucket warmed), process time, keys led
+(benchmarked here for the fleet), benchmarks, compiles, waits (count, seconds, and waits on an entry
+that never landed), entries and binaries served (Triton cache hits in an empty local cache), the
+``TUNECACHE_SUMMARY`` line. Per fleet: benchmarks per key, keys led per host and the most benchmarks
+in progress at once (1: the fleet tuned one key at a time), the slowest host, the last one ready, rows
 lost. Stock starts (no tunecache: one cold, then one warm on its caches) run in the same invocation
 for the ratios (``--no-stock`` skips them). Writes DIR/bench_rollout.json and DIR/bench_rollout.md;
 ``--check`` exits 1 when a target on counts is missed (times are reported, never checked).
@@ -100,7 +102,7 @@ def sparse_child(spec: dict[str, Any]) -> dict[str, Any]:
         tunecache.kernels.sparse_decode = module
     from tunecache.kernels import sparse_decode
 
-    flights: dict[str, Any] = {"benchmarked": [], "wait_s": 0.0, "in_vain": 0}
+    flights: dict[str, Any] = {"benchmarked": [], "leads": [], "wait_s": 0.0, "in_vain": 0}
     tuned = os.environ.get("TUNECACHE_INSTALL") == "1" and os.environ.get("TUNECACHE_MODE") != "off"
     if tuned:
         from tunecache import counters
@@ -115,7 +117,11 @@ def sparse_child(spec: dict[str, Any]) -> dict[str, Any]:
             def leading(lease: Any) -> Any:
                 led.append(time.perf_counter())
                 flights["benchmarked"].append(digest)
-                return lead(lease)
+                start = time.time()  # the wall clock: the fleet's leads, compared across hosts
+                try:
+                    return lead(lease)
+                finally:
+                    flights["leads"].append([round(start, 3), round(time.time(), 3)])
 
             try:
                 return run(store, digest, lead=leading, **kwargs)
@@ -148,6 +154,8 @@ def sparse_child(spec: dict[str, Any]) -> dict[str, Any]:
         s = tunecache.stats()
         out.update(
             benchmarked_keys=flights["benchmarked"],
+            led=len(set(flights["benchmarked"])),
+            leads=flights["leads"],
             waits=int(s["waits"]),
             wait_s=round(flights["wait_s"], 3),
             waits_in_vain=flights["in_vain"],
@@ -449,10 +457,24 @@ def per_key(hosts: list[dict[str, Any]]) -> dict[str, int]:
     return dict(c)
 
 
+def most_at_once(hosts: list[dict[str, Any]]) -> int:
+    """The most benchmarks (leads of a key) in progress at one moment over the fleet: 1 where the
+    fleet benchmarks one key at a time, however many hosts it has."""
+    # (time, +1) for a start, (time, -1) for an end: sorted, an end comes before a start at the same instant
+    edges = sorted((t, 1 if i == 0 else -1) for h in hosts for lead in h.get("leads", []) for i, t in enumerate(lead))
+    most = now = 0
+    for _, step in edges:
+        now += step
+        most = max(most, now)
+    return most
+
+
 def fleet_figures(hosts: list[dict[str, Any]]) -> dict[str, Any]:
     keys = per_key(hosts)
     ok = [h for h in hosts if "error" not in h]
     slowest = max(ok, key=lambda h: h.get("first_output_s", 0), default=None)
+    ready = [h for h in ok if "ready_s" in h]  # the sparse workload's: its whole warmup, every bucket
+    last = max(ready, key=lambda h: h["ready_s"], default=None)
     return {
         "hosts": len(hosts),
         "failed_hosts": [h["host"] for h in hosts if "error" in h],
@@ -461,9 +483,12 @@ def fleet_figures(hosts: list[dict[str, Any]]) -> dict[str, Any]:
         "keys": len(keys),
         "keys_done_twice": sorted(k for k, n in keys.items() if n > 1),
         "most_per_key": max(keys.values(), default=0),
+        "keys_led": {h["host"]: h["led"] for h in ok if "led" in h},  # how the fleet spread its keys
+        "most_at_once": most_at_once(ok),
         "waits": sum(h.get("waits", 0) for h in ok),
         "waits_in_vain": sum(h.get("waits_in_vain", 0) for h in ok),
         "slowest_host": slowest and {"host": slowest["host"], "first_output_s": slowest.get("first_output_s")},
+        "last_ready": last and {"host": last["host"], "ready_s": last["ready_s"]},
     }
 
 
@@ -477,7 +502,8 @@ def run_scenarios(fl: Fleet, workload: str) -> dict[str, Any]:
         out[name] = {"fleet": fleet_figures(hosts), "hosts": hosts, **extra}
         f = out[name]["fleet"]
         log(f"{name}: {f['benchmarks']} benchmarks, {f['keys']} keys, most per key {f['most_per_key']}, "
-            f"waits {f['waits']} (in vain {f['waits_in_vain']}), slowest {f['slowest_host']}")  # fmt: skip
+            f"keys led {f['keys_led']}, at once {f['most_at_once']}, waits {f['waits']} (in vain "
+            f"{f['waits_in_vain']}), slowest {f['slowest_host']}, last ready {f['last_ready']}")  # fmt: skip
         return out[name]
 
     fleet_url = None
@@ -778,8 +804,8 @@ def checks(results: dict[str, Any], times: bool = False) -> list[str]:
     return bad
 
 
-COLS = ("host", "version", "trust", "first_output_s", "x_stock_warm", "x_stock_cold", "benchmarks", "compiles",
-        "waits", "wait_s", "waits_in_vain", "entries_served", "binaries_served")  # fmt: skip
+COLS = ("host", "version", "trust", "first_output_s", "x_stock_warm", "x_stock_cold", "ready_s", "led", "benchmarks",
+        "compiles", "waits", "wait_s", "waits_in_vain", "entries_served", "binaries_served")  # fmt: skip
 
 
 def markdown(results: dict[str, Any]) -> str:

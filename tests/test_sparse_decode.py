@@ -493,3 +493,36 @@ def test_autotuned_path_stores_the_bucket_and_matches_reference(sqlite_url):
     (p,) = open_store(sqlite_url).find_problems(with_configs=True)
     assert p.batch_bucket == 4 and dict(json.loads(p.key_json))["B"] == 4
     assert len(p.configs) == len(sd.CONFIGS)
+
+
+def test_warmup_defers_a_bucket_another_host_is_benchmarking_then_comes_back_to_it(tmp_path, monkeypatch):
+    """A cold fleet spreads the buckets (tests/test_rollout.py): here bucket 2's lease is another host's
+    (which never stores it), so warmup tunes bucket 1 first, then comes back to 2, waits for it in vain
+    and tunes it; progress is called once per bucket and every bucket has its winner."""
+    import time
+
+    import sqlalchemy as sa
+
+    import tunecache
+    from tunecache.store.opening import open_store
+    from tunecache.store.schema import leases
+
+    probe = f"sqlite:///{tmp_path / 'probe.sqlite3'}"
+    sd._split_kernel.reset(store=probe)
+    sd.warmup([2], topk=32)
+    (p,) = open_store(probe).find_problems()
+    url = f"sqlite:///{tmp_path / 'fleet.sqlite3'}"
+    s = open_store(url)
+    with s.engine.connect() as c:
+        held = {"digest": p.digest, "holder": "h:1:x", "host": "h", "pid": 1, "expires_at": time.time() + 60}
+        c.execute(sa.insert(leases).values(**held))
+        c.commit()
+    monkeypatch.setenv("TUNECACHE_WAIT_SECONDS", "0.2")
+    sd._split_kernel.reset(store=url)
+    tunecache.reset_stats()
+    calls: list[int] = []
+    winners = sd.warmup([1, 2], topk=32, progress=lambda b, seconds: calls.append(b))
+    assert calls == [1, 2]  # 2 deferred: bucket 1 first
+    assert list(winners) == [2, 1] and all(set(w) == {"BLOCK_T", "num_warps", "num_stages"} for w in winners.values())
+    st = tunecache.stats()
+    assert st["waits"] == 1 and st["misses"] == 2 and st["benchmarks"] == 2 * len(sd.CONFIGS)

@@ -17,6 +17,7 @@ from tunecache import buckets
 from tunecache import summary as _summary  # noqa: F401 - registers the TUNECACHE_SUMMARY line (at process end)
 from tunecache.counters import coverage, preload_skips, reset_stats, stats
 from tunecache.errors import (
+    Busy,
     CaptureMissError,
     ConfigurationError,
     SchemaError,
@@ -42,9 +43,11 @@ __all__ = [
     "reset_stats",
     "flush",
     "buckets",
+    "defer_busy",
     "Store",
     "Problem",
     "ConfigResult",
+    "Busy",
     "CaptureMissError",
     "ConfigurationError",
     "SchemaError",
@@ -64,6 +67,7 @@ _LAZY = {
     "load_winners": "tunecache.tuner.decorator",
     "TunecacheAutotuner": "tunecache.tuner.autotuner",
     "current_mode": "tunecache.settings",
+    "defer_busy": "tunecache.tuner.deferral",
 }
 
 

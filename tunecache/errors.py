@@ -51,6 +51,21 @@ class CaptureMissError(TunecacheError):
         )
 
 
+class Busy(TunecacheError):
+    """Inside ``tunecache.defer_busy()``: a launch whose tuning key missed the store while another live
+    process holds its benchmark (its lease, or on this host its lock). Nothing was launched, benchmarked
+    or stored, and nothing waited; launch it again later, when that process's result is served (outside
+    the context the launch waits for it, as always)."""
+
+    def __init__(self, kernel: str, key: str) -> None:
+        self.kernel = kernel
+        self.key = key  # the tuning key, as the store names it (canonical JSON)
+        super().__init__(
+            f"{kernel}: another process is benchmarking tuning key {key}; nothing was launched. Launch it "
+            "again later (outside tunecache.defer_busy() a launch waits for that process's result)."
+        )
+
+
 class UntrustedFileError(TunecacheError):
     """An export file would install binaries or launch specs (code that runs on every GPU of a
     fleet) but carries no signature by a key in ``TUNECACHE_TRUSTED_KEYS``; nothing was written."""

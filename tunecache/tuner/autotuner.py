@@ -37,7 +37,7 @@ from triton.runtime.autotuner import Autotuner
 from tunecache import counters, settings, sharing, writeback
 from tunecache.binaries import preload
 from tunecache.configidentity import ConfigIds, search_space_hash
-from tunecache.errors import CaptureMissError, ConfigurationError, StoreError
+from tunecache.errors import Busy, CaptureMissError, ConfigurationError, StoreError
 from tunecache.identity import (
     KernelIdentity,
     canonical_key,
@@ -54,6 +54,7 @@ from tunecache.tuner import (
     background,
     basepatch,
     companions,
+    deferral,
     measure,
     missspool,
     singleflight,
@@ -418,8 +419,12 @@ class TunecacheAutotuner(FastLaunch, WinnerPreload, WinnerRecovery, Autotuner):
             self._settle(tuning_key, configs[0])
             return True
         ctx = self._context(tuning_key, configs)
-        with self._tc_lock:
-            return self._resolve(ctx, mode, bench_fn)
+        try:
+            with self._tc_lock:
+                return self._resolve(ctx, mode, bench_fn)
+        except Busy:  # deferred (tunecache.defer_busy()): nothing launched, as Triton leaves a launch
+            self.nargs = None
+            raise
 
     # ---- resolution -------------------------------------------------------------------------------
 
@@ -480,15 +485,19 @@ class TunecacheAutotuner(FastLaunch, WinnerPreload, WinnerRecovery, Autotuner):
         capture = measure.capturing()
         if capture or mode == "offline":
             return self._fallback(ctx, "capture" if capture else "offline", mode)
-        counters.count(self._tc_name, self._tc_ks.store, misses=1)
         if not sharing.builds_shareable():  # timings of builds Triton's key does not tell apart: kept here
+            self._missed()
             return self._bench_unstored(ctx, p, bench_fn, keep=False)
         store = self._tc_ks.open_store()
         if mode == "readonly" or store is None or store.readonly:
+            self._missed()
             if store is not None and store.readonly:
                 self._tc_ks.unwritable_miss(self._problem(ctx), mode)
             return self._bench_unstored(ctx, p, bench_fn, keep=mode != "readonly" and store is None)
         return self._single_flight(ctx, p, store, bench_fn)
+
+    def _missed(self) -> None:
+        counters.count(self._tc_name, self._tc_ks.store, misses=1)
 
     def _fallback(self, ctx: _Ctx, reason: str, mode: str) -> bool:
         """No benchmark now: nearest stored bucket's winner, else the first config. Deterministic."""
@@ -577,12 +586,26 @@ class TunecacheAutotuner(FastLaunch, WinnerPreload, WinnerRecovery, Autotuner):
         return rnd
 
     def _single_flight(self, ctx: _Ctx, p: Problem | None, store: Store, bench_fn: Callable[[], None]) -> bool:
-        """Exactly one process per digest benchmarks (see :mod:`tunecache.tuner.singleflight`)."""
+        """Exactly one process per digest benchmarks (see :mod:`tunecache.tuner.singleflight`).
+
+        Inside ``tunecache.defer_busy()`` a key another process holds raises ``Busy`` instead of
+        waiting (:mod:`tunecache.tuner.deferral`): counted as nothing, not even a miss, since the
+        walk launches it again later; the miss is counted once this launch leads or tunes here."""
+        defer = deferral.deferring()
+        if not defer:
+            self._missed()
+
+        def lead(lease: Lease) -> bool:
+            if defer:
+                self._missed()
+            return self._bench_and_store(ctx, store, bench_fn, lease)
 
         def settled() -> bool | None:  # another process's result, once it covers this key
             return self._take_stored(ctx, self._tc_ks.fetch_problem(store, ctx.digest)) or None
 
         def trouble(what: str, e: StoreError) -> bool:
+            if defer:
+                self._missed()
             self._tc_ks.trouble(what, e)
             return self._bench_unstored(ctx, p, bench_fn)
 
@@ -591,9 +614,10 @@ class TunecacheAutotuner(FastLaunch, WinnerPreload, WinnerRecovery, Autotuner):
             ctx.digest,
             kernel=self._tc_name,
             what=ctx.key_json,
-            lead=lambda lease: self._bench_and_store(ctx, store, bench_fn, lease),
+            lead=lead,
             settled=settled,
             trouble=trouble,
+            busy=(lambda: deferral.busy(self._tc_name, ctx.key_json)) if defer else None,
         )
 
     def _choose(self, ctx: _Ctx, rnd: Round) -> str | None:

@@ -107,11 +107,14 @@ def run(
     lead: Callable[[Lease], T],
     settled: Callable[[], T | None],
     trouble: Callable[[str, StoreError], T],
+    busy: Callable[[], T] | None = None,
 ) -> T:
     """Benchmark ``digest`` in exactly one process: ``lead(lease)`` where this process holds the
     host lock and the lease (or, once ``TUNECACHE_WAIT_SECONDS`` passed, without a lease); while
     another holds them, poll ``settled()`` for its result (None: not there yet). A store that fails
     (a ``StoreError`` from the lease or from ``settled``) ends in ``trouble("lease" | "read", e)``.
+    ``busy``, where given, is called instead of waiting once another process holds them (its value
+    is returned, or it raises: see :mod:`tunecache.tuner.deferral`); nothing is counted as a wait.
     ``what`` names the problem in messages."""
     holder = f"{hostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
     ttl = lease_seconds()
@@ -135,6 +138,8 @@ def run(
             finally:
                 if flock is not None:
                     flock.release()
+        if busy is not None:
+            return busy()
         if not waited:
             waited = True
             counters.count(None, None, waits=1)
