@@ -116,12 +116,13 @@ def sparse_child(spec: dict[str, Any]) -> dict[str, Any]:
 
             def leading(lease: Any) -> Any:
                 led.append(time.perf_counter())
-                flights["benchmarked"].append(digest)
-                start = time.time()  # the wall clock: the fleet's leads, compared across hosts
+                start, before = time.time(), ran["benchmarks"]  # the wall clock: leads compared across hosts
                 try:
                     return lead(lease)
-                finally:
-                    flights["leads"].append([round(start, 3), round(time.time(), 3)])
+                finally:  # a lead that found the result stored meanwhile benchmarked nothing: not counted
+                    if ran["benchmarks"] > before:
+                        flights["benchmarked"].append(digest)
+                        flights["leads"].append([round(start, 3), round(time.time(), 3)])
 
             try:
                 return run(store, digest, lead=leading, **kwargs)
