@@ -75,6 +75,9 @@ fi
 
 # --- tunecache from this checkout, laid out as installed ----------------------------------------
 cp -R "$ROOT/tunecache/." "$SITE/tunecache/"
+for link in migrations kernels; do  # a source tree may link them (the GPU runs do): the folders replace them
+    if [[ -L $SITE/tunecache/$link ]]; then rm "$SITE/tunecache/$link"; fi
+done
 cp -R "$ROOT/migrations" "$SITE/tunecache/migrations"
 cp -R "$ROOT/kernels" "$SITE/tunecache/kernels"
 cp "$ROOT/_tunecache_startup.py" "$ROOT/tunecache-install.pth" "$SITE/"
