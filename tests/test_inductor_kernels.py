@@ -307,3 +307,20 @@ def test_a_host_module_built_on_one_host_is_placed_on_a_fresh_one_only_when_a_tr
     monkeypatch.setenv("TUNECACHE_SIGNING_KEY", keys["fleet"]["private_key"])
     tritoncache.install(InductorStore(store))  # a fresh process: a fresh trust policy
     assert build_utils(tmp_path / "fleet", monkeypatch, 7, builds=True) == 7
+
+
+def test_a_failure_while_filing_or_placing_never_reaches_tritons_build(store, tmp_path, monkeypatch, caplog):
+    """The store side of Triton's cache never raises into Triton: a host module whose filing fails is
+    still built, loaded and kept locally, and the failure is said once."""
+    from tunecache.binaries import hostmodules
+
+    tritoncache.install(InductorStore(store))
+
+    def broken(*args):
+        raise RuntimeError("no metadata today")
+
+    monkeypatch.setattr(hostmodules, "metadata", broken)
+    with caplog.at_level(logging.WARNING, logger="tunecache"):
+        assert build_utils(tmp_path / "host", monkeypatch, 9, builds=True) == 9
+    assert "filing a host module failed" in caplog.text and "no metadata today" in caplog.text
+    assert stored(store) == []

@@ -45,7 +45,7 @@ from typing import Any
 import orjson
 from triton.runtime.cache import FileCacheManager
 
-from tunecache import forks, sharing
+from tunecache import counters, forks, sharing
 from tunecache.binaries import hostmodules
 from tunecache.binaries.binaries import from_group, problems_of, write_kernel
 from tunecache.binaries.preload import triton_version
@@ -112,20 +112,24 @@ class StoreCacheManager(FileCacheManager):  # type: ignore[misc]
     def get_group(self, filename: str) -> dict[str, str] | None:
         group = super().get_group(filename)
         wanted = group is None and self._shared and filename.endswith(".json")
-        if wanted and sharing.builds_shareable() and self._fetch(filename[: -len(".json")]):
+        if (
+            wanted
+            and sharing.builds_shareable()
+            and _guarded("placing a Triton kernel", self._fetch, filename[: -len(".json")])
+        ):
             group = super().get_group(filename)
         return group
 
     def put_group(self, filename: str, group: dict[str, str]) -> str:
         path = super().put_group(filename, group)
         if self._shared and filename.endswith(".json"):
-            self._keep(filename[: -len(".json")], group)
+            _guarded("filing a Triton kernel", self._keep, filename[: -len(".json")], group)
         return str(path)
 
     def get_file(self, filename: str) -> str | None:
         path = super().get_file(filename)
         name = self._host_module(filename) if path is None else None
-        if name and sharing.builds_shareable() and self._fetch_host(name, filename):
+        if name and sharing.builds_shareable() and _guarded("placing a host module", self._fetch_host, name, filename):
             path = super().get_file(filename)
         return path
 
@@ -133,7 +137,7 @@ class StoreCacheManager(FileCacheManager):  # type: ignore[misc]
         path = super().put(data, filename, binary=binary)
         name = self._host_module(filename)
         if name and isinstance(data, bytes):
-            self._keep_host(name, data)
+            _guarded("filing a host module", self._keep_host, name, data)
         return str(path)
 
     def _host_module(self, filename: str) -> str | None:
@@ -247,6 +251,18 @@ class StoreCacheManager(FileCacheManager):  # type: ignore[misc]
             return  # not a kernel group tunecache knows how to carry
         if problems_of(b) is None:
             (_entries or default()).put(KIND, key, encode(b))
+
+
+def _guarded(what: str, step: Any, *args: Any) -> Any:
+    """``step(*args)``, or None where it raised: the store side never raises into Triton's compile
+    (a build is kept locally, as without a store), and says once what failed."""
+    try:
+        return step(*args)
+    except Exception as e:  # noqa: BLE001 - Triton compiles and loads as without the store
+        log.debug("tunecache: %s failed", what, exc_info=True)
+        counters.warn_once("torch.compile", f"tritoncache-{what}", "tunecache: %s failed (%r); Triton goes on as "
+                           "without a store", what, e)  # fmt: skip
+        return None
 
 
 def install(entries: InductorStore | None = None) -> bool:
