@@ -68,121 +68,11 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 import bench_inductor  # noqa: E402 - the block, its child and the compile-counting hook
+import rollout_host  # noqa: E402 - the sparse workload's host (its child process)
 
 WORKLOADS = ("sparse", "inductor", "fla")
 SCENARIOS = ("cold", "warm", "upgrade", "trust", "trouble")
 EDITS = ("comment", "code")
-
-
-# ---- the sparse decode host (the child process) ---------------------------------------------------
-
-
-def sparse_child(spec: dict[str, Any]) -> dict[str, Any]:
-    """One host's start of the bundled kernel: every bucket once, as a server warms before capture."""
-    t_proc = time.perf_counter()
-    import torch
-    from triton.runtime.autotuner import Autotuner
-
-    ran = {"benchmarks": 0}
-    bench = Autotuner._bench
-
-    def counted_bench(self: Any, *args: Any, **kwargs: Any) -> Any:  # every class, tunecache or not
-        ran["benchmarks"] += 1
-        return bench(self, *args, **kwargs)
-
-    Autotuner._bench = counted_bench  # type: ignore[method-assign]
-    if spec.get("source"):  # an edited kernel (a rolling upgrade): the same module name, another text
-        import tunecache.kernels
-
-        name = "tunecache.kernels.sparse_decode"
-        found = importlib.util.spec_from_file_location(name, spec["source"])
-        module = importlib.util.module_from_spec(found)
-        sys.modules[name] = module
-        found.loader.exec_module(module)
-        tunecache.kernels.sparse_decode = module
-    from tunecache.kernels import sparse_decode
-
-    flights: dict[str, Any] = {"benchmarked": [], "leads": [], "wait_s": 0.0, "in_vain": 0}
-    tuned = os.environ.get("TUNECACHE_INSTALL") == "1" and os.environ.get("TUNECACHE_MODE") != "off"
-    if tuned:
-        from tunecache import counters
-        from tunecache.tuner import singleflight
-
-        run = singleflight.run
-
-        def timed_run(store: Any, digest: str, *, lead: Any, **kwargs: Any) -> Any:
-            """Which keys this host benchmarked, and how long it waited on another's benchmark."""
-            t, waits, led = time.perf_counter(), counters.stats()["waits"], []
-
-            def leading(lease: Any) -> Any:
-                led.append(time.perf_counter())
-                start, before = time.time(), ran["benchmarks"]  # the wall clock: leads compared across hosts
-                try:
-                    return lead(lease)
-                finally:  # a lead that found the result stored meanwhile benchmarked nothing: not counted
-                    if ran["benchmarks"] > before:
-                        flights["benchmarked"].append(digest)
-                        flights["leads"].append([round(start, 3), round(time.time(), 3)])
-
-            try:
-                return run(store, digest, lead=leading, **kwargs)
-            finally:
-                if counters.stats()["waits"] > waits:
-                    flights["wait_s"] += (led[0] if led else time.perf_counter()) - t
-                    flights["in_vain"] += bool(led)  # waited, then benchmarked it itself after all
-
-        singleflight.run = timed_run
-    firsts: list[float] = []
-    t0 = time.perf_counter()
-    winners = sparse_decode.warmup(
-        spec["buckets"],
-        heads=spec["heads"],
-        topk=spec["topk"],
-        progress=lambda b, s: firsts.append(time.perf_counter()),
-    )
-    ready = time.perf_counter() - t0
-    out: dict[str, Any] = {
-        "first_output_s": round((firsts[0] if firsts else time.perf_counter()) - t0, 3),
-        "ready_s": round(ready, 3),
-        "benchmarks": ran["benchmarks"],
-        "winners": {str(k): v for k, v in winners.items()},
-        "device": "cuda" if torch.cuda.is_available() else "cpu",
-    }
-    if tuned:
-        import tunecache
-
-        tunecache.flush()
-        s = tunecache.stats()
-        out.update(
-            benchmarked_keys=flights["benchmarked"],
-            led=len(set(flights["benchmarked"])),
-            leads=flights["leads"],
-            waits=int(s["waits"]),
-            wait_s=round(flights["wait_s"], 3),
-            waits_in_vain=flights["in_vain"],
-            entries_served=int(s["hits"]),
-            preloaded=int(s["preloaded"]),
-            untrusted=int(s["untrusted"]),
-            store_errors=int(s["store_errors"]),
-        )
-    out["process_s"] = round(time.perf_counter() - t_proc, 3)
-    return out
-
-
-def edited_source(out: Path, edit: str) -> Path:
-    """The bundled kernel's source with one edit inside the split stage's body: a comment, or a real
-    code change (a statement that changes the kernel's text, not its results)."""
-    import tunecache.kernels.sparse_decode as sd
-
-    text = Path(sd.__file__).read_text()
-    at = text.index("def _split_stage(")
-    doc_open = text.index('"""', at)
-    doc_end = text.index("\n", text.index('"""', doc_open + 3)) + 1
-    line = "    # rollout: an edited comment\n" if edit == "comment" else "    sm_scale = sm_scale * 1.0  # rollout\n"
-    path = out / "sources" / f"sparse_decode_{edit}.py"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text[:doc_end] + line + text[doc_end:])
-    return path
 
 
 # ---- hosts ----------------------------------------------------------------------------------------
@@ -258,8 +148,8 @@ class Fleet:
         if workload == "sparse":
             spec = {"buckets": a.buckets, "heads": a.heads, "topk": a.topk}
             if version and version != "v1":
-                spec["source"] = str(edited_source(self.out, version))
-            return [sys.executable, __file__, "--child-sparse", json.dumps(spec)]
+                spec["source"] = str(rollout_host.edited_source(self.out, version))
+            return [sys.executable, rollout_host.__file__, "--child-sparse", json.dumps(spec)]
         if workload.startswith("inductor:"):
             outputs = self.out / "outputs" / f"{tag}.pt"
             outputs.parent.mkdir(exist_ok=True)
@@ -850,9 +740,6 @@ def markdown(results: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    if len(sys.argv) > 2 and sys.argv[1] == "--child-sparse":
-        print(json.dumps(sparse_child(json.loads(sys.argv[2]))))
-        return
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("dir", nargs="?", help="results, caches and stores (default: a new temporary directory)")
     p.add_argument("--hosts", type=int, default=4, help="hosts per fleet (default 4)")
