@@ -139,20 +139,15 @@ def _flush() -> bool:
                     _pending_puts[store].extend(items[i:])
                 done = False
                 break
-    for store, d in hits.items():
-        try:
-            store.record_hits(d)
-        except StoreError:
-            done = False
-            with _lock:
-                _pending_hits[store].update(d)
-    for store, uses in entry_hits.items():
-        try:
-            store.touch_inductor(uses)
-        except StoreError:
-            done = False
-            with _lock:
-                _pending_entry_hits[store].update(uses)
+    counted = ((hits, "record_hits", _pending_hits), (entry_hits, "touch_inductor", _pending_entry_hits))
+    for counts, write, pending in counted:
+        for store, d in counts.items():
+            try:
+                getattr(store, write)(d)
+            except StoreError:  # kept for the next flush
+                done = False
+                with _lock:
+                    pending[store].update(d)
     for store, d in sts.items():
         try:
             store.bump_stats(d)
