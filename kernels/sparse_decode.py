@@ -86,8 +86,7 @@ import triton
 import triton.language as tl
 from tunecache.kernels import sparse_decode_sm90 as sm90
 
-import tunecache
-from tunecache import autotune, buckets, settings
+from tunecache import Busy, autotune, buckets, defer_busy, settings
 from tunecache.buckets import SGLANG_CAPTURE_SIZES
 from tunecache.tuner.autotuner import TunecacheAutotuner
 
@@ -688,9 +687,8 @@ def warmup(
     (with ``total=`` the number of buckets too if it takes that keyword: ``tunecache warm``'s bar).
     On CUDA the device is synchronised after each bucket so that ``seconds`` is the real cost.
 
-    A bucket another host is benchmarking right now (a cold fleet starting together) is deferred
-    (``tunecache.defer_busy()``) and taken up again after the others, so the fleet's hosts tune
-    different buckets at once instead of waiting on one host bucket by bucket.
+    A bucket another host is benchmarking now is deferred (``tunecache.defer_busy()``) and taken up
+    after the others: a cold fleet's hosts tune different buckets at once, not one host's in turn.
     """
     dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
     on_cuda = dev.type == "cuda"
@@ -733,23 +731,19 @@ def warmup(
         if on_cuda:
             torch.cuda.synchronize(dev)
         seconds = time.perf_counter() - t0
-        best = getattr(split_kernel(kv), "best_config", None)
-        if best is not None:
+        if (best := getattr(split_kernel(kv), "best_config", None)) is not None:
             winners[b] = _config_dict(best)
         if progress is not None:
             progress(b, seconds)
 
-    # A cold fleet walks the buckets in the same order: a bucket another host is benchmarking is
-    # deferred (tunecache.defer_busy()) and this host takes the next one, so the fleet spreads them;
-    # the deferred ones come last, served by then (or waited for, as without deferral).
     winners: dict[int, dict] = {}
     deferred: list[tuple[int, torch.Tensor, torch.Tensor]] = []
-    with tunecache.defer_busy():
+    with defer_busy():
         for b in sizes:
             q, idx = inputs(b)
             try:
                 warm(b, q, idx)
-            except tunecache.Busy:
+            except Busy:  # served by the second pass, or waited for there as without deferral
                 deferred.append((b, q, idx))
     for b, q, idx in deferred:
         warm(b, q, idx)
