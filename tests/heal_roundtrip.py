@@ -9,7 +9,8 @@ tests/test_binaries.py:
               report the benchmarks, the preload, every compile Triton made, and what the store holds
               after the background work
 
-With ``TC_TRITONCACHE=1`` the process also has torch.compile's Triton cache seam installed
+With ``TC_COMPANION=1`` it launches healkernel.py's plain kernel after the tuned one (a companion,
+:mod:`tunecache.tuner.companions`). With ``TC_TRITONCACHE=1`` the process also has torch.compile's Triton cache seam installed
 (:mod:`tunecache.inductor.tritoncache`, what ``TUNECACHE_INDUCTOR`` installs), and reports the
 ``triton_kernel`` entries the store holds.
 
@@ -109,10 +110,13 @@ def main(phase: str) -> dict:
     at_preload = len(compiles)
     x, y = torch.zeros(256), torch.zeros(256)
     tuned[lambda meta: (triton.cdiv(100, meta["BLOCK"]),)](x, y, 100)
+    if os.environ.get("TC_COMPANION") == "1":
+        hk.plus_one[(1,)](y, 100, BLOCK=128)
     background.submit(lambda: None).result(timeout=120)  # what the launch queued in the background
     writeback.flush()
     jf = hk.add_two
     launched = sorted(str(k.hash) for k in jf.device_caches[0][0].values())
+    companion = sorted(str(k.hash) for k in hk.plus_one.device_caches[0][0].values())
     return {
         "source_hash": tuned.identity.source_hash,
         "cache_key": jf.cache_key,
@@ -121,6 +125,7 @@ def main(phase: str) -> dict:
         "compiles_at_preload": compiles[:at_preload],
         "compiles_at_launch": compiles[at_preload:],
         "launched": launched,
+        "companion_launched": companion,
         "inits": inits,
         **_stored(tuned.identity.source_hash),
     }

@@ -1,4 +1,5 @@
-"""The kernel module tests/heal_roundtrip.py tunes and restarts (healkernel.py), and one phase of it
+"""The kernel module tests/heal_roundtrip.py tunes and restarts (healkernel.py: a tuned kernel and,
+launched after it with ``TC_COMPANION=1``, a plain one), and one phase of it
 as a fresh process: shared by the binary tests (tests/test_binaries.py) and the shared-build tests
 (tests/test_shared_builds.py). ``COMMENT`` in the source is what a comment edit changes."""
 
@@ -24,6 +25,13 @@ def add_two(X, Y, N, BLOCK: tl.constexpr):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = i < N  # COMMENT
     tl.store(Y + i, tl.load(X + i, mask=m) + 2, mask=m)
+
+
+@triton.jit
+def plus_one(X, N, BLOCK: tl.constexpr):  # a plain kernel launched beside add_two: a companion
+    i = tl.arange(0, BLOCK)
+    m = i < N  # COMMENT
+    tl.store(X + i, tl.load(X + i, mask=m) + 1, mask=m)
 """
 
 

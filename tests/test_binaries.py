@@ -594,6 +594,28 @@ def test_after_a_comment_edit_a_hit_records_its_winners_binary_so_the_fleet_stop
     assert fresh["spec_kernel_hashes"] == r["spec_kernel_hashes"]  # nothing left to record
 
 
+def test_after_a_comment_edit_a_companions_new_binary_is_filed_beside_the_old_one(tmp_path):
+    """A plain kernel launched beside the tuned one (a companion) also compiles to a new binary after a
+    comment edit. The upgraded host files it with a spec of its own, beside the old text's (the two
+    specs of one specialisation differ only in their binary): a fresh host of the new text then places
+    and preloads it and compiles nothing (GPU run BD: 4 compiles per fresh upgraded host before)."""
+    url = f"sqlite:///{tmp_path / 'fleet.sqlite3'}"
+    v1 = kernel_module(tmp_path / "v1", "in range")
+    tuned = run_phase("tune", v1, tmp_path / "tuner-cache", url, TC_COMPANION="1")
+    assert tuned["stats"]["benchmarks"] == 2 and len(tuned["companion_launched"]) == 1
+    assert set(tuned["companion_launched"]) <= set(tuned["spec_kernel_hashes"]) & set(tuned["binaries"])
+
+    edited = kernel_module(tmp_path / "v2", "the lanes inside N")
+    r = run_phase("restart", edited, tmp_path / "host-b-cache", url, TC_COMPANION="1")
+    assert r["stats"]["benchmarks"] == 0 and r["companion_launched"] != tuned["companion_launched"]
+    assert set(r["companion_launched"]) <= set(r["spec_kernel_hashes"]) & set(r["binaries"])
+
+    fresh = run_phase("restart", edited, tmp_path / "host-c-cache", url, TC_COMPANION="1")
+    assert fresh["stats"]["benchmarks"] == 0 and fresh["companion_launched"] == r["companion_launched"]
+    assert [c for c in fresh["compiles_at_preload"] + fresh["compiles_at_launch"] if not c["cache_hit"]] == []
+    assert fresh["spec_kernel_hashes"] == r["spec_kernel_hashes"]  # nothing left to record
+
+
 def test_a_comment_edit_records_nothing_from_a_process_that_must_not_write(tmp_path):
     url = f"sqlite:///{tmp_path / 'fleet.sqlite3'}"
     tuned = run_phase("tune", kernel_module(tmp_path / "v1", "in range"), tmp_path / "tuner-cache", url)

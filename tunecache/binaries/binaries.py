@@ -260,8 +260,10 @@ def record_companions(tuner: Any, *fns: Any, store: Store | None = None) -> int:
     target = detect_target().digest
     any_config = _AnyConfig(num_warps=None, num_stages=None, num_ctas=None, maxnreg=None)
     n = 0
+    held = store.get_specs(tuner.identity.source_hash).get(target, [])
     for fn in fns:
-        specs = preload.capture(fn, any_config, COMPANION_CONFIG)
+        # beside the specs of another text (a comment edit in a rolling deploy), never dropped as their duplicates
+        specs = preload.beside(held, preload.capture(fn, any_config, COMPANION_CONFIG))
         if not specs:
             continue
         store.put_specs(tuner.identity.name, tuner.identity.source_hash, target, specs)

@@ -134,6 +134,16 @@ def for_binary(spec: LaunchSpec) -> LaunchSpec:
     )
 
 
+def beside(held: Iterable[LaunchSpec], specs: Iterable[LaunchSpec]) -> list[LaunchSpec]:
+    """Of ``specs`` (this process's), those to record beside the ``held`` ones (the store's, for one
+    source and target): each whose binary no held spec names, as a spec of its own binary where its
+    specialisation's spec is taken (:func:`for_binary`), so that it is added, never dropped as a
+    duplicate of the other text's spec."""
+    held = list(held)
+    binaries, taken = {s.kernel_hash for s in held}, {s.spec_hash for s in held}
+    return [for_binary(s) if s.spec_hash in taken else s for s in specs if s.kernel_hash not in binaries]
+
+
 #: Why a launch spec was not preloaded: the short, stable names counted by reason
 #: (``tunecache.preload_skips()``), with what each means.
 SKIP_REASONS = {

@@ -89,9 +89,7 @@ class WinnerPreload(Autotuner):
         for target, specs in captured.items():
             # Added beside the other texts' specs, never in their place: hosts on two texts of this source
             # (a rolling deploy of a comment edit) would delete each other's. gc drops the superseded ones.
-            held = stored.get(target, [])
-            binaries, taken = {s.kernel_hash for s in held}, {s.spec_hash for s in held}
-            new = [preload.for_binary(s) if s.spec_hash in taken else s for s in specs if s.kernel_hash not in binaries]
+            new = preload.beside(stored.get(target, []), specs)
             if new:
                 self._tc_ks.record_specs(store, self.fn, ident.source_hash, target, new)
                 n += len(new)
