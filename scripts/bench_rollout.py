@@ -148,7 +148,7 @@ class Fleet:
         if workload == "sparse":
             spec = {"buckets": a.buckets, "heads": a.heads, "topk": a.topk}
             if version and version != "v1":
-                spec["source"] = str(rollout_host.edited_source(self.out, version))
+                spec["sources"] = rollout_host.edited_source(self.out, version)
             return [sys.executable, rollout_host.__file__, "--child-sparse", json.dumps(spec)]
         if workload.startswith("inductor:"):
             outputs = self.out / "outputs" / f"{tag}.pt"

@@ -34,15 +34,15 @@ def sparse_child(spec: dict[str, Any]) -> dict[str, Any]:
         return bench(self, *args, **kwargs)
 
     Autotuner._bench = counted_bench  # type: ignore[method-assign]
-    if spec.get("source"):  # an edited kernel (a rolling upgrade): the same module name, another text
+    if spec.get("sources"):  # an edited kernel (a rolling upgrade): the same module names, another text
         import tunecache.kernels
 
-        name = "tunecache.kernels.sparse_decode"
-        found = importlib.util.spec_from_file_location(name, spec["source"])
-        module = importlib.util.module_from_spec(found)
-        sys.modules[name] = module
-        found.loader.exec_module(module)
-        tunecache.kernels.sparse_decode = module
+        for name, path in spec["sources"].items():  # the Hopper kernel's module first: sparse_decode imports it
+            found = importlib.util.spec_from_file_location(name, path)
+            module = importlib.util.module_from_spec(found)
+            sys.modules[name] = module
+            found.loader.exec_module(module)
+            setattr(tunecache.kernels, name.rsplit(".", 1)[1], module)
     from tunecache.kernels import sparse_decode
 
     flights: dict[str, Any] = {"benchmarked": [], "leads": [], "wait_s": 0.0, "in_vain": 0}
@@ -112,20 +112,31 @@ def sparse_child(spec: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def edited_source(out: Path, edit: str) -> Path:
-    """The bundled kernel's source with one edit inside the split stage's body: a comment, or a real
-    code change (a statement that changes the kernel's text, not its results)."""
-    import tunecache.kernels.sparse_decode as sd
+#: The modules holding the bundled kernel's split stage, and the split stage's function in each: the
+#: Hopper module's runs on an sm90 GPU with an fp8 cache (the GPU bench), the portable one elsewhere.
+SPLIT_STAGES = {
+    "tunecache.kernels.sparse_decode_sm90": "_split_stage_sm90",
+    "tunecache.kernels.sparse_decode": "_split_stage",
+}
 
-    text = Path(sd.__file__).read_text()
-    at = text.index("def _split_stage(")
-    doc_open = text.index('"""', at)
-    doc_end = text.index("\n", text.index('"""', doc_open + 3)) + 1
-    line = "    # rollout: an edited comment\n" if edit == "comment" else "    sm_scale = sm_scale * 1.0  # rollout\n"
-    path = out / "sources" / f"sparse_decode_{edit}.py"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text[:doc_end] + line + text[doc_end:])
-    return path
+
+def edited_source(out: Path, edit: str) -> dict[str, str]:
+    """The bundled kernel's modules with one edit inside each split stage's body, whichever of them a
+    host runs: a comment, or a real code change (a statement that changes the kernel's text, not its
+    results). Returns {module name: path of its edited copy}, the Hopper module first."""
+    paths = {}
+    for name, fn in SPLIT_STAGES.items():
+        text = Path(importlib.util.find_spec(name).origin).read_text()
+        at = text.index(f"def {fn}(")
+        doc_open = text.index('"""', at)
+        doc_end = text.index("\n", text.index('"""', doc_open + 3)) + 1
+        indent = " " * (doc_open - text.rindex("\n", 0, doc_open) - 1)
+        line = "# rollout: an edited comment\n" if edit == "comment" else "sm_scale = sm_scale * 1.0  # rollout\n"
+        path = out / "sources" / edit / f"{name.rsplit('.', 1)[1]}.py"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text[:doc_end] + indent + line + text[doc_end:])
+        paths[name] = str(path)
+    return paths
 
 
 def main() -> None:
