@@ -10,9 +10,9 @@ tests/test_binaries.py:
               after the background work
 
 With ``TC_COMPANION=1`` it launches healkernel.py's plain kernel after the tuned one (a companion,
-:mod:`tunecache.tuner.companions`). With ``TC_TRITONCACHE=1`` the process also has torch.compile's Triton cache seam installed
-(:mod:`tunecache.inductor.tritoncache`, what ``TUNECACHE_INDUCTOR`` installs), and reports the
-``triton_kernel`` entries the store holds.
+:mod:`tunecache.tuner.companions`). With ``TC_TRITONCACHE=1`` the process also has torch.compile's
+Triton cache seam installed (:mod:`tunecache.inductor.tritoncache`, what ``TUNECACHE_INDUCTOR``
+installs), and reports the ``triton_kernel`` entries the store holds.
 
 Only the CUDA driver is answered here: the device, its stream and its target; a compiled kernel's
 launch does nothing (there is no GPU to run it on).
