@@ -48,6 +48,7 @@ On the H200: the commands of the README, "Rolling out" (one per mode, each insid
 from __future__ import annotations
 
 import argparse
+import collections
 import importlib.util
 import io
 import json
@@ -77,6 +78,16 @@ EDITS = ("comment", "code")
 
 # ---- hosts ----------------------------------------------------------------------------------------
 
+
+
+def compile_events(log: Path, since: int = 0) -> list[list[str]]:
+    """The compile listener's lines (``pid compile|hit name``) written after byte ``since`` of
+    ``log``: one start's, since a host restarted on its own caches appends to its log."""
+    if not log.exists():
+        return []
+    with log.open("rb") as f:
+        f.seek(since)
+        return [ln.split() for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
 
 class Fleet:
     """Hosts, stores and results of one invocation."""
@@ -182,6 +193,7 @@ class Fleet:
         env = self.env(host, dirs, url, trust)
         log = Path(dirs["TRITON_CACHE_DIR"]).parent / "compiles.log"
         env["BENCH_COMPILE_LOG"] = str(log)
+        since = log.stat().st_size if log.exists() else 0  # a restarted host appends to its log
         if self.a.debug_log:
             env["BENCH_TUNECACHE_LOG"] = str(log.with_name("tunecache.log"))
         if workload == "fla":
@@ -212,10 +224,11 @@ class Fleet:
             return res
         raw = json.loads(lines[-1].removeprefix("RESULT "))
         res.update(self.normalise(workload, raw))
-        events = [ln.split() for ln in (log.read_text().splitlines() if log.exists() else [])]
+        events = compile_events(log, since)
         # fla's child counts its first pass's loads itself (its own listener replaces the hook's there)
         res["compiles"] = sum(e[1] == "compile" for e in events) + res.pop("first_pass_compiles", 0)
         res["binaries_served"] = sum(e[1] == "hit" for e in events) + res.pop("first_pass_hits", 0)  # from the store
+        res["compiled"] = dict(collections.Counter(e[2] for e in events if e[1] == "compile" and len(e) > 2))
         res["summary"] = [  # TUNECACHE_SUMMARY: the tuner's line and torch.compile's
             ln
             for ln in r.stderr.splitlines()
@@ -385,8 +398,8 @@ def run_scenarios(fl: Fleet, workload: str) -> dict[str, Any]:
         fresh = fl.fleet(workload, url, [{"host": f"fresh-{v}", "dirs": fl.dirs(f"fresh-{v}"), "version": v}
                                          for v in ("v1", *EDITS)])  # fmt: skip
         rec = record("upgrade", steps + fresh)
-        rec["fresh_hosts"] = [{"host": h["host"], "benchmarks": h.get("benchmarks"), "compiles": h.get("compiles")}
-                              for h in fresh]  # fmt: skip
+        rec["fresh_hosts"] = [{"host": h["host"], "benchmarks": h.get("benchmarks"), "compiles": h.get("compiles"),
+                               "compiled": h.get("compiled")} for h in fresh]  # fmt: skip
         rec["per_edit_benchmarked_keys"] = {
             e: len({k for h in steps if h["version"] == e for k in h.get("benchmarked_keys", [])}) for e in EDITS
         }

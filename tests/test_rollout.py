@@ -182,3 +182,19 @@ def test_bench_fleet_exits_nonzero_when_its_proof_fails(private_cluster: None) -
     r = prove("--drop-call=-1")  # a replay that lacks the real start's last call (its counters' write)
     assert r.returncode == 1, r.stderr[-3000:]
     assert "proof failed, no load measured" in r.stderr and "only_real" in r.stderr
+
+
+def test_a_restarted_hosts_compiles_are_its_own_starts_only(tmp_path: Path) -> None:
+    """A host restarted on its own caches (the rolling upgrade) appends to its compile log: each start
+    counts the lines it wrote (run BD counted an upgraded host's earlier starts with its own)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import bench_rollout
+
+    log = tmp_path / "compiles.log"
+    log.write_text("1 compile _split_stage\n1 compile _merge_stage\n1 hit _merge_stage\n")
+    since = log.stat().st_size
+    with log.open("a") as f:
+        f.write("2 hit _split_stage\n2 compile _merge_stage\n")
+    events = bench_rollout.compile_events(log, since)
+    assert [e[1:] for e in events] == [["hit", "_split_stage"], ["compile", "_merge_stage"]]
+    assert len(bench_rollout.compile_events(log)) == 5 and bench_rollout.compile_events(tmp_path / "none") == []
