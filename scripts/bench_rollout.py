@@ -79,7 +79,6 @@ EDITS = ("comment", "code")
 # ---- hosts ----------------------------------------------------------------------------------------
 
 
-
 def compile_events(log: Path, since: int = 0) -> list[list[str]]:
     """The compile listener's lines (``pid compile|hit name``) written after byte ``since`` of
     ``log``: one start's, since a host restarted on its own caches appends to its log."""
@@ -88,6 +87,7 @@ def compile_events(log: Path, since: int = 0) -> list[list[str]]:
     with log.open("rb") as f:
         f.seek(since)
         return [ln.split() for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
+
 
 class Fleet:
     """Hosts, stores and results of one invocation."""
