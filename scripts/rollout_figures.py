@@ -121,6 +121,10 @@ def checks(results: dict[str, Any], times: bool = False) -> list[str]:
             failing = [h["host"] for h in rec.get("hosts", []) if h.get("store_errors")]
             if failing and name != "trouble":
                 bad.append(f"{workload} {name}: the store failed for {failing} (see their warnings)")
+            said = {h["host"]: w for h in rec.get("hosts", []) for w in h.get("warnings", []) if " failed" in w}
+            if said and name != "trouble":  # e.g. a filing that failed: the host went on without the store there
+                first = next(iter(said.values()))[:200]
+                bad.append(f"{workload} {name}: tunecache said something failed on {sorted(said)}: {first}")
             if f.get("waits_in_vain"):
                 bad.append(f"{workload} {name}: {f['waits_in_vain']} waits on an entry that never landed")
             if name == "cold" and f.get("most_per_key", 0) > 1:

@@ -198,3 +198,17 @@ def test_a_restarted_hosts_compiles_are_its_own_starts_only(tmp_path: Path) -> N
     events = bench_rollout.compile_events(log, since)
     assert [e[1:] for e in events] == [["hit", "_split_stage"], ["compile", "_merge_stage"]]
     assert len(bench_rollout.compile_events(log)) == 5 and bench_rollout.compile_events(tmp_path / "none") == []
+
+
+def test_a_failure_tunecache_reports_on_a_host_fails_the_check() -> None:
+    """A host that went on without the store somewhere (runs BB-BD: the bench's own wrapper broke
+    every host-module filing, and only a warning said so) is a failed check, not a footnote."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import rollout_figures
+
+    said = "tunecache: filing a host module failed (TypeError('...')); Triton goes on as without a store"
+    host = {"host": "cold-0", "warnings": [said], "store_errors": 0}
+    results = {"stock": {}, "scenarios": {"inductor:default": {"cold": {"fleet": {}, "hosts": [host]}}}}
+    assert any("failed on ['cold-0']" in c and "host module" in c for c in rollout_figures.checks(results))
+    host["warnings"] = ["tunecache: a note that is no failure"]
+    assert rollout_figures.checks(results) == []
