@@ -85,6 +85,12 @@ class WinnerPreload(Autotuner):
         except StoreError as e:
             self._tc_ks.trouble("read", e)
             return 0
+        log.debug(
+            "tunecache: %s: heal: %d stored winners launched, %d specialisations compiled for them",
+            self._tc_name,
+            sum(len(w) for w in hits.values()),
+            sum(len(c) for c in captured.values()),
+        )
         n = 0
         for target, specs in captured.items():
             # Added beside the other texts' specs, never in their place: hosts on two texts of this source
