@@ -61,9 +61,9 @@ import os, sys
 def _listener(*, src=None, metadata=None, metadata_group=None, times=None, cache_hit=False, **_):
     path = os.environ.get("BENCH_COMPILE_LOG")
     if path:
-        name = (metadata or {}).get("name", "?") if isinstance(metadata, dict) else "?"
-        with open(path, "a") as f:
-            f.write(f"{os.getpid()} {'hit' if cache_hit else 'compile'} {name}\n")
+        md = metadata if isinstance(metadata, dict) else {}
+        with open(path, "a") as f:  # pid, compile or hit, the kernel's name and its Triton key
+            f.write(f"{os.getpid()} {'hit' if cache_hit else 'compile'} {md.get('name', '?')} {md.get('hash', '?')}\n")
 
 class _Loader:
     def __init__(self, loader):
