@@ -8,6 +8,7 @@ tests/test_binaries.py:
     restart   preload the stored winners (what runs once CUDA is up) and launch the same key again;
               report the benchmarks, the preload, every compile Triton made, and what the store holds
               after the background work
+    launch    the same without the preload: the first launch comes before any background work
 
 With ``TC_COMPANION=1`` it launches healkernel.py's plain kernel after the tuned one (a companion,
 :mod:`tunecache.tuner.companions`). With ``TC_TRITONCACHE=1`` the process also has torch.compile's

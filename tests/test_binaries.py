@@ -616,6 +616,20 @@ def test_after_a_comment_edit_a_companions_new_binary_is_filed_beside_the_old_on
     assert fresh["spec_kernel_hashes"] == r["spec_kernel_hashes"]  # nothing left to record
 
 
+def test_a_stored_winners_first_launch_finds_its_binary_placed_before_any_preload(tmp_path):
+    """A fresh host whose first launch comes before its background prefetch or preload placed the
+    stored binaries (no prefetch here; on the GPU, a module the prefetch could not hash yet) must not
+    compile the winner the store holds: the first resolution from the store places them first (GPU
+    run of 2026-12-06: the rolling upgrade's fresh hosts compiled the very binary placed a moment later)."""
+    url = f"sqlite:///{tmp_path / 'fleet.sqlite3'}"
+    v1 = kernel_module(tmp_path / "v1", "in range")
+    tuned = run_phase("tune", v1, tmp_path / "tuner-cache", url, TC_COMPANION="1")
+    fresh = run_phase("launch", v1, tmp_path / "fresh-cache", url, TC_COMPANION="1", TUNECACHE_PREFETCH="0")
+    assert fresh["stats"]["hits"] == 1 and fresh["stats"]["benchmarks"] == 0 and fresh["compiles_at_preload"] == []
+    assert fresh["launched"] and set(fresh["launched"]) <= set(tuned["spec_kernel_hashes"])
+    assert [c for c in fresh["compiles_at_launch"] if not c["cache_hit"]] == []  # the winner and its companion
+
+
 def test_a_comment_edit_records_nothing_from_a_process_that_must_not_write(tmp_path):
     url = f"sqlite:///{tmp_path / 'fleet.sqlite3'}"
     tuned = run_phase("tune", kernel_module(tmp_path / "v1", "in range"), tmp_path / "tuner-cache", url)

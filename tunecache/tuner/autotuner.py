@@ -457,6 +457,7 @@ class TunecacheAutotuner(FastLaunch, WinnerPreload, WinnerRecovery, Autotuner):
         """Launch the stored winner: the same config on every worker of the fleet."""
         by_hash = dict(zip(ctx.hashes, ctx.configs))
         win = winner.stored_choice(p, ctx.hashes)
+        self._tc_ks.place_before_launch(p.source_hash)
         self._settle(ctx.key, by_hash[win], (p.config_map(), by_hash), stored=(p.digest, win))
         if hit:
             counters.count(self._tc_name, self._tc_ks.store, hits=1, saved_seconds=p.tuning_seconds or 0.0)

@@ -97,6 +97,22 @@ class KernelStore:
         self.specs = policy.specs(source_hash, store.get_specs(source_hash))
         binaries.place_for(store, self.specs, policy)
 
+    def place_before_launch(self, source_hash: str) -> None:
+        """A stored winner's first launch here: the kernel's stored binaries placed first, where no
+        prefetch or preload has placed them yet (once per kernel, a resolution, never the launch path).
+        Otherwise Triton compiles what the background preload places a moment later (GPU, 2026-12-06:
+        a rolling upgrade's fresh hosts compiled the binary the store held, their module not yet
+        hashable when the prefetch ran)."""
+        if self.specs is not None:
+            return
+        store = self.open_store()
+        if store is None:
+            return
+        try:
+            self.read_specs(store, source_hash)
+        except StoreError as e:
+            self.trouble("read", e)
+
     def holds_nothing(self) -> bool:
         """The prefetch ran and the store holds no row of this kernel (of any version): nothing to
         preload, so no source hash and no query for it (a library defines hundreds of kernels)."""
