@@ -8,6 +8,7 @@ Triton's run sets ``nargs`` to the call's dict before it launches; the hit path 
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import types
 
@@ -416,3 +417,53 @@ def test_plan_bounds_and_launcher_text():
     assert 3 in plan.shapes and plan.shapes[3] is None  # more positional arguments than the kernel has
     src = fastpath.launcher_source(["x", "N"], ["N"], 1, ["N", "weird'name"], [True, False, False])
     assert "kwargs['N']" in src and "weird" not in src  # a keyword that is no argument is never written
+
+
+@pytest.mark.parametrize(
+    ("name", "by_position"),
+    [("keywords", True), ("keywords reordered, two dtypes", True), ("mixed, a defaulted constexpr", False)],
+)
+def test_keywords_after_the_positional_arguments_reach_tritons_run_by_position(name, by_position, monkeypatch):
+    """Triton's own ``run`` binds positional and keyword arguments alike: a hit whose keywords are the
+    kernel's next parameters is handed to it positionally, in the kernel's order (a merged dict less
+    per launch), bound to the very values Triton's path binds; a ``run`` of the instance's own (a
+    library's wrapper, a spy) gets them as passed (the test above)."""
+    k = axpy()
+    if not fastpath.binds_alike(k.fn):  # Triton 3.4's interpreter sets run on the instance
+        pytest.skip("this Triton's interpreted kernel has a run of its own")
+    calls = []
+    cls = type(k.fn)
+    inner = cls.run
+
+    def recording(self, *args, **kwargs):
+        calls.append((args, dict(kwargs)))
+        return inner(self, *args, **kwargs)
+
+    monkeypatch.setattr(cls, "run", recording)
+    launch = LAUNCHES[name]
+    OUT.zero_()
+    launch(k)  # a miss through Triton's run
+    want = OUT.clone()
+    OUT.zero_()
+    launch(k)
+    fast = calls[-1]
+    assert torch.equal(OUT, want)
+    plan, k._tc_plan = k._tc_plan, False
+    launch(k)  # the same hit through Triton's run
+    slow = calls[-1]
+    k._tc_plan = plan
+    user = [n for n in slow[1] if n in k.arg_names and n not in k.best_config.kwargs]  # the call's keywords
+    if by_position:  # the next parameters after the positional ones: all of them by position now
+        assert len(fast[0]) == len(slow[0]) + len(user) and not any(n in fast[1] for n in user)
+    else:  # a defaulted parameter left out before SCALE: as passed
+        assert fast[0] == slow[0] and all(n in fast[1] for n in user)
+    sig = inspect.signature(_axpy)
+
+    def bound(call):
+        params = {n: v for n, v in call[1].items() if n in sig.parameters}
+        return sig.bind_partial(*call[0], **params).arguments
+
+    want_args, got_args = bound(slow), bound(fast)
+    assert list(want_args) == list(got_args) and all(want_args[n] is got_args[n] for n in want_args)
+    rest = {n: v for n, v in fast[1].items() if n not in sig.parameters}
+    assert rest == {n: v for n, v in slow[1].items() if n not in sig.parameters}  # grid, warmup, options

@@ -54,17 +54,23 @@ call left (Triton's run sets it to this call's dict, then back to ``None``); a c
 ``all_kwargs()`` is read once, after Triton's run first launched it (a config that path has not
 launched yet goes through it once), so a ``Config`` edited in place after that is not seen (a new
 ``Config`` object is); ``run`` hands Triton's run ``grid`` and ``warmup`` ahead of the other
-keywords, where Triton's own launcher puts them (a call without them goes to Triton's run as made).
+keywords, where Triton's own launcher puts them (a call without them goes to Triton's run as made);
+a launch whose keyword arguments are the kernel's next parameters (``k(x=x, y=y, N=n)``, as fla
+launches) hands them to ``JITFunction.run`` (or a ``Heuristics``' run) positionally, in the kernel's
+order, which both bind exactly as keywords (a merged dict less per launch); a ``fn`` whose class has
+a ``run`` of its own gets them as passed.
 """
 
 from __future__ import annotations
 
 import itertools
+import sys
 import types
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from triton.runtime.autotuner import Autotuner
+from triton.runtime.autotuner import Autotuner, Heuristics
+from triton.runtime.jit import JITFunction
 
 from tunecache import settings
 from tunecache.errors import ConfigurationError
@@ -135,13 +141,14 @@ class LaunchPlan:
     Triton's run) and the winners' launch keywords by config. ``ns``: the launchers' globals, where
     the bound keywords are read at each launch."""
 
-    __slots__ = ("arg_names", "keys", "name", "shapes", "bound", "held", "ns", "made")
+    __slots__ = ("arg_names", "keys", "name", "positional", "shapes", "bound", "held", "ns", "made")
 
-    def __init__(self, arg_names: Sequence[str], keys: Sequence[str], name: str) -> None:
+    def __init__(self, arg_names: Sequence[str], keys: Sequence[str], name: str, positional: bool = False) -> None:
         facts = torch_facts()
         self.arg_names = tuple(arg_names)
         self.keys = tuple(keys)
         self.name = name
+        self.positional = positional  # the kernel's run binds positional and keyword arguments alike
         self.shapes: dict[int | tuple, Launcher | None] = {}
         self.bound: dict[int, dict[str, Any]] = {}
         self.held: list[Any] = []  # the bound configs: alive while their ids key ``bound``
@@ -164,7 +171,13 @@ class LaunchPlan:
         values = [*args, *kwargs.values()]
         t = f"T{next(self.made)}_"
         src = launcher_source(
-            self.arg_names, self.keys, len(args), list(kwargs), [facts.has_dtype(type(v)) for v in values], t
+            self.arg_names,
+            self.keys,
+            len(args),
+            list(kwargs),
+            [facts.has_dtype(type(v)) for v in values],
+            t,
+            positional=self.positional,
         )
         if src is None:
             self.shapes[shape] = None
@@ -295,18 +308,38 @@ def launcher_source(
     kwnames: Sequence[str],
     dtyped: Sequence[bool | None] = (),
     t: str = "T",
+    *,
+    positional: bool = False,
 ) -> str | None:
     """Python source of one call shape's ``launch(self, grid, warmup, args, kwargs)`` (see
     :func:`key_source` for the shape and the key): the key, one lookup in Triton's ``self.cache``,
     the winner's bound keywords (``BOUND``), ``best_config``, the launch with
     exactly the arguments Triton's run passes, ``nargs``; anything else is handed to ``MISS``
     (Triton's run), a failed launch to the stored-winner recovery. One function and one frame, no
-    dict built but the launch's own keywords. None where the shape does not fit."""
+    dict built but the launch's own keywords. None where the shape does not fit.
+
+    ``positional``: the kernel's run binds arguments by position as by name (``JITFunction.run``): a
+    call whose keywords are the parameters right after its positional arguments launches with all of
+    them positional, in the kernel's order.
+
+    >>> print(launcher_source(["x", "N", "BLOCK"], ["N"], 0, ["N", "x"], [False, True], positional=True))
+    ... # doctest: +ELLIPSIS
+    def launch(self, grid, warmup, args, kwargs):
+        w0 = kwargs['N']
+        w1 = kwargs['x']
+    ...
+            ret = self.fn.run(w1, w0, grid=grid, warmup=warmup, **bound)
+    ...
+    """
     parts = _key_parts(arg_names, keys, n, kwnames, dtyped, t)
     if parts is None:
         return None
     read, quick, general = parts
     kw = ", **kwargs" if kwnames else ""
+    launch = f"*args, grid=grid, warmup=warmup{kw}, **bound"
+    order = _in_kernel_order(arg_names, n, kwnames) if positional and kwnames else None
+    if order is not None:
+        launch = f"{', '.join(order)}, grid=grid, warmup=warmup, **bound"
     miss = "return MISS(self, grid, warmup, args, kwargs)"
     return "\n".join(
         [
@@ -325,7 +358,7 @@ def launcher_source(
             f"        {miss}",
             "    self.best_config = config",
             "    try:",
-            f"        ret = self.fn.run(*args, grid=grid, warmup=warmup{kw}, **bound)",
+            f"        ret = self.fn.run({launch})",
             "    except BaseException as e:",
             f"        if self._tc_launch_failed(config, args, {{'grid': grid, 'warmup': warmup{kw}}}, e):",
             f"            return BASE_RUN(self, *args, grid=grid, warmup=warmup{kw})",
@@ -334,6 +367,17 @@ def launcher_source(
             "    return ret",
         ]
     )
+
+
+def _in_kernel_order(arg_names: Sequence[str], n: int, kwnames: Sequence[str]) -> list[str] | None:
+    """The launcher's variables of a call's arguments in the kernel's parameter order (``a0``... for
+    the positional ones, ``w<j>`` for the keyword ones), where its keywords are exactly the parameters
+    after the positional ones; None otherwise (a gap, a default left out, a keyword no parameter)."""
+    following = arg_names[n : n + len(kwnames)]
+    if len(following) != len(kwnames) or set(following) != set(kwnames):
+        return None
+    index = {name: j for j, name in enumerate(kwnames)}
+    return [f"a{i}" for i in range(n)] + [f"w{index[name]}" for name in following]
 
 
 def key_function(
@@ -369,7 +413,19 @@ def plan_for(tuner: Any) -> LaunchPlan | None:
         return None
     if tuner.reset_to_zero or tuner.restore_value or tuner.early_config_prune or tuner.perf_model:
         return None
-    return LaunchPlan(tuner.arg_names, tuner.keys, getattr(tuner, "_tc_name", "kernel"))
+    return LaunchPlan(tuner.arg_names, tuner.keys, getattr(tuner, "_tc_name", "kernel"), binds_alike(tuner.fn))
+
+
+def binds_alike(fn: Any) -> bool:
+    """Whether ``fn.run`` is one of Triton's own (``JITFunction``, ``Heuristics``, the interpreter's),
+    which bind positional and keyword arguments alike; not a ``run`` of the instance's or of a
+    subclass's own, which may read its keywords."""
+    if "run" in getattr(fn, "__dict__", {}):
+        return False
+    run = getattr(type(fn), "run", None)
+    interpreter = sys.modules.get("triton.runtime.interpreter")  # never imported here: no fn is one without it
+    owners = (JITFunction, Heuristics, getattr(interpreter, "InterpretedFunction", None))
+    return run is not None and any(run is getattr(c, "run", None) for c in owners if c is not None)
 
 
 def _through_triton(self: FastLaunch, grid: Any, warmup: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
@@ -463,6 +519,7 @@ __all__ = [
     "NO_DTYPE",
     "FastLaunch",
     "LaunchPlan",
+    "binds_alike",
     "key_function",
     "key_source",
     "launcher_source",
