@@ -112,6 +112,26 @@ DEFAULT_SEQ = (512, 1024, 2048)
 MODES = ("default", "max-autotune-no-cudagraphs")
 
 
+def counting_put(put: Any, by_kind: dict[str, int], put_keys: list[str]) -> Any:
+    """``InductorStore.put`` counted into ``by_kind`` (per kind; Triton's host modules apart: every
+    cold host builds them, with no lease) and ``put_keys`` (the entries this process computed), every
+    argument passed on (runs BB-BD: a wrapper that dropped a host module's target failed its put)."""
+    from tunecache.binaries.hostmodules import NAMES as HOST_MODULES
+
+    def counted_put(self: Any, kind: str, key: str, data: bytes, *args: Any, **kwargs: Any) -> None:
+        try:
+            module = kind == "triton_kernel" and json.loads(data).get("name") in HOST_MODULES
+        except (ValueError, AttributeError):
+            module = False
+        if not module:
+            put_keys.append(f"{kind}:{hashlib.sha256(key.encode()).hexdigest()[:16]}")
+        tag = "host_module" if module else kind
+        by_kind[f"{tag}_put"] = by_kind.get(f"{tag}_put", 0) + 1
+        put(self, kind, key, data, *args, **kwargs)
+
+    return counted_put
+
+
 # ---- one start (the child process) ---------------------------------------------------------------
 
 
@@ -197,14 +217,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     put_keys: list[str] = []  # the entries this process computed and put (kind:key hash)
     waits: dict[str, float] = {"seconds": 0.0, "in_vain": 0}  # lease waits (main process)
     if os.environ.get("TUNECACHE_INSTALL"):
-        from tunecache.binaries.hostmodules import NAMES as HOST_MODULES
         from tunecache.inductor.entries import InductorStore
-
-        def host_module(data: bytes) -> bool:
-            try:
-                return json.loads(data).get("name") in HOST_MODULES
-            except (ValueError, AttributeError):
-                return False
 
         get, put = InductorStore.get, InductorStore.put
 
@@ -214,16 +227,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
             by_kind[tag] = by_kind.get(tag, 0) + 1
             return value
 
-        def counted_put(self: Any, kind: str, key: str, data: bytes, *args: Any, **kwargs: Any) -> None:
-            """Every put, whatever the signature (a host module's passes its target): a wrapper that
-            drops an argument fails the put, and runs BB-BD filed no host module through it."""
-            if kind == "triton_kernel" and host_module(data):  # built by every cold host (gcc, no lease)
-                kind = "host_module"
-            else:
-                put_keys.append(f"{kind}:{hashlib.sha256(key.encode()).hexdigest()[:16]}")
-            by_kind[f"{kind}_put"] = by_kind.get(f"{kind}_put", 0) + 1
-            put(self, kind if kind != "host_module" else "triton_kernel", key, data, *args, **kwargs)
-
+        counted_put = counting_put(put, by_kind, put_keys)
         InductorStore.get, InductorStore.put = counted_get, counted_put  # type: ignore[method-assign]
 
         from tunecache import counters as tc_counters

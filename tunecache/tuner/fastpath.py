@@ -336,10 +336,8 @@ def launcher_source(
         return None
     read, quick, general = parts
     kw = ", **kwargs" if kwnames else ""
-    launch = f"*args, grid=grid, warmup=warmup{kw}, **bound"
     order = _in_kernel_order(arg_names, n, kwnames) if positional and kwnames else None
-    if order is not None:
-        launch = f"{', '.join(order)}, grid=grid, warmup=warmup, **bound"
+    passed = f"{', '.join(order)}, grid=grid, warmup=warmup" if order else f"*args, grid=grid, warmup=warmup{kw}"
     miss = "return MISS(self, grid, warmup, args, kwargs)"
     return "\n".join(
         [
@@ -358,7 +356,7 @@ def launcher_source(
             f"        {miss}",
             "    self.best_config = config",
             "    try:",
-            f"        ret = self.fn.run({launch})",
+            f"        ret = self.fn.run({passed}, **bound)",
             "    except BaseException as e:",
             f"        if self._tc_launch_failed(config, args, {{'grid': grid, 'warmup': warmup{kw}}}, e):",
             f"            return BASE_RUN(self, *args, grid=grid, warmup=warmup{kw})",
