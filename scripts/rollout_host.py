@@ -51,30 +51,7 @@ def sparse_child(spec: dict[str, Any]) -> dict[str, Any]:
         from tunecache import counters
         from tunecache.tuner import singleflight
 
-        run = singleflight.run
-
-        def timed_run(store: Any, digest: str, *, lead: Any, **kwargs: Any) -> Any:
-            """Which keys this host benchmarked, and how long it waited on another's benchmark."""
-            t, waits, led = time.perf_counter(), counters.stats()["waits"], []
-
-            def leading(lease: Any) -> Any:
-                led.append(time.perf_counter())
-                start, before = time.time(), ran["benchmarks"]  # the wall clock: leads compared across hosts
-                try:
-                    return lead(lease)
-                finally:  # a lead that found the result stored meanwhile benchmarked nothing: not counted
-                    if ran["benchmarks"] > before:
-                        flights["benchmarked"].append(digest)
-                        flights["leads"].append([round(start, 3), round(time.time(), 3)])
-
-            try:
-                return run(store, digest, lead=leading, **kwargs)
-            finally:
-                if counters.stats()["waits"] > waits:
-                    flights["wait_s"] += (led[0] if led else time.perf_counter()) - t
-                    flights["in_vain"] += bool(led)  # waited, then benchmarked it itself after all
-
-        singleflight.run = timed_run
+        singleflight.run = timed_run(singleflight.run, ran, flights, lambda: counters.stats()["waits"])
     firsts: list[float] = []
     t0 = time.perf_counter()
     winners = sparse_decode.warmup(
@@ -110,6 +87,36 @@ def sparse_child(spec: dict[str, Any]) -> dict[str, Any]:
         )
     out["process_s"] = round(time.perf_counter() - t_proc, 3)
     return out
+
+
+def timed_run(run: Any, ran: dict[str, int], flights: dict[str, Any], waits: Any) -> Any:
+    """``singleflight.run`` wrapped to record which keys this host benchmarked, and how long it
+    waited on another's benchmark. A wait is in vain only where this host then benchmarked the key
+    itself: a waiter that takes the lease just after the holder released it finds the result stored
+    and benchmarks nothing (CI of 2026-12-06 counted that as in vain)."""
+
+    def timed(store: Any, digest: str, *, lead: Any, **kwargs: Any) -> Any:
+        t, before_waits, led, benched = time.perf_counter(), waits(), [], []
+
+        def leading(lease: Any) -> Any:
+            led.append(time.perf_counter())
+            start, before = time.time(), ran["benchmarks"]  # the wall clock: leads compared across hosts
+            try:
+                return lead(lease)
+            finally:  # a lead that found the result stored meanwhile benchmarked nothing: not counted
+                if ran["benchmarks"] > before:
+                    benched.append(digest)
+                    flights["benchmarked"].append(digest)
+                    flights["leads"].append([round(start, 3), round(time.time(), 3)])
+
+        try:
+            return run(store, digest, lead=leading, **kwargs)
+        finally:
+            if waits() > before_waits:
+                flights["wait_s"] += (led[0] if led else time.perf_counter()) - t
+                flights["in_vain"] += bool(benched)  # waited, then benchmarked it itself after all
+
+    return timed
 
 
 #: The modules holding the bundled kernel's split stage, and the split stage's function in each: the

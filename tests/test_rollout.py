@@ -255,3 +255,28 @@ def test_an_upgrade_edits_the_split_stage_every_host_runs(edit: str, tmp_path: P
             if isinstance(n, ast.FunctionDef) and n.name == rollout_host.SPLIT_STAGES[name]
         )
         assert fn.lineno < added[0] + 1 <= fn.end_lineno  # inside the split stage's body
+
+
+@pytest.mark.parametrize("benchmarks_in_lead", [0, 1])
+def test_a_wait_is_in_vain_only_where_the_waiter_then_benchmarks(benchmarks_in_lead: int) -> None:
+    """CI of 2026-12-06: a waiter took the lease just after the holder released it, found the result
+    stored and benchmarked nothing (each key was benchmarked once), yet the bench counted a wait in
+    vain, since it counted every lead after a wait."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import rollout_host
+
+    ran, waits = {"benchmarks": 0}, [0]
+    flights: dict[str, Any] = {"benchmarked": [], "leads": [], "wait_s": 0.0, "in_vain": 0}
+
+    def lead(lease: Any) -> str:
+        ran["benchmarks"] += benchmarks_in_lead  # 0: the holder's result was there when the lease came
+        return "winner"
+
+    def run(store: Any, digest: str, *, lead: Any, **kwargs: Any) -> Any:
+        waits[0] += 1  # another host held the lease: this one waited, then took the lease
+        return lead(object())
+
+    timed = rollout_host.timed_run(run, ran, flights, lambda: waits[0])
+    assert timed(None, "d1", lead=lead, kernel="k") == "winner"
+    assert flights["in_vain"] == benchmarks_in_lead
+    assert flights["benchmarked"] == ["d1"] * benchmarks_in_lead and flights["wait_s"] >= 0
