@@ -467,3 +467,25 @@ def test_keywords_after_the_positional_arguments_reach_tritons_run_by_position(n
     assert list(want_args) == list(got_args) and all(want_args[n] is got_args[n] for n in want_args)
     rest = {n: v for n, v in fast[1].items() if n not in sig.parameters}
     assert rest == {n: v for n, v in slow[1].items() if n not in sig.parameters}  # grid, warmup, options
+
+
+def test_kernel_grid_enters_the_first_shapes_launcher_and_hands_other_shapes_on():
+    """``kernel[grid]`` returns the first call shape's entry, bound to the kernel and the grid (no
+    dispatching frame between the call and the launch); a call of another shape, positional or by
+    keyword, is handed to its own launcher and hits as well, with the config of its own key."""
+    k = axpy()
+    spy = Spy(k)
+    first = lambda: k[grid](X32, Y16, OUT, N)  # noqa: E731
+    others = [lambda: k[grid](X32, Y32, OUT, N, 2.0), lambda: k[grid](x=X32, y=Y16, out=OUT, N=N)]
+    first(), first()
+    plan = k._tc_plan
+    assert plan.entry is not fastpath._launch and k[grid].__func__ is plan.entry
+    assert spy.last[0] == "fast"
+    for c in others:
+        c(), c()
+        path, args, kwargs = spy.last
+        user = {n: v for n, v in kwargs.items() if n in k.arg_names and n not in CONFIGS[0].kwargs}
+        assert path == "fast" and k.best_config is k.cache[triton_key(k, args, user)]
+    assert k[grid].__func__ is plan.entry and len(plan.shapes) == 3  # still the first shape's
+    src = fastpath.entry_source(["x", "N"], ["N"], 1, ["N", "weird'name"], [True, False, False], "T0_")
+    assert "T0_names" in src and "weird" not in src  # the keyword names are a global, not source text

@@ -20,12 +20,13 @@ order: Triton's key puts the dtypes of keyword arguments in the caller's order),
 * ``best_config`` set and ``nargs`` left ``None`` as Triton leaves them after a launch, then
   ``JITFunction.run`` (or the wrapper's ``run``) with exactly the arguments Triton passes.
 
-Two entries reach the launchers: ``kernel[grid](...)`` (``__getitem__`` returns a launcher entry that
-serves it itself, a frame less than Triton's launcher and ``run``; Triton's launcher where the class
-has a library's own ``run``, which must run first, or where the instance has a ``run`` of its own),
-and ``run`` (what a library's ``super().run``, a ``Heuristics`` above the tuner or a direct call
-reach). ``run`` takes ``grid`` and ``warmup`` apart from the other keywords, so both entries share
-one launcher per shape and a ``run`` call's shape is cheap to tell.
+Two entries reach the launchers: ``kernel[grid](...)`` (``__getitem__`` returns the kernel's first
+call shape's *entry*, the launcher itself bound to the kernel and the grid, so nothing stands
+between the call and the launch; a call of another shape is handed to its launcher; Triton's
+launcher where the class has a library's own ``run``, which must run first, or where the instance
+has a ``run`` of its own), and ``run`` (what a library's ``super().run``, a ``Heuristics`` above the
+tuner or a direct call reach). ``run`` takes ``grid`` and ``warmup`` apart from the other keywords,
+so both entries share one launcher per shape and a ``run`` call's shape is cheap to tell.
 
 Bucket functions (``bucket=``) are not on this path: Triton's key holds the argument's own value,
 so the first launch of each value resolves through Triton's run (a memory lookup of the bucket's
@@ -86,6 +87,8 @@ MAX_SHAPES = 64
 MAX_BOUND = 4096
 
 _MISSING = object()
+#: A plan's ``attrs`` where ``kernel[grid]`` is never served by the hit path: "a ``run`` is set".
+_NEVER: Mapping[str, Any] = types.MappingProxyType({"run": None})
 #: ``launch(tuner, grid, warmup, args, kwargs)``: one call shape's generated launcher.
 Launcher = Callable[[Any, Any, Any, Sequence[Any], Mapping[str, Any]], Any]
 KeyFn = Callable[[Sequence[Any], Mapping[str, Any]], tuple]
@@ -141,7 +144,7 @@ class LaunchPlan:
     Triton's run) and the winners' launch keywords by config. ``ns``: the launchers' globals, where
     the bound keywords are read at each launch."""
 
-    __slots__ = ("arg_names", "keys", "name", "positional", "shapes", "bound", "held", "ns", "made")
+    __slots__ = ("arg_names", "keys", "name", "positional", "shapes", "bound", "held", "ns", "made", "attrs", "entry")
 
     def __init__(self, arg_names: Sequence[str], keys: Sequence[str], name: str, positional: bool = False) -> None:
         facts = torch_facts()
@@ -158,8 +161,15 @@ class LaunchPlan:
             "BOUND": self.bound,
             "MISS": _through_triton,
             "BASE_RUN": _BASE_RUN,
+            "DISPATCH": _launch,
         }
         self.made = itertools.count()  # numbers the launchers' type names (``T3_0``), unique across threads
+        #: Where ``kernel[grid]`` looks for a ``run`` set on the instance: the tuner's ``__dict__``, or
+        #: :data:`_NEVER` under a library's own ``run`` (set by :meth:`FastLaunch._tc_learn`).
+        self.attrs: Mapping[str, Any] = _NEVER
+        #: What ``kernel[grid]`` returns, bound to ``(tuner, grid)``: the first call shape's entry
+        #: (:func:`entry_source`), or :func:`_launch` until one is generated.
+        self.entry: Callable[..., Any] = _launch
 
     def learn(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
         """Generate the launcher of this call's shape the first time it is seen (the argument types
@@ -170,22 +180,18 @@ class LaunchPlan:
         facts = torch_facts()
         values = [*args, *kwargs.values()]
         t = f"T{next(self.made)}_"
-        src = launcher_source(
-            self.arg_names,
-            self.keys,
-            len(args),
-            list(kwargs),
-            [facts.has_dtype(type(v)) for v in values],
-            t,
-            positional=self.positional,
-        )
+        how = (self.arg_names, self.keys, len(args), list(kwargs), [facts.has_dtype(type(v)) for v in values], t)
+        src = launcher_source(*how, positional=self.positional)
         if src is None:
             self.shapes[shape] = None
             return
-        self.ns.update({f"{t}{i}": type(v) for i, v in enumerate(values)})
+        if self.entry is _launch:  # the first shape that fits: kernel[grid] enters its launcher directly
+            src += "\n\n" + entry_source(*how, positional=self.positional)  # type: ignore[operator]
+        self.ns.update({f"{t}{i}": type(v) for i, v in enumerate(values)}, **{f"{t}names": tuple(kwargs)})
         made: dict[str, Any] = {}
         exec(compile(src, f"<tunecache launcher of {self.name}>", "exec"), self.ns, made)  # noqa: S102 - generated, no user text as code
         self.shapes[shape] = made["launch"]
+        self.entry = made.get("enter", self.entry)
 
     def bind(self, config: Any) -> None:
         """Bind ``config``'s launch keywords once (not a config with a ``pre_hook``: Triton calls it).
@@ -331,6 +337,67 @@ def launcher_source(
             ret = self.fn.run(w1, w0, grid=grid, warmup=warmup, **bound)
     ...
     """
+    body = _launch_body(arg_names, keys, n, kwnames, dtyped, t, positional)
+    return None if body is None else "\n".join(["def launch(self, grid, warmup, args, kwargs):", *body])
+
+
+def entry_source(
+    arg_names: Sequence[str],
+    keys: Sequence[str],
+    n: int,
+    kwnames: Sequence[str],
+    dtyped: Sequence[bool | None] = (),
+    t: str = "T",
+    *,
+    positional: bool = False,
+) -> str | None:
+    """Python source of a call shape's ``enter(bound_to, *args, **kwargs)``: what ``kernel[grid]``
+    returns (bound to ``(tuner, grid)``) for the kernel's first call shape, the launcher of
+    :func:`launcher_source` with no frame between it and the caller. A call of another shape, or
+    of a kernel left with one config, goes to ``DISPATCH`` (the shape's launcher, or Triton's run).
+    The shape's keyword names are the global ``<t>names``, never written into the source.
+
+    >>> print(entry_source(["x", "N", "BLOCK"], ["N"], 2, [], [True, False]))  # doctest: +ELLIPSIS
+    def enter(bound_to, *args, **kwargs):
+        if kwargs or len(args) != 2:
+            return DISPATCH(bound_to, *args, **kwargs)
+        self, grid = bound_to
+        if len(self.configs) < 2:
+            return DISPATCH(bound_to, *args, **kwargs)
+        warmup = False
+        a0, a1 = args
+    ...
+    """
+    body = _launch_body(arg_names, keys, n, kwnames, dtyped, t, positional)
+    if body is None:
+        return None
+    count = f"len(args) != {n}" if n else "args"
+    shape = f"{count} or tuple(kwargs) != {t}names" if kwnames else f"kwargs or {count}"
+    dispatch = "        return DISPATCH(bound_to, *args, **kwargs)"
+    return "\n".join(
+        [
+            "def enter(bound_to, *args, **kwargs):",
+            f"    if {shape}:",
+            dispatch,
+            "    self, grid = bound_to",
+            "    if len(self.configs) < 2:",
+            dispatch,
+            "    warmup = False",
+            *body,
+        ]
+    )
+
+
+def _launch_body(
+    arg_names: Sequence[str],
+    keys: Sequence[str],
+    n: int,
+    kwnames: Sequence[str],
+    dtyped: Sequence[bool | None],
+    t: str,
+    positional: bool,
+) -> list[str] | None:
+    """The statements a launcher and an entry share, from reading the arguments to the launch."""
     parts = _key_parts(arg_names, keys, n, kwnames, dtyped, t)
     if parts is None:
         return None
@@ -339,32 +406,29 @@ def launcher_source(
     order = _in_kernel_order(arg_names, n, kwnames) if positional and kwnames else None
     passed = f"{', '.join(order)}, grid=grid, warmup=warmup" if order else f"*args, grid=grid, warmup=warmup{kw}"
     miss = "return MISS(self, grid, warmup, args, kwargs)"
-    return "\n".join(
-        [
-            "def launch(self, grid, warmup, args, kwargs):",
-            *_indent(read + _quick_lines(quick), 1),
-            "    try:",
-            "        if key is None:",
-            *_indent(general, 3),
-            "        config = self.cache.get(key)",
-            "        if config is None:",
-            f"            {miss}",
-            "    except Exception:  # an unhashable key value, a broken CUDA context: Triton's run raises it",
-            f"        {miss}",
-            "    bound = BOUND.get(id(config))",
-            "    if bound is None:  # a config this path has not launched yet: Triton's run, once",
-            f"        {miss}",
-            "    self.best_config = config",
-            "    try:",
-            f"        ret = self.fn.run({passed}, **bound)",
-            "    except BaseException as e:",
-            f"        if self._tc_launch_failed(config, args, {{'grid': grid, 'warmup': warmup{kw}}}, e):",
-            f"            return BASE_RUN(self, *args, grid=grid, warmup=warmup{kw})",
-            "        raise",
-            "    self.nargs = None",
-            "    return ret",
-        ]
-    )
+    return [
+        *_indent(read + _quick_lines(quick), 1),
+        "    try:",
+        "        if key is None:",
+        *_indent(general, 3),
+        "        config = self.cache.get(key)",
+        "        if config is None:",
+        f"            {miss}",
+        "    except Exception:  # an unhashable key value, a broken CUDA context: Triton's run raises it",
+        f"        {miss}",
+        "    bound = BOUND.get(id(config))",
+        "    if bound is None:  # a config this path has not launched yet: Triton's run, once",
+        f"        {miss}",
+        "    self.best_config = config",
+        "    try:",
+        f"        ret = self.fn.run({passed}, **bound)",
+        "    except BaseException as e:",
+        f"        if self._tc_launch_failed(config, args, {{'grid': grid, 'warmup': warmup{kw}}}, e):",
+        f"            return BASE_RUN(self, *args, grid=grid, warmup=warmup{kw})",
+        "        raise",
+        "    self.nargs = None",
+        "    return ret",
+    ]
 
 
 def _in_kernel_order(arg_names: Sequence[str], n: int, kwnames: Sequence[str]) -> list[str] | None:
@@ -436,7 +500,8 @@ def _through_triton(self: FastLaunch, grid: Any, warmup: Any, args: Sequence[Any
 
 def _launch(bound_to: tuple[Any, Any], *args: Any, **kwargs: Any) -> Any:
     """``kernel[grid](*args, **kwargs)`` of a :class:`FastLaunch` (``bound_to``: the kernel and the
-    grid): the call shape's launcher, or Triton's run as Triton's launcher calls it (``warmup=False``)."""
+    grid) whose shape is not its entry's: the call shape's launcher, or Triton's run as Triton's
+    launcher calls it (``warmup=False``)."""
     self, grid = bound_to
     plan = self._tc_plan
     if plan and len(self.configs) > 1:
@@ -464,12 +529,13 @@ class FastLaunch(Autotuner):
 
     def __getitem__(self, grid: Any) -> Any:
         """``kernel[grid]``: Triton's launcher calls ``self.run(grid=grid, warmup=False, ...)``; this one
-        serves a hit itself, a frame less. Triton's where ``run`` is not this class's (a library's own
-        ``run`` runs first; one set on the instance, as the first call's observer), or where the kernel
-        has no plan (yet)."""
-        if self._tc_plan and self._tc_own_run and "run" not in self.__dict__:
+        is the plan's entry (:attr:`LaunchPlan.entry`), which serves a hit itself. Triton's where ``run``
+        is not this class's (a library's own ``run`` runs first; one set on the instance, as the first
+        call's observer), or where the kernel has no plan (yet)."""
+        plan = self._tc_plan
+        if plan and "run" not in plan.attrs:  # one lookup: the class's run and the instance's (see LaunchPlan)
             # (self, grid) bound as a method's "self": cheaper to make and to call than a partial
-            return types.MethodType(_launch, (self, grid))
+            return types.MethodType(plan.entry, (self, grid))
         return super().__getitem__(grid)
 
     def run(self, *args: Any, grid: Any = _MISSING, warmup: Any = _MISSING, **kwargs: Any) -> Any:
@@ -504,7 +570,10 @@ class FastLaunch(Autotuner):
         launcher of its shape, and the launch keywords of the config Triton's run launched."""
         plan = self._tc_plan
         if plan is None:
-            plan = self._tc_plan = plan_for(self) or False
+            plan = plan_for(self)
+            if plan is not None and self._tc_own_run:
+                plan.attrs = self.__dict__  # kernel[grid] is served here unless a run is set on the instance
+            plan = self._tc_plan = plan or False
         if not plan or len(self.configs) < 2:
             return
         plan.learn(args, kwargs)
