@@ -3,6 +3,7 @@
 
     python3 scripts/bench_dispatch.py                     # 100k calls per variant, 5 interleaved rounds
     python3 scripts/bench_dispatch.py --calls 20000 --rounds 3 --out DIR   # quicker; JSON + markdown in DIR
+    python3 scripts/bench_dispatch.py --instructions [--calls 2000] [--out DIR] # instructions per call
 
 Runs on a CPU, without the interpreter: ``JITFunction.run`` is replaced by a no-op taking Triton's
 keyword-only ``grid`` and ``warmup``, so nothing compiles or launches and what is measured is only
@@ -30,6 +31,13 @@ Each round times ``--calls`` calls of every variant of a case, interleaved in bl
 calls (every variant meets the same phases of a noisy machine); per variant the median over rounds of
 the thread's CPU time per call (wall time too); the ratio ``tunecache / stock`` (target <= 1/3), the
 floor ``(plain + key) / stock``, and each one's overhead above ``plain``.
+
+``--instructions`` counts instead of timing, for a machine too noisy for times: the same variants,
+each ``--calls`` calls (default 2000) between client requests to callgrind (valgrind's, on this
+process's main thread; the garbage collector off, hashing seeded, address randomisation off), so the
+count per call repeats to about 0.2% from run to run, whatever else the machine does. Instructions are
+not time (a cache miss costs more than an add), so this complements the timed table; it needs
+valgrind, its ``callgrind.h`` and a C compiler (the requests are a dozen lines of C built here).
 """
 
 from __future__ import annotations
@@ -37,7 +45,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -148,14 +158,98 @@ def timed(f, n: int) -> tuple[float, float]:
     return (time.thread_time_ns() - c0) / n, (time.perf_counter_ns() - w0) / n
 
 
+#: Callgrind's client requests, as a library ctypes calls around each variant's calls.
+REQUESTS_C = """#include <valgrind/callgrind.h>
+void tc_start(void) { CALLGRIND_ZERO_STATS; CALLGRIND_START_INSTRUMENTATION; }
+void tc_stop(const char *name) { CALLGRIND_STOP_INSTRUMENTATION; CALLGRIND_DUMP_STATS_AT(name); }
+"""
+
+
+def count_child(lib: str, calls: int) -> None:
+    """Under callgrind: each variant's ``calls`` calls between a start and a named dump."""
+    import ctypes
+    import gc
+
+    requests = ctypes.CDLL(lib)
+    for case, variants in cases().items():
+        for v, f in variants.items():
+            timed(f, 200)
+            gc.collect()
+            gc.disable()
+            requests.tc_start()
+            for _ in range(calls):
+                f()
+            requests.tc_stop(f"{case}:{v}".encode())
+            gc.enable()
+
+
+def count_instructions(calls: int, out: Path | None) -> None:
+    """Run this script under callgrind (see the module's docstring); a table of instructions per call."""
+    missing = [t for t in ("valgrind", "gcc", "setarch") if shutil.which(t) is None]
+    if missing:
+        sys.exit(f"--instructions needs {', '.join(missing)} (Debian: valgrind, gcc, util-linux)")
+    with tempfile.TemporaryDirectory(prefix="tc-dispatch-cg-") as tmp:
+        d = Path(tmp)
+        (d / "requests.c").write_text(REQUESTS_C)
+        built = subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", str(d / "requests.so"), str(d / "requests.c")])
+        if built.returncode:
+            sys.exit("--instructions: building callgrind's client requests failed (is valgrind/callgrind.h there?)")
+        env = {**os.environ, "PYTHONHASHSEED": "0"}
+        cmd = ["setarch", os.uname().machine, "-R", "valgrind", "--tool=callgrind", "--instr-atstart=no"]
+        cmd += ["--separate-threads=yes", f"--callgrind-out-file={d}/cg.%p", sys.executable, __file__]
+        cmd += ["--count-child", str(d / "requests.so"), "--calls", str(calls)]
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if r.returncode:
+            sys.exit(f"callgrind run failed:\n{r.stderr[-3000:]}")
+        per_call: dict = {}
+        for f in d.glob("cg.*.*-01"):  # the main thread's dump of each variant
+            text = f.read_text()
+            name = text.split("Client Request: ", 1)[1].split("\n", 1)[0]
+            total = int(text.rsplit("totals: ", 1)[1].split()[0])
+            case, variant = name.split(":")
+            per_call.setdefault(case, {})[variant] = total / calls
+    result = {"triton": triton.__version__, "python": sys.version.split()[0], "calls": calls, "cases": {}}
+    lines = [
+        f"Triton {result['triton']}, Python {result['python']}; instructions per call (callgrind, {calls} calls)",
+        "",
+        "| case | stock | tunecache | tunecache, Triton's run | plain @jit | key alone | **tunecache / stock** |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for case in cases_order(per_call):
+        m = per_call[case]
+        ratio = m["tunecache"] / m["stock"]
+        result["cases"][case] = {"instructions_per_call": m, "ratio_tunecache_vs_stock": ratio}
+        lines.append(
+            f"| {case} | {m['stock']:.0f} | {m['tunecache']:.0f} | {m['tunecache-triton']:.0f} | {m['plain']:.0f} | "
+            f"{m['key']:.0f} | **{ratio:.3f}** |"
+        )
+    md = "\n".join(lines) + "\n"
+    print(md)
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "bench_dispatch_instructions.json").write_text(json.dumps(result, indent=1))
+        (out / "bench_dispatch_instructions.md").write_text(md)
+
+
+def cases_order(found: dict) -> list[str]:
+    return [c for c in ("tiny", "five", "keywords", "run") if c in found]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--calls", type=int, default=100_000)
+    ap.add_argument("--calls", type=int, default=None, help="calls per variant (default 100000; 2000 counted)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--block", type=int, default=1000, help="calls per variant between switches (default 1000)")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--instructions", action="store_true", help="count instructions under callgrind, not time")
+    ap.add_argument("--count-child", help=argparse.SUPPRESS)
     ns = ap.parse_args()
     JITFunction.run = noop_run
+    if ns.count_child:
+        return count_child(ns.count_child, ns.calls)
+    if ns.instructions:
+        return count_instructions(ns.calls or 2000, ns.out)
+    ns.calls = ns.calls or 100_000
     result: dict = {
         "triton": triton.__version__,
         "torch": torch.__version__,
