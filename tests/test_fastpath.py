@@ -487,5 +487,5 @@ def test_kernel_grid_enters_the_first_shapes_launcher_and_hands_other_shapes_on(
         user = {n: v for n, v in kwargs.items() if n in k.arg_names and n not in CONFIGS[0].kwargs}
         assert path == "fast" and k.best_config is k.cache[triton_key(k, args, user)]
     assert k[grid].__func__ is plan.entry and len(plan.shapes) == 3  # still the first shape's
-    src = fastpath.entry_source(["x", "N"], ["N"], 1, ["N", "weird'name"], [True, False, False], "T0_")
+    src = fastpath.launcher_source(["x", "N"], ["N"], 1, ["N", "weird'name"], [True, False, False], "T0_", entry=True)
     assert "T0_names" in src and "weird" not in src  # the keyword names are a global, not source text

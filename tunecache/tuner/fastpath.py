@@ -168,7 +168,7 @@ class LaunchPlan:
         #: :data:`_NEVER` under a library's own ``run`` (set by :meth:`FastLaunch._tc_learn`).
         self.attrs: Mapping[str, Any] = _NEVER
         #: What ``kernel[grid]`` returns, bound to ``(tuner, grid)``: the first call shape's entry
-        #: (:func:`entry_source`), or :func:`_launch` until one is generated.
+        #: (:func:`launcher_source` with ``entry``), or :func:`_launch` until one is generated.
         self.entry: Callable[..., Any] = _launch
 
     def learn(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
@@ -186,7 +186,7 @@ class LaunchPlan:
             self.shapes[shape] = None
             return
         if self.entry is _launch:  # the first shape that fits: kernel[grid] enters its launcher directly
-            src += "\n\n" + entry_source(*how, positional=self.positional)  # type: ignore[operator]
+            src += "\n\n" + launcher_source(*how, positional=self.positional, entry=True)  # type: ignore[operator]
         self.ns.update({f"{t}{i}": type(v) for i, v in enumerate(values)}, **{f"{t}names": tuple(kwargs)})
         made: dict[str, Any] = {}
         exec(compile(src, f"<tunecache launcher of {self.name}>", "exec"), self.ns, made)  # noqa: S102 - generated, no user text as code
@@ -316,6 +316,7 @@ def launcher_source(
     t: str = "T",
     *,
     positional: bool = False,
+    entry: bool = False,
 ) -> str | None:
     """Python source of one call shape's ``launch(self, grid, warmup, args, kwargs)`` (see
     :func:`key_source` for the shape and the key): the key, one lookup in Triton's ``self.cache``,
@@ -336,28 +337,15 @@ def launcher_source(
     ...
             ret = self.fn.run(w1, w0, grid=grid, warmup=warmup, **bound)
     ...
-    """
-    body = _launch_body(arg_names, keys, n, kwnames, dtyped, t, positional)
-    return None if body is None else "\n".join(["def launch(self, grid, warmup, args, kwargs):", *body])
 
+    ``entry``: the shape's ``enter(bound_to, *args, **kwargs)`` instead, what ``kernel[grid]`` returns
+    (bound to ``(tuner, grid)``) for the kernel's first call shape: the same launcher with no frame
+    between it and the caller. A call of another shape, or of a kernel left with one config, goes to
+    ``DISPATCH`` (the shape's launcher, or Triton's run). The shape's keyword names are the global
+    ``<t>names``, never written into the source.
 
-def entry_source(
-    arg_names: Sequence[str],
-    keys: Sequence[str],
-    n: int,
-    kwnames: Sequence[str],
-    dtyped: Sequence[bool | None] = (),
-    t: str = "T",
-    *,
-    positional: bool = False,
-) -> str | None:
-    """Python source of a call shape's ``enter(bound_to, *args, **kwargs)``: what ``kernel[grid]``
-    returns (bound to ``(tuner, grid)``) for the kernel's first call shape, the launcher of
-    :func:`launcher_source` with no frame between it and the caller. A call of another shape, or
-    of a kernel left with one config, goes to ``DISPATCH`` (the shape's launcher, or Triton's run).
-    The shape's keyword names are the global ``<t>names``, never written into the source.
-
-    >>> print(entry_source(["x", "N", "BLOCK"], ["N"], 2, [], [True, False]))  # doctest: +ELLIPSIS
+    >>> print(launcher_source(["x", "N", "BLOCK"], ["N"], 2, [], [True, False], entry=True))
+    ... # doctest: +ELLIPSIS
     def enter(bound_to, *args, **kwargs):
         if kwargs or len(args) != 2:
             return DISPATCH(bound_to, *args, **kwargs)
@@ -371,21 +359,13 @@ def entry_source(
     body = _launch_body(arg_names, keys, n, kwnames, dtyped, t, positional)
     if body is None:
         return None
+    if not entry:
+        return "\n".join(["def launch(self, grid, warmup, args, kwargs):", *body])
     count = f"len(args) != {n}" if n else "args"
     shape = f"{count} or tuple(kwargs) != {t}names" if kwnames else f"kwargs or {count}"
     dispatch = "        return DISPATCH(bound_to, *args, **kwargs)"
-    return "\n".join(
-        [
-            "def enter(bound_to, *args, **kwargs):",
-            f"    if {shape}:",
-            dispatch,
-            "    self, grid = bound_to",
-            "    if len(self.configs) < 2:",
-            dispatch,
-            "    warmup = False",
-            *body,
-        ]
-    )
+    head = ["def enter(bound_to, *args, **kwargs):", f"    if {shape}:", dispatch, "    self, grid = bound_to"]
+    return "\n".join([*head, "    if len(self.configs) < 2:", dispatch, "    warmup = False", *body])
 
 
 def _launch_body(
