@@ -479,13 +479,37 @@ def test_kernel_grid_enters_the_first_shapes_launcher_and_hands_other_shapes_on(
     others = [lambda: k[grid](X32, Y32, OUT, N, 2.0), lambda: k[grid](x=X32, y=Y16, out=OUT, N=N)]
     first(), first()
     plan = k._tc_plan
-    assert plan.entry is not fastpath._launch and k[grid].__func__ is plan.entry
+    entry = plan.entry
+    assert entry is not fastpath._launch and k[grid].__func__ is entry
     assert spy.last[0] == "fast"
     for c in others:
         c(), c()
         path, args, kwargs = spy.last
         user = {n: v for n, v in kwargs.items() if n in k.arg_names and n not in CONFIGS[0].kwargs}
         assert path == "fast" and k.best_config is k.cache[triton_key(k, args, user)]
-    assert k[grid].__func__ is plan.entry and len(plan.shapes) == 3  # still the first shape's
+    assert k[grid].__func__ is entry and len(plan.shapes) == 3  # still the first shape's
     src = fastpath.launcher_source(["x", "N"], ["N"], 1, ["N", "weird'name"], [True, False, False], "T0_", entry=True)
     assert "T0_names" in src and "weird" not in src  # the keyword names are a global, not source text
+
+
+def test_kernel_grid_follows_the_shape_it_keeps_handing_on():
+    """A kernel first launched with one shape (a warm-up, say) and from then on with another: after
+    FOLLOW_AFTER calls handed on, ``kernel[grid]`` enters the other shape's launcher; the first shape
+    is then handed on, and both keep launching the config of their own key."""
+    k = axpy()
+    spy = Spy(k)
+    warmup = lambda: k[grid](X32, Y32, OUT, N, 2.0)  # noqa: E731
+    serve = lambda: k[grid](x=X32, y=Y16, out=OUT, N=N)  # noqa: E731
+    warmup(), warmup()
+    plan = k._tc_plan
+    first = plan.entry
+    for _ in range(fastpath.FOLLOW_AFTER + 1):  # the first serve goes through Triton's run (a miss)
+        serve()
+        assert spy.last[0] in ("fast", "triton")
+    assert spy.last[0] == "fast" and k[grid].__func__ is not first
+    assert k[grid].__func__ is plan.entries[("x", "y", "out", "N")] and plan.handed == {}
+    for c in (warmup, serve, warmup):
+        c()
+        path, args, kwargs = spy.last
+        user = {n: v for n, v in kwargs.items() if n in k.arg_names and n not in CONFIGS[0].kwargs}
+        assert path == "fast" and k.best_config is k.cache[triton_key(k, args, user)]

@@ -20,13 +20,14 @@ order: Triton's key puts the dtypes of keyword arguments in the caller's order),
 * ``best_config`` set and ``nargs`` left ``None`` as Triton leaves them after a launch, then
   ``JITFunction.run`` (or the wrapper's ``run``) with exactly the arguments Triton passes.
 
-Two entries reach the launchers: ``kernel[grid](...)`` (``__getitem__`` returns the kernel's first
-call shape's *entry*, the launcher itself bound to the kernel and the grid, so nothing stands
-between the call and the launch; a call of another shape is handed to its launcher; Triton's
-launcher where the class has a library's own ``run``, which must run first, or where the instance
-has a ``run`` of its own), and ``run`` (what a library's ``super().run``, a ``Heuristics`` above the
-tuner or a direct call reach). ``run`` takes ``grid`` and ``warmup`` apart from the other keywords,
-so both entries share one launcher per shape and a ``run`` call's shape is cheap to tell.
+Two entries reach the launchers: ``kernel[grid](...)`` (``__getitem__`` returns a call shape's
+*entry*, the launcher itself bound to the kernel and the grid, so nothing stands between the call
+and the launch: the first shape's, until another shape has been handed on ``FOLLOW_AFTER`` times;
+a call of another shape is handed to its launcher; Triton's launcher where the class has a
+library's own ``run``, which must run first, or where the instance has a ``run`` of its own), and
+``run`` (what a library's ``super().run``, a ``Heuristics`` above the tuner or a direct call reach).
+``run`` takes ``grid`` and ``warmup`` apart from the other keywords, so both entries share one
+launcher per shape and a ``run`` call's shape is cheap to tell.
 
 Bucket functions (``bucket=``) are not on this path: Triton's key holds the argument's own value,
 so the first launch of each value resolves through Triton's run (a memory lookup of the bucket's
@@ -85,6 +86,9 @@ _BASE_RUN = basepatch.original("run")
 #: new shapes and configs launch through Triton's run.
 MAX_SHAPES = 64
 MAX_BOUND = 4096
+#: Calls of one other shape handed on by ``kernel[grid]``'s entry after which that shape's launcher
+#: becomes the entry (a kernel whose first call was not of the shape it is launched with from then on).
+FOLLOW_AFTER = 16
 
 _MISSING = object()
 #: A plan's ``attrs`` where ``kernel[grid]`` is never served by the hit path: "a ``run`` is set".
@@ -144,7 +148,10 @@ class LaunchPlan:
     Triton's run) and the winners' launch keywords by config. ``ns``: the launchers' globals, where
     the bound keywords are read at each launch."""
 
-    __slots__ = ("arg_names", "keys", "name", "positional", "shapes", "bound", "held", "ns", "made", "attrs", "entry")
+    __slots__ = (
+        "arg_names", "keys", "name", "positional", "shapes", "bound", "held", "ns", "made", "attrs", "entry",
+        "entries", "handed",
+    )  # fmt: skip
 
     def __init__(self, arg_names: Sequence[str], keys: Sequence[str], name: str, positional: bool = False) -> None:
         facts = torch_facts()
@@ -161,15 +168,25 @@ class LaunchPlan:
             "BOUND": self.bound,
             "MISS": _through_triton,
             "BASE_RUN": _BASE_RUN,
-            "DISPATCH": _launch,
+            "DISPATCH": _dispatch,
         }
         self.made = itertools.count()  # numbers the launchers' type names (``T3_0``), unique across threads
         #: Where ``kernel[grid]`` looks for a ``run`` set on the instance: the tuner's ``__dict__``, or
         #: :data:`_NEVER` under a library's own ``run`` (set by :meth:`FastLaunch._tc_learn`).
         self.attrs: Mapping[str, Any] = _NEVER
-        #: What ``kernel[grid]`` returns, bound to ``(tuner, grid)``: the first call shape's entry
-        #: (:func:`launcher_source` with ``entry``), or :func:`_launch` until one is generated.
+        #: What ``kernel[grid]`` returns, bound to ``(tuner, grid)``: a call shape's entry
+        #: (:func:`launcher_source` with ``entry``; the first shape's, then the one :meth:`follow`
+        #: names), or :func:`_launch` until one is generated.
         self.entry: Callable[..., Any] = _launch
+        self.entries: dict[int | tuple, Callable[..., Any]] = {}
+        self.handed: dict[int | tuple, int] = {}  # calls handed on by the entry, by shape
+
+    def follow(self, shape: int | tuple) -> None:
+        """``kernel[grid]``'s entry handed :data:`FOLLOW_AFTER` calls of ``shape`` on (counted in
+        ``handed`` by :func:`_dispatch`, never on a hit): that shape's entry is ``kernel[grid]``'s from
+        now on. Two shapes launched in turn keep costing a hand-on each, whichever is the entry."""
+        self.handed.clear()
+        self.entry = self.entries.get(shape, self.entry)
 
     def learn(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
         """Generate the launcher of this call's shape the first time it is seen (the argument types
@@ -185,13 +202,14 @@ class LaunchPlan:
         if src is None:
             self.shapes[shape] = None
             return
-        if self.entry is _launch:  # the first shape that fits: kernel[grid] enters its launcher directly
-            src += "\n\n" + launcher_source(*how, positional=self.positional, entry=True)  # type: ignore[operator]
+        src += "\n\n" + launcher_source(*how, positional=self.positional, entry=True)  # type: ignore[operator]
         self.ns.update({f"{t}{i}": type(v) for i, v in enumerate(values)}, **{f"{t}names": tuple(kwargs)})
         made: dict[str, Any] = {}
         exec(compile(src, f"<tunecache launcher of {self.name}>", "exec"), self.ns, made)  # noqa: S102 - generated, no user text as code
         self.shapes[shape] = made["launch"]
-        self.entry = made.get("enter", self.entry)
+        self.entries[shape] = made["enter"]
+        if self.entry is _launch:  # the first shape that fits: kernel[grid] enters its launcher directly
+            self.entry = made["enter"]
 
     def bind(self, config: Any) -> None:
         """Bind ``config``'s launch keywords once (not a config with a ``pre_hook``: Triton calls it).
@@ -339,19 +357,20 @@ def launcher_source(
     ...
 
     ``entry``: the shape's ``enter(bound_to, *args, **kwargs)`` instead, what ``kernel[grid]`` returns
-    (bound to ``(tuner, grid)``) for the kernel's first call shape: the same launcher with no frame
-    between it and the caller. A call of another shape, or of a kernel left with one config, goes to
-    ``DISPATCH`` (the shape's launcher, or Triton's run). The shape's keyword names are the global
-    ``<t>names``, never written into the source.
+    (bound to ``(tuner, grid)``) where this is the kernel's entry shape (:attr:`LaunchPlan.entry`):
+    the same launcher with no frame between it and the caller. A call of another shape, or of a
+    kernel left with one config, goes to ``DISPATCH`` with the call's own ``args`` and ``kwargs``
+    (the shape's launcher, or Triton's run). The shape's keyword names are the global ``<t>names``,
+    never written into the source.
 
     >>> print(launcher_source(["x", "N", "BLOCK"], ["N"], 2, [], [True, False], entry=True))
     ... # doctest: +ELLIPSIS
     def enter(bound_to, *args, **kwargs):
         if kwargs or len(args) != 2:
-            return DISPATCH(bound_to, *args, **kwargs)
+            return DISPATCH(bound_to, args, kwargs)
         self, grid = bound_to
         if len(self.configs) < 2:
-            return DISPATCH(bound_to, *args, **kwargs)
+            return DISPATCH(bound_to, args, kwargs)
         warmup = False
         a0, a1 = args
     ...
@@ -363,7 +382,7 @@ def launcher_source(
         return "\n".join(["def launch(self, grid, warmup, args, kwargs):", *body])
     count = f"len(args) != {n}" if n else "args"
     shape = f"{count} or tuple(kwargs) != {t}names" if kwnames else f"kwargs or {count}"
-    dispatch = "        return DISPATCH(bound_to, *args, **kwargs)"
+    dispatch = "        return DISPATCH(bound_to, args, kwargs)"
     head = ["def enter(bound_to, *args, **kwargs):", f"    if {shape}:", dispatch, "    self, grid = bound_to"]
     return "\n".join([*head, "    if len(self.configs) < 2:", dispatch, "    warmup = False", *body])
 
@@ -480,16 +499,29 @@ def _through_triton(self: FastLaunch, grid: Any, warmup: Any, args: Sequence[Any
 
 def _launch(bound_to: tuple[Any, Any], *args: Any, **kwargs: Any) -> Any:
     """``kernel[grid](*args, **kwargs)`` of a :class:`FastLaunch` (``bound_to``: the kernel and the
-    grid) whose shape is not its entry's: the call shape's launcher, or Triton's run as Triton's
-    launcher calls it (``warmup=False``)."""
+    grid) with no entry generated yet: :func:`_dispatch`."""
+    return _dispatch(bound_to, args, kwargs)
+
+
+def _dispatch(bound_to: tuple[Any, Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+    """A ``kernel[grid]`` call an entry does not serve (another shape, one config left): the call
+    shape's launcher (counted: see :meth:`LaunchPlan.follow`), or Triton's run as Triton's launcher
+    calls it (``warmup=False``)."""
     self, grid = bound_to
     plan = self._tc_plan
     if plan and len(self.configs) > 1:
-        if not kwargs:  # the call's shape, as _call_shape
-            launch = plan.shapes.get(len(args))
+        if not kwargs:  # the call's shape, as _call_shape (written out: a call less)
+            shape: int | tuple = len(args)
         else:
-            launch = plan.shapes.get((len(args), *kwargs) if args else tuple(kwargs))
+            shape = (len(args), *kwargs) if args else tuple(kwargs)
+        launch = plan.shapes.get(shape)
         if launch is not None:
+            handed = plan.handed
+            n = handed.get(shape, 0) + 1
+            if n < FOLLOW_AFTER:
+                handed[shape] = n
+            else:
+                plan.follow(shape)
             return launch(self, grid, False, args, kwargs)
     return _through_triton(self, grid, False, args, kwargs)
 
