@@ -26,6 +26,10 @@ Cases (the call, then what a launch of it passes):
   keywords   ``five[grid](x=x, y=y, out=out, N=1024, M=64)``: every argument by keyword, as fla launches
   run        ``five.run(x, y, out, 1024, 64, grid=grid, warmup=False)``: what a library's own ``run``
              reaches through ``super().run``
+  later      ``tiny[grid](x, 1024)`` on kernels first launched as ``tiny[grid](x, N=1024)`` (a warm-up
+             with another call shape): tunecache's ``kernel[grid]`` follows the shape it keeps seeing
+  two        ``tiny[grid](x, 1024)`` and ``tiny[grid](x, N=1024)`` in turn, per pair: one of the two
+             shapes is always handed on
 
 Each round times ``--calls`` calls of every variant of a case, interleaved in blocks of ``--block``
 calls (every variant meets the same phases of a noisy machine); per variant the median over rounds of
@@ -91,7 +95,7 @@ def cpu_bench(kernel_call, quantiles):
     return [1.0, 1.0, 1.0]
 
 
-def variants(fn, key: list[str], call, plain, passed: tuple[tuple, dict]) -> dict:
+def variants(fn, key: list[str], call, plain, passed: tuple[tuple, dict], first=None) -> dict:
     """A case's variants, each resolved (benchmarked by stock Triton and by the first tunecache kernel,
     a store hit for the second) and launched a few times, as a call of no arguments. ``passed``: the
     arguments the call passes to the kernel (for ``key``)."""
@@ -103,6 +107,8 @@ def variants(fn, key: list[str], call, plain, passed: tuple[tuple, dict]) -> dic
     for name, k in kernels.items():
         if name == "tunecache-triton":  # read at the kernel's first launch
             os.environ["TUNECACHE_FAST_LAUNCH"] = "0"
+        for _ in range(3 if first else 0):
+            first(k)  # another call shape first
         for _ in range(3):
             call(k)
         os.environ.pop("TUNECACHE_FAST_LAUNCH", None)
@@ -146,6 +152,21 @@ def cases() -> dict:
             lambda k: k.run(x, y, out, 1024, 64, grid=grid, warmup=False),
             lambda w: five.run(x, y, out, 1024, 64, grid=grid, warmup=False, **w),
             ((x, y, out, 1024, 64), {}),
+        ),
+        "later": variants(
+            tiny,
+            ["N"],
+            lambda k: k[grid](x, 1024),
+            lambda w: tiny[grid](x, 1024, **w),
+            ((x, 1024), {}),
+            first=lambda k: k[grid](x, N=1024),
+        ),
+        "two": variants(
+            tiny,
+            ["N"],
+            lambda k: (k[grid](x, 1024), k[grid](x, N=1024)),
+            lambda w: (tiny[grid](x, 1024, **w), tiny[grid](x, N=1024, **w)),
+            ((x, 1024), {}),
         ),
     }
 
@@ -232,7 +253,7 @@ def count_instructions(calls: int, out: Path | None) -> None:
 
 
 def cases_order(found: dict) -> list[str]:
-    return [c for c in ("tiny", "five", "keywords", "run") if c in found]
+    return [c for c in ("tiny", "five", "keywords", "run", "later", "two") if c in found]
 
 
 def main() -> None:
