@@ -223,7 +223,8 @@ def count_instructions(calls: int, out: Path | None) -> None:
         if r.returncode:
             sys.exit(f"callgrind run failed:\n{r.stderr[-3000:]}")
         per_call: dict = {}
-        for f in d.glob("cg.*.*-01"):  # the main thread's dump of each variant
+        dumps = d.glob("cg.*.*-01")  # the main thread's dump of each variant: cg.PID.PART-01, PART in run order
+        for f in sorted(dumps, key=lambda f: int(f.name.split(".")[2].split("-")[0])):
             text = f.read_text()
             name = text.split("Client Request: ", 1)[1].split("\n", 1)[0]
             total = int(text.rsplit("totals: ", 1)[1].split()[0])
@@ -236,8 +237,7 @@ def count_instructions(calls: int, out: Path | None) -> None:
         "| case | stock | tunecache | tunecache, Triton's run | plain @jit | key alone | **tunecache / stock** |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for case in cases_order(per_call):
-        m = per_call[case]
+    for case, m in per_call.items():  # in the order cases() made them
         ratio = m["tunecache"] / m["stock"]
         result["cases"][case] = {"instructions_per_call": m, "ratio_tunecache_vs_stock": ratio}
         lines.append(
@@ -250,10 +250,6 @@ def count_instructions(calls: int, out: Path | None) -> None:
         out.mkdir(parents=True, exist_ok=True)
         (out / "bench_dispatch_instructions.json").write_text(json.dumps(result, indent=1))
         (out / "bench_dispatch_instructions.md").write_text(md)
-
-
-def cases_order(found: dict) -> list[str]:
-    return [c for c in ("tiny", "five", "keywords", "run", "later", "two") if c in found]
 
 
 def main() -> None:

@@ -175,18 +175,22 @@ class LaunchPlan:
         #: :data:`_NEVER` under a library's own ``run`` (set by :meth:`FastLaunch._tc_learn`).
         self.attrs: Mapping[str, Any] = _NEVER
         #: What ``kernel[grid]`` returns, bound to ``(tuner, grid)``: a call shape's entry
-        #: (:func:`launcher_source` with ``entry``; the first shape's, then the one :meth:`follow`
-        #: names), or :func:`_launch` until one is generated.
+        #: (:func:`launcher_source` with ``entry``; the first shape's, then the one :meth:`handed_on`
+        #: follows), or :func:`_launch` until one is generated.
         self.entry: Callable[..., Any] = _launch
         self.entries: dict[int | tuple, Callable[..., Any]] = {}
         self.handed: dict[int | tuple, int] = {}  # calls handed on by the entry, by shape
 
-    def follow(self, shape: int | tuple) -> None:
-        """``kernel[grid]``'s entry handed :data:`FOLLOW_AFTER` calls of ``shape`` on (counted in
-        ``handed`` by :func:`_dispatch`, never on a hit): that shape's entry is ``kernel[grid]``'s from
-        now on. Two shapes launched in turn keep costing a hand-on each, whichever is the entry."""
-        self.handed.clear()
-        self.entry = self.entries.get(shape, self.entry)
+    def handed_on(self, shape: int | tuple) -> None:
+        """``kernel[grid]``'s entry handed a call of ``shape`` on (:func:`_dispatch`, never a hit): after
+        :data:`FOLLOW_AFTER` such calls of one shape, that shape's entry is ``kernel[grid]``'s. Two
+        shapes launched in turn keep costing a hand-on each, whichever is the entry."""
+        n = self.handed.get(shape, 0) + 1
+        if n < FOLLOW_AFTER:
+            self.handed[shape] = n
+        else:
+            self.handed.clear()
+            self.entry = self.entries.get(shape, self.entry)
 
     def learn(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
         """Generate the launcher of this call's shape the first time it is seen (the argument types
@@ -505,23 +509,18 @@ def _launch(bound_to: tuple[Any, Any], *args: Any, **kwargs: Any) -> Any:
 
 def _dispatch(bound_to: tuple[Any, Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
     """A ``kernel[grid]`` call an entry does not serve (another shape, one config left): the call
-    shape's launcher (counted: see :meth:`LaunchPlan.follow`), or Triton's run as Triton's launcher
+    shape's launcher (counted: :meth:`LaunchPlan.handed_on`), or Triton's run as Triton's launcher
     calls it (``warmup=False``)."""
     self, grid = bound_to
     plan = self._tc_plan
     if plan and len(self.configs) > 1:
-        if not kwargs:  # the call's shape, as _call_shape (written out: a call less)
+        if not kwargs:  # the call's shape, as _call_shape (written out: a call less on a launch)
             shape: int | tuple = len(args)
         else:
             shape = (len(args), *kwargs) if args else tuple(kwargs)
         launch = plan.shapes.get(shape)
         if launch is not None:
-            handed = plan.handed
-            n = handed.get(shape, 0) + 1
-            if n < FOLLOW_AFTER:
-                handed[shape] = n
-            else:
-                plan.follow(shape)
+            plan.handed_on(shape)
             return launch(self, grid, False, args, kwargs)
     return _through_triton(self, grid, False, args, kwargs)
 
