@@ -167,6 +167,98 @@ def test_sigterm_is_watched_only_in_a_multiprocessing_child_whose_handler_was_th
     assert own["exitcode"] is None, got  # and so the worker lived on (killed by the test)
 
 
+ELSEWHERE_PROGRAM = """
+import json, multiprocessing, os, signal, sys, threading, time
+from tunecache import processend
+
+def child(marker):
+    processend.at_end("test-marker", lambda: open(marker, "w").write("said"), order=5)
+    processend.arm()
+    # the kernel hands a process-directed SIGTERM to any thread that does not block it: to another
+    # thread whenever the main one blocks every signal for a moment (glibc does, inside each
+    # pthread_create). Here it is handed to a thread outright, once the main one sleeps in a call.
+    def elsewhere():
+        time.sleep(0.5)
+        signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+
+    threading.Thread(target=elsewhere).start()
+    time.sleep(60)
+
+if __name__ == "__main__":
+    out = {}
+    for method in ("fork", "spawn"):
+        marker = os.path.join(sys.argv[1], method)
+        p = multiprocessing.get_context(method).Process(target=child, args=(marker,))
+        p.start()
+        p.join(30)
+        out[method] = {"exitcode": p.exitcode, "said": os.path.exists(marker)}
+        if p.exitcode is None:
+            p.kill()
+            p.join()
+    print(json.dumps(out))
+"""
+
+
+def test_a_sigterm_another_thread_took_still_ends_the_worker_with_its_last_words(tmp_path):
+    # A pool's terminate() hung for good (CI, 1 run in ~20 under load): the SIGTERM went to one of
+    # the worker's other threads, so Python's handler waited for the main thread, asleep in a call
+    # (a task's sleep, or the lock of the task queue, which the terminating parent holds). Before
+    # tunecache set a handler the default action killed the worker whichever thread took it.
+    prog = tmp_path / "elsewhere.py"
+    prog.write_text(ELSEWHERE_PROGRAM)
+    got = run_json([str(prog), str(tmp_path)], timeout=200)
+    for method in ("fork", "spawn"):
+        assert got[method] == {"exitcode": -signal.SIGTERM, "said": True}, got
+
+
+WAKEUP_PROGRAM = """
+import json, multiprocessing, os, signal, socket, sys
+from tunecache import processend
+
+def name(h):
+    return {signal.SIG_DFL: "default"}.get(h, "tunecache")
+
+def child(own_fd, q):
+    a, b = socket.socketpair()
+    a.setblocking(False)
+    if own_fd:  # the program's wakeup fd, as an asyncio loop with signal handlers sets it
+        signal.set_wakeup_fd(a.fileno())
+    processend.arm()
+    got = {"handler": name(signal.getsignal(signal.SIGTERM))}
+    held = signal.set_wakeup_fd(-1)
+    signal.set_wakeup_fd(held)
+    got["wakeup"] = "program" if held == a.fileno() else ("none" if held == -1 else "tunecache")
+    pid = os.fork()  # not a multiprocessing child: the watcher is not there, nor its handler
+    if pid == 0:
+        held = signal.set_wakeup_fd(-1)
+        os._exit(10 * (name(signal.getsignal(signal.SIGTERM)) == "default") + (held == -1))
+    got["forked"] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    q.put(got)
+
+if __name__ == "__main__":
+    ctx = multiprocessing.get_context("fork")
+    out = {}
+    for own in (False, True):
+        q = ctx.Queue()
+        p = ctx.Process(target=child, args=(own, q))
+        p.start()
+        out["program" if own else "none"] = q.get(timeout=60)
+        p.join(30)
+    print(json.dumps(out))
+"""
+
+
+def test_the_sigterm_watch_leaves_a_programs_wakeup_fd_alone_and_stays_out_of_forks(tmp_path):
+    prog = tmp_path / "wakeup.py"
+    prog.write_text(WAKEUP_PROGRAM)
+    got = run_json([str(prog)], timeout=120)
+    # armed: tunecache's handler and wakeup fd; a child forked from it has neither (exit 11)
+    assert got["none"] == {"handler": "tunecache", "wakeup": "tunecache", "forked": 11}, got
+    # the program's wakeup fd (asyncio's): kept, and SIGTERM left at its default, whose action
+    # reaches the process whichever thread takes it
+    assert got["program"]["handler"] == "default" and got["program"]["wakeup"] == "program", got
+
+
 ZERO_CODE = """
 import json, sys
 import torch, triton, triton.language as tl

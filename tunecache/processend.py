@@ -12,16 +12,26 @@ only they used for unused):
 So the first time a multiprocessing child queues something (:func:`arm`, called by writeback, off
 the launch path), it registers its last words with multiprocessing's own exit finalizers (run at a
 child's normal end, under every start method), and, only where SIGTERM's handler is the default,
-installs one that restores the default, says its last words and sends itself SIGTERM again: the
-process still dies of SIGTERM, with the same status. A watchdog thread bounds it: whatever the last
-words wait for (a hung store, a lock the interrupted code held), SIGTERM kills the process at most
-:data:`TERM_BUDGET_S` later. A SIGTERM that comes while the process is already saying them (a pool
-worker that read its stop sentinel just before ``terminate()``) lets them finish within that bound.
-A handler the program set is left alone, and a process that never queues anything is not touched.
+installs one that says its last words, restores the default and sends itself SIGTERM again: the
+process still dies of SIGTERM, with the same status.
 
-Known limit: Python runs a signal handler between bytecodes of the main thread, so a worker busy in
-one long C call when SIGTERM comes dies when that call returns, not at once. A pool's ``__exit__``
-terminates workers that wait for tasks, which wake at once.
+Python runs a signal's handler in the main thread only, and the kernel hands a SIGTERM to whichever
+thread does not block it: to another thread whenever the main one blocks every signal for an
+instant, as glibc does inside each ``pthread_create``. The main thread then hears of it only when
+its current call returns, never for a pool worker waiting on its task queue's lock, which the
+terminating parent holds: ``Pool.__exit__`` hung for good (CI; here 2 runs in 42, six at once), where
+the default action had killed the worker whichever thread took the signal. So arming also starts a
+watcher thread on the process's wakeup fd, which Python's C-level handler writes from any thread:
+it wakes the main thread until the handler has begun and, whatever the last words wait for (a hung
+store, a lock the interrupted code held), ends the process by SIGTERM's default action
+:data:`TERM_BUDGET_S` after the signal. A SIGTERM that comes while the process is already saying
+them (a pool worker that read its stop sentinel just before ``terminate()``) lets them finish
+within that bound. A handler the program set is left alone, as is a program that uses the wakeup fd
+itself (an asyncio loop's signal handlers: SIGTERM stays at its default there), and a process that
+never queues anything is not touched.
+
+Known limit: a main thread busy in one long C call when SIGTERM comes (no system call to
+interrupt) says no last words; the watcher ends it at the budget.
 """
 
 from __future__ import annotations
@@ -46,6 +56,9 @@ _words: dict[str, tuple[int, Callable[[], None]]] = {}  # name -> (order, fn)
 _armed = False  # this process is armed, or has nothing to arm (not a multiprocessing child)
 _finalized = False  # multiprocessing's exit finalizers will say them
 _saying = 0  # last words in progress (a count: a signal's handling may nest in a normal end's)
+_term_at: float | None = None  # when the SIGTERM handler began
+_wakeup: tuple[int, int] | None = None  # the watcher's pipe (read, write), the write end being the wakeup fd
+_NUDGE_S = 0.05  # how often the watcher wakes a main thread that has not begun the handler
 
 
 def at_end(name: str, fn: Callable[[], None], order: int) -> None:
@@ -88,33 +101,99 @@ def arm() -> None:
         return  # signal handlers are set from the main thread: a later call from it arms
     _armed = True
     try:
-        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL and _watch():
             signal.signal(signal.SIGTERM, _on_sigterm)
     except (ValueError, OSError):  # not the main interpreter: leave the signal as it is
         log.debug("tunecache: cannot watch SIGTERM here", exc_info=True)
 
 
+def _watch() -> bool:
+    """Start the thread that hears SIGTERM whichever thread the kernel hands it to (the process's
+    wakeup fd, which Python's C-level handler writes from any thread). False, leaving SIGTERM at its
+    default, where the program already uses the wakeup fd (an asyncio loop's signal handlers)."""
+    global _wakeup
+    r, w = os.pipe()
+    os.set_blocking(w, False)  # the C handler never blocks on it
+    previous = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+    if previous != -1:
+        signal.set_wakeup_fd(previous)
+        os.close(r)
+        os.close(w)
+        log.debug("tunecache: the wakeup fd is the program's; SIGTERM left at its default")
+        return False
+    _wakeup = (r, w)
+    main = threading.main_thread().ident
+    threading.Thread(target=_hear, args=(r, main), name="tunecache-sigterm", daemon=True).start()
+    return True
+
+
+def _hear(fd: int, main: int | None) -> None:
+    """The watcher: waits for SIGTERM's byte on the wakeup fd. Python runs a handler only in the
+    main thread, and when another thread took the signal the main one hears of it only once its
+    current call returns (a task's sleep, the lock of a pool's task queue: never). So it wakes the
+    main thread until the handler has begun, and ends the process :data:`TERM_BUDGET_S` after the
+    signal whatever the last words wait for."""
+    try:
+        while not (signal.SIGTERM in os.read(fd, 64) and signal.getsignal(signal.SIGTERM) is _on_sigterm):
+            pass  # another signal's byte, or SIGTERM once the program took it over: not ours
+    except OSError:
+        return
+    heard = time.monotonic()
+    while time.monotonic() - heard < TERM_BUDGET_S:
+        if _term_at is None and main is not None:  # not begun: the main thread sleeps in a call
+            signal.pthread_kill(main, signal.SIGTERM)
+        time.sleep(_NUDGE_S)
+    _die_now(signal.SIGTERM)
+
+
 def _on_sigterm(signum: int, frame: object) -> None:
     """SIGTERM in an armed child whose handler was the default: last words, then the default
-    action; a watchdog sends the signal again :data:`TERM_BUDGET_S` later whatever they wait for."""
-    signal.signal(signum, signal.SIG_DFL)  # a second SIGTERM, the watchdog's included, kills at once
-    threading.Thread(target=_kill_later, args=(signum,), name="tunecache-term-watchdog", daemon=True).start()
+    action. A repeat (the watcher's wake-up) while they are said changes nothing."""
+    global _term_at
+    if _term_at is not None:
+        return
+    _term_at = time.monotonic()
     if _saying:
-        return  # interrupted a normal end's last words: let them finish, within the watchdog's bound
+        return  # interrupted a normal end's last words: let them finish, within the watcher's bound
     last_words()
+    signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)
 
 
-def _kill_later(signum: int) -> None:
-    time.sleep(TERM_BUDGET_S)
-    os.kill(os.getpid(), signum)
+def _die_now(signum: int) -> None:
+    """From any thread: the signal's default action, now (Python sets handlers from the main
+    thread only, so through the C API's ``PyOS_setsig``); SIGKILL where that is not to be had."""
+    try:
+        import ctypes
+
+        setsig = ctypes.pythonapi.PyOS_setsig
+        setsig.argtypes, setsig.restype = [ctypes.c_int, ctypes.c_void_p], ctypes.c_void_p
+        setsig(signum, None)  # SIG_DFL
+        os.kill(os.getpid(), signum)
+    except Exception:  # noqa: BLE001 - the process must end either way
+        log.debug("tunecache: cannot restore SIGTERM's default from the watcher", exc_info=True)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _after_fork_in_child() -> None:
-    """A forked child decides again whether it is a multiprocessing child (set up after this hook)."""
-    global _armed, _finalized, _saying
+    """A forked child decides again whether it is a multiprocessing child (set up after this hook):
+    the parent's watcher does not exist here, so its handler and wakeup fd are taken back."""
+    global _armed, _finalized, _saying, _term_at, _wakeup
     _armed = _finalized = False
     _saying = 0
+    _term_at = None
+    if _wakeup is not None:
+        try:
+            if signal.getsignal(signal.SIGTERM) is _on_sigterm:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            held = signal.set_wakeup_fd(-1)
+            if held != _wakeup[1]:
+                signal.set_wakeup_fd(held)  # the program's since: put it back
+        except (ValueError, OSError):
+            log.debug("tunecache: cannot take SIGTERM's watch back in a forked child", exc_info=True)
+        for fd in _wakeup:
+            os.close(fd)
+        _wakeup = None
 
 
 forks.register(__name__, _after_fork_in_child)
