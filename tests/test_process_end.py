@@ -200,7 +200,7 @@ if __name__ == "__main__":
 
 
 def test_a_sigterm_another_thread_took_still_ends_the_worker_with_its_last_words(tmp_path):
-    # A pool's terminate() hung for good (CI, 1 run in ~20 under load): the SIGTERM went to one of
+    # A pool's terminate() hung for good (in CI; here 2 runs in 42, six at once): the SIGTERM went to one of
     # the worker's other threads, so Python's handler waited for the main thread, asleep in a call
     # (a task's sleep, or the lock of the task queue, which the terminating parent holds). Before
     # tunecache set a handler the default action killed the worker whichever thread took it.
