@@ -412,3 +412,40 @@ def test_report_of_a_fleet_store_in_chromium(sqlite_url, tmp_path):
     # Layout at 1400 px: no horizontal page scroll; wide figures scroll inside their own box.
     assert p["overflow"] <= 1400, p["overflow"]
     assert all(right <= 1400 for _, right, _ in p["figures"]), p["figures"]
+
+
+LONG = "B=4096 N=131072 q.dtype=torch.bfloat16 kv.dtype=torch.float8_e4m3fn"[:60]  # labels.py's longest
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 40])
+def test_every_figure_is_laid_out_whatever_its_labels_length(n):
+    """A few rows with long labels (a kernel with 2 configs, keys with dtypes) collapsed the plot:
+    matplotlib gave up its layout and `tunecache report` printed its UserWarning to the terminal."""
+    import warnings
+    from datetime import datetime, timedelta
+
+    from tunecache.report import plots
+
+    keys = [f"{LONG[:-3]}{i:03d}" for i in range(n)]
+    configs = [f"BLOCK_M={16 << i} BLOCK_N=64 num_warps=4 num_stages=3 maxnreg=None"[:60] for i in range(min(n, 3))]
+    day = datetime(2026, 12, 1)
+    figures = {
+        "heatmap": lambda: plots.heatmap(
+            configs, keys, [[1.0 + 0.1 * j] * n for j in range(len(configs))], [0] * n, {(0, 0): "out_of_resources"}
+        ),
+        "winner_line": lambda: plots.winner_line(keys, [0.01 * (1 + i) ** 2 for i in range(n)], ["c1", "c2"] * n),
+        "saved_bars": lambda: plots.saved_bars(keys, [1.0] * n, [2.0] * n),
+        "saved_over_time": lambda: plots.saved_over_time(
+            {k: ([day, day + timedelta(days=1)], [1.0, 2.0]) for k in keys[:3]}
+        ),
+        "miss_bars": lambda: plots.miss_bars(keys, {r: [1] * n for r in plots.MISS_REASONS}),
+        "fleet_strip": lambda: plots.fleet_strip(keys, [[1.0, 1.1]] * n, 0.1, {keys[0]}, [1.05] * n),
+    }
+    collapsed = []
+    for name, draw in figures.items():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            svg = draw()
+        assert svg.startswith("<svg"), name
+        collapsed += [name for w in caught if "constrained_layout not applied" in str(w.message)]
+    assert collapsed == [], collapsed

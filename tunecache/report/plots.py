@@ -34,6 +34,11 @@ _ids = itertools.count()
 #: Relative times at or above this are drawn in the darkest colour.
 HEAT_CAP = 2.0
 FAILED_CODES = {"out_of_resources": "OOR", "compile_error": "CE", "runtime_error": "RE", "pruned": "pr"}
+#: A figure's size besides its labels and legend (the axis titles, padding, room for the plot itself):
+#: figures sized without their labels' length left the axes none, and matplotlib dropped its layout.
+HEAT_MARGIN_IN = 1.2
+HEAT_SIDES_IN = 1.5  # the colour bar and its title
+LINE_MARGIN_IN = 2.6
 
 
 _F = TypeVar("_F", bound=Callable[..., str])
@@ -148,6 +153,15 @@ def _fig(w: float, h: float) -> Figure:
     return Figure(figsize=(max(w, 3.0), max(h, 2.0)), layout="constrained")
 
 
+def _text_inches(strings: Sequence[str], points: float) -> float:
+    """The longest of ``strings`` set in ``points``-point sans-serif, in inches, measured as the SVG
+    writer measures it: tick labels turned upright take that much of the figure's height, and a
+    figure sized without them left its axes no room (matplotlib dropped its layout and warned)."""
+    prop = matplotlib.font_manager.FontProperties(family="sans-serif", size=points)
+    measure = matplotlib.textpath.TextToPath().get_text_width_height_descent
+    return max((measure(s, prop, False)[0] for s in strings), default=0.0) / 72.0
+
+
 def _legend_outside(ax: Any, **kw: Any) -> None:
     """A legend right of the axes, never over the data."""
     if ax.get_legend_handles_labels()[0] or kw.get("handles"):
@@ -171,7 +185,14 @@ def heatmap(
     import numpy as np
 
     titles_ = _Titles()
-    fig = _fig(max(6.0, 2.6 + 0.17 * len(keys)), 2.2 + 0.22 * len(configs))
+    codes = "\n".join(f"{c}: {s.replace('_', ' ')}" for s, c in FAILED_CODES.items())
+    entries = ["stored winner", f"did not run:\n{codes}", "not timed for that key"]  # the legend, on top
+    rows = 0.22 * len(configs)
+    legend_h = (len(FAILED_CODES) + 1) * 7 * 1.3 / 72  # its tallest entry: a line per code
+    fig = _fig(
+        max(6.0, _text_inches(configs, 7) + 0.17 * len(keys) + HEAT_SIDES_IN),
+        max(2.2 + rows, rows + _text_inches(keys, 7) + legend_h + HEAT_MARGIN_IN),
+    )
     ax = fig.add_subplot()
     data = np.array([[math.nan if v is None else min(v, HEAT_CAP) for v in row] for row in rel], dtype=float)
     for i, j in failed:
@@ -185,7 +206,7 @@ def heatmap(
         ax.text(j, i, FAILED_CODES.get(status, "?"), ha="center", va="center", fontsize=6, color="white")
     wx = [j for j, i in enumerate(winners) if i is not None]
     wy = [i for i in winners if i is not None]
-    stars = ax.scatter(wx, wy, marker="*", s=60, c="#1a237e", label="stored winner")
+    stars = ax.scatter(wx, wy, marker="*", s=60, c="#1a237e", label=entries[0])
     if winner_titles is not None:
         titles_.add(stars, [t for t, i in zip(winner_titles, winners) if i is not None])
     ax.set_xlim(-0.5, len(keys) - 0.5)
@@ -196,13 +217,12 @@ def heatmap(
     cb = fig.colorbar(mesh, ax=ax, shrink=0.8, extend="neither")
     cb.set_label(f"time / key's best (capped at {HEAT_CAP:g}x)")
     patch = matplotlib.patches.Patch
-    codes = "\n".join(f"{c}: {s.replace('_', ' ')}" for s, c in FAILED_CODES.items())
     handles = [
         *ax.get_legend_handles_labels()[0],
-        patch(facecolor="#9e9e9e", label=f"did not run:\n{codes}"),
-        patch(facecolor="#ffffff", edgecolor="#9e9e9e", label="not timed for that key"),
+        patch(facecolor="#9e9e9e", label=entries[1]),
+        patch(facecolor="#ffffff", edgecolor="#9e9e9e", label=entries[2]),
     ]
-    ax.legend(handles=handles, loc="lower left", bbox_to_anchor=(0, 1.0), fontsize=7, frameon=False, ncols=3)
+    fig.legend(handles=handles, loc="outside upper left", fontsize=7, frameon=False, ncols=3)
     return _svg(fig, titles_)
 
 
@@ -216,7 +236,7 @@ def winner_line(
 ) -> str:
     """The winner's time per key, in key order, coloured by which config wins."""
     titles_ = _Titles()
-    fig = _fig(min(14.0, max(6.0, 2.0 + 0.25 * len(keys))), 3.2)
+    fig = _fig(min(14.0, max(6.0, 2.0 + 0.25 * len(keys))), max(3.2, _text_inches(keys, 7) + LINE_MARGIN_IN))
     ax = fig.add_subplot()
     xs = list(range(len(keys)))
     ax.plot(xs, times, color="#9e9e9e", linewidth=1, zorder=1)
