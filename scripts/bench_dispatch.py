@@ -107,10 +107,9 @@ def variants(fn, key: list[str], call, plain, passed: tuple[tuple, dict], first=
     for name, k in kernels.items():
         if name == "tunecache-triton":  # read at the kernel's first launch
             os.environ["TUNECACHE_FAST_LAUNCH"] = "0"
-        for _ in range(3 if first else 0):
-            first(k)  # another call shape first
-        for _ in range(3):
-            call(k)
+        for launch in (first, call) if first else (call,):  # another call shape first
+            for _ in range(3):
+                launch(k)
         os.environ.pop("TUNECACHE_FAST_LAUNCH", None)
     assert kernels["tunecache"]._tc_plan, "the hit path is not planned"
     assert kernels["tunecache-triton"]._tc_plan is False

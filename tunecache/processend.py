@@ -56,7 +56,7 @@ _words: dict[str, tuple[int, Callable[[], None]]] = {}  # name -> (order, fn)
 _armed = False  # this process is armed, or has nothing to arm (not a multiprocessing child)
 _finalized = False  # multiprocessing's exit finalizers will say them
 _saying = 0  # last words in progress (a count: a signal's handling may nest in a normal end's)
-_term_at: float | None = None  # when the SIGTERM handler began
+_term_begun = False  # the SIGTERM handler has begun (the watcher stops waking the main thread)
 _wakeup: tuple[int, int] | None = None  # the watcher's pipe (read, write), the write end being the wakeup fd
 _NUDGE_S = 0.05  # how often the watcher wakes a main thread that has not begun the handler
 
@@ -122,12 +122,12 @@ def _watch() -> bool:
         log.debug("tunecache: the wakeup fd is the program's; SIGTERM left at its default")
         return False
     _wakeup = (r, w)
-    main = threading.main_thread().ident
+    main = threading.main_thread().ident  # set: arm runs in the main thread
     threading.Thread(target=_hear, args=(r, main), name="tunecache-sigterm", daemon=True).start()
     return True
 
 
-def _hear(fd: int, main: int | None) -> None:
+def _hear(fd: int, main: int) -> None:
     """The watcher: waits for SIGTERM's byte on the wakeup fd. Python runs a handler only in the
     main thread, and when another thread took the signal the main one hears of it only once its
     current call returns (a task's sleep, the lock of a pool's task queue: never). So it wakes the
@@ -140,7 +140,7 @@ def _hear(fd: int, main: int | None) -> None:
         return
     heard = time.monotonic()
     while time.monotonic() - heard < TERM_BUDGET_S:
-        if _term_at is None and main is not None:  # not begun: the main thread sleeps in a call
+        if not _term_begun:  # the main thread sleeps in a call
             signal.pthread_kill(main, signal.SIGTERM)
         time.sleep(_NUDGE_S)
     _die_now(signal.SIGTERM)
@@ -149,10 +149,10 @@ def _hear(fd: int, main: int | None) -> None:
 def _on_sigterm(signum: int, frame: object) -> None:
     """SIGTERM in an armed child whose handler was the default: last words, then the default
     action. A repeat (the watcher's wake-up) while they are said changes nothing."""
-    global _term_at
-    if _term_at is not None:
+    global _term_begun
+    if _term_begun:
         return
-    _term_at = time.monotonic()
+    _term_begun = True
     if _saying:
         return  # interrupted a normal end's last words: let them finish, within the watcher's bound
     last_words()
@@ -178,10 +178,9 @@ def _die_now(signum: int) -> None:
 def _after_fork_in_child() -> None:
     """A forked child decides again whether it is a multiprocessing child (set up after this hook):
     the parent's watcher does not exist here, so its handler and wakeup fd are taken back."""
-    global _armed, _finalized, _saying, _term_at, _wakeup
-    _armed = _finalized = False
+    global _armed, _finalized, _saying, _term_begun, _wakeup
+    _armed = _finalized = _term_begun = False
     _saying = 0
-    _term_at = None
     if _wakeup is not None:
         try:
             if signal.getsignal(signal.SIGTERM) is _on_sigterm:
