@@ -25,7 +25,7 @@ def skewed_env(tmp_path: Path, skew: float, base: dict[str, str] | None = None) 
     """``base`` (default: this environment) for a process whose ``time.time()`` runs ``skew`` seconds
     off; the tests' root stays on its path."""
     d = tmp_path / "skewed-clock"
-    d.mkdir(exist_ok=True)
+    d.mkdir(parents=True, exist_ok=True)
     (d / "sitecustomize.py").write_text(textwrap.dedent(SITECUSTOMIZE))
     env = dict(os.environ if base is None else base)
     env["PYTHONPATH"] = os.pathsep.join([str(d), str(ROOT), env.get("PYTHONPATH", "")])
