@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from skewclock import skewed_env
 
 pytest.importorskip("torch._inductor.remote_cache")
 
@@ -152,17 +153,21 @@ LEASE_S = 1.0  # TUNECACHE_LEASE_SECONDS of these processes
 WAIT_S = 20.0  # TUNECACHE_WAIT_SECONDS: a waiter held by a lease nobody renews or releases waits this
 
 
-def host(store_url: str, host_id: str, *argv: str, tmp_path, **more: str) -> subprocess.Popen:
-    """``tests/inductor_lease_prog.py ARGV`` as a process of host ``host_id`` (``more``: its env)."""
+def host(
+    store_url: str, host_id: str, *argv: str, tmp_path, base: dict[str, str] | None = None, **more: str
+) -> subprocess.Popen:
+    """``tests/inductor_lease_prog.py ARGV`` as a process of host ``host_id`` (``more``: its env, on
+    ``base``, by default this process's)."""
+    base = dict(os.environ if base is None else base)
     env = {
-        **os.environ,
+        **base,
         "TUNECACHE_URL": store_url,
         "TUNECACHE_HOST_ID": host_id,
         "TUNECACHE_TRUST_STORE": "yes",
         "TUNECACHE_LEASE_SECONDS": str(LEASE_S),
         "TUNECACHE_WAIT_SECONDS": str(WAIT_S),
         "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / f"inductor-{host_id}"),
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        "PYTHONPATH": os.pathsep.join([str(ROOT), base.get("PYTHONPATH", "")]),
         **more,
     }
     return subprocess.Popen(
@@ -216,15 +221,25 @@ def test_a_get_that_no_put_follows_does_not_hold_another_host_after_its_process_
     assert "inductor_lease_waits" not in b["stats"], b
 
 
-def test_a_killed_holder_holds_the_waiter_no_longer_than_the_lease_seconds(store, store_url, tmp_path):
+@pytest.mark.parametrize(
+    ("store_url", "skew"),
+    [("sqlite", 120.0), ("postgresql", -120.0)],
+    ids=["sqlite-holder-fast", "pg-holder-slow"],
+    indirect=["store_url"],
+)
+def test_a_killed_holder_holds_the_waiter_no_longer_than_the_lease_seconds(store, store_url, tmp_path, skew):
     """Host A is compiling (its lease renewed) when it is killed: B, waiting on it, stops waiting
-    within the lease seconds of the kill, not TUNECACHE_WAIT_SECONDS after A took the lease."""
-    a = host(store_url, "host-a", "compiling-hold", "RemoteFxGraphCache", "g-killed", tmp_path=tmp_path)
+    within the lease seconds of the kill, not TUNECACHE_WAIT_SECONDS after A took the lease. Whatever
+    A's clock (issue 43, item 4: minutes fast, B waited TUNECACHE_WAIT_SECONDS; minutes slow, B took
+    A's live lease over at once): a lease's time is the database's. (Each skew on one database: both
+    skews on all three are tests/test_lease_clock.py's, through the same store calls.)"""
+    base = skewed_env(tmp_path, skew)
+    a = host(store_url, "host-a", "compiling-hold", "RemoteFxGraphCache", "g-killed", tmp_path=tmp_path, base=base)
     try:
         held(a)
         b = host(store_url, "host-b", "wait", "RemoteFxGraphCache", "g-killed", tmp_path=tmp_path)
         held(b, "LOOKING")
-        time.sleep(3 * LEASE_S)  # B waits; A's heartbeat keeps its lease meanwhile
+        time.sleep(2 * LEASE_S)  # B waits past a lease period: A's heartbeat keeps its lease meanwhile
         a.send_signal(signal.SIGKILL)
         killed_at = time.time()
         got = result(b)

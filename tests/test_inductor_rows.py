@@ -5,7 +5,8 @@
   and the two sides evict each other (real processes with their own TUNECACHE_HOST_ID).
 - ``export --inductor`` reads the entries in bounded pages, as it reads problems and binaries.
 - ``invalidate --driver RELEASE`` and ``--driver-not-current`` select entries by driver release,
-  through the real command, and the entries' count is always said.
+  through the real command, and the entries' count is always said; never an entry or a problem
+  bound to no driver (a host module: issue 43, item 5), and the run says how many it kept.
 """
 
 from __future__ import annotations
@@ -288,6 +289,82 @@ def test_invalidate_selects_entries_by_driver_release_and_always_says_their_coun
     r = invalidate("--driver", "580.95.05")
     assert "1 torch.compile cache entries deleted" in r.stdout, r.stdout
     assert [r["key"] for r in store.list_inductor()] == ["new"]
+
+
+def test_a_driver_filter_keeps_what_is_bound_to_no_driver_and_says_so(store_url, store, monkeypatch):
+    """Issue 43, item 5: host modules (Triton's C extensions, bound to the machine and Triton, not to a
+    driver: driver_version "") were selected by ``--driver-not-current`` (every "" differs from the
+    current driver) and deleted, and every fresh host rebuilt them. No driver filter selects an entry
+    or a problem bound to no driver; the run says how many it kept."""
+    from dataclasses import replace
+
+    from builders import H200, problem, results
+
+    from tunecache.inductor.entries import host_target
+    from tunecache.inductor.tritoncache import KIND
+
+    monkeypatch.setenv("TUNECACHE_TRUST_STORE", "yes")
+    entries = InductorStore(store)
+    put_on(entries, monkeypatch, "580.95.05", "old")
+    entries.put(KIND, "c0ffee" * 10 + "abcd", b"cuda_utils of this machine", host_target())  # a host module
+    assert sorted(r["driver_version"] for r in store.list_inductor()) == ["", "13000"]
+    store.put(problem(1, replace(H200, driver_release="580.95.05")), results())
+    store.put(problem(2, replace(H200, driver_version="", driver_release="")), results())  # bound to no driver
+
+    def invalidate(*args: str, release: str = "580.159.04") -> subprocess.CompletedProcess:
+        env = {"TUNECACHE_TARGET_OVERRIDE": json.dumps({"driver_version": "13000", "driver_release": release})}
+        r = tc("--url", store_url, *args, env=env)
+        assert r.returncode == 0, r.stderr[-3000:]
+        return r
+
+    got = json.loads(invalidate("--json", "invalidate", "--driver-not-current", "--dry-run").stdout)
+    assert [e["key"] for e in got["inductor"]["entries"]] == ["old"], got  # not the host module
+    assert [p["batch_bucket"] for p in got["problems"]] == [1], got
+    assert got["kept_driver_independent"] == {"problems": 1, "inductor": 1}, got
+    got = json.loads(invalidate("--json", "invalidate", "--driver-not-current", "--arch", "sm90", "--dry-run").stdout)
+    assert got["kept_driver_independent"] == {"problems": 1, "inductor": 0}, got  # what the other filters select
+    for driver in ("13000", "580.95.05"):
+        got = json.loads(invalidate("--json", "invalidate", "--driver", driver, "--dry-run").stdout)
+        assert "c0ffee" not in json.dumps(got["inductor"]) and 2 not in [p["batch_bucket"] for p in got["problems"]]
+        assert got["kept_driver_independent"] == {"problems": 1, "inductor": 1}, got
+    said = invalidate("invalidate", "--driver-not-current", "--dry-run").stdout
+    assert "kept 1 problem(s) and 1 torch.compile cache entries bound to no driver" in said, said
+    assert "kept_driver_independent" not in invalidate("--json", "invalidate", "--arch", "sm80", "--dry-run").stdout
+    said = invalidate("invalidate", "--driver-not-current").stdout
+    assert "1 torch.compile cache entries deleted" in said and "kept 1 problem(s) and 1" in said, said
+    assert [r["driver_version"] for r in store.list_inductor()] == [""]  # the host module survived
+    assert [p.batch_bucket for p in store.find_problems()] == [2]
+
+
+@pytest.mark.parametrize("db", ["sqlite_url", "pg_url", "mysql_url"])
+def test_the_stores_driver_filters_never_select_rows_bound_to_no_driver(db, request, monkeypatch):
+    """The filter layer itself, on every backend: ``not_driver`` and ``driver`` leave rows whose
+    driver version is "" alone (problems and torch.compile entries), ``no_driver`` selects them."""
+    from dataclasses import replace
+
+    from builders import H200, problem, results
+
+    from tunecache.inductor.entries import host_target
+
+    monkeypatch.setenv("TUNECACHE_TRUST_STORE", "yes")
+    with contextlib.closing(open_store(request.getfixturevalue(db))) as s:
+        entries = InductorStore(s)
+        put_on(entries, monkeypatch, "580.95.05", "old")
+        entries.put("triton_kernel", "ab" * 32, b"a host module", host_target())
+        s.put(problem(1, replace(H200, driver_version="12080", driver_release="550.1")), results())
+        s.put(problem(2, replace(H200, driver_version="", driver_release="")), results())
+        current = ("13000", "580.159.04")
+        for driver in ("12080", "550.1", ""):  # "": no driver filter at all, as the CLI passes it
+            assert sorted(p.batch_bucket for p in s.find_problems(driver=driver)) == ([1] if driver else [1, 2])
+        assert [r["key"] for r in s.list_inductor(driver="13000")] == ["old"]
+        assert [p.batch_bucket for p in s.delete(not_driver=current, dry_run=True)] == [1]
+        assert [g["key"] for g in s.delete_inductor(not_driver="12080", dry_run=True)] == ["old"]
+        assert [p.batch_bucket for p in s.find_problems(no_driver=True)] == [2]
+        assert [r["key"] for r in s.list_inductor(no_driver=True)] == ["ab" * 32]
+        assert [p.batch_bucket for p in s.delete(not_driver=current)] == [1]
+        assert [g["key"] for g in s.delete_inductor(not_driver="12080")] == ["old"]
+        assert [p.batch_bucket for p in s.find_problems()] == [2]
+        assert [r["key"] for r in s.list_inductor()] == ["ab" * 32]
 
 
 def test_an_entry_line_written_before_the_driver_release_was_recorded_still_imports():

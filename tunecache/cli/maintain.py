@@ -148,24 +148,42 @@ def invalidate(
     store = store_for(ctx)
     gone = store.delete(dry_run=dry_run, **filters)
     graphs = _inductor_deleted(store, dry_run, filters)
-    _report_deleted(gone, dry_run, as_json, graphs, "--kernel selects none" if filters.get("kernel") else "")
+    kept = _driverless_kept(store, filters)
+    _report_deleted(gone, dry_run, as_json, graphs, "--kernel selects none" if filters.get("kernel") else "", kept)
 
 
 def _inductor_deleted(store: Any, dry_run: bool, filters: dict[str, Any]) -> list[dict[str, Any]]:
     """torch.compile's entries matching the target filters (a kernel filter selects none of them)."""
     if filters.get("kernel"):
         return []
-    keep = ("arch", "device", "driver", "not_driver")
+    keep = ("arch", "device", "driver", "not_driver", "no_driver")
     picked = {k: filters[k] for k in keep if filters.get(k) is not None}
     if filters.get("older_than") is not None:
         picked["unused_since"] = filters["older_than"]
     return store.delete_inductor(dry_run=dry_run, **picked) if picked else []
 
 
+def _driverless_kept(store: Any, filters: dict[str, Any]) -> dict[str, int] | None:
+    """With --driver or --driver-not-current: how many problems and torch.compile entries the other
+    filters select that are bound to no driver (host modules, interpreter timings), which no driver
+    filter deletes (every driver loads them); None without a driver filter."""
+    if filters.get("driver") is None and filters.get("not_driver") is None:
+        return None
+    rest = {k: v for k, v in filters.items() if k not in ("driver", "not_driver")}
+    graphs = _inductor_deleted(store, True, {**rest, "no_driver": True})
+    return {"problems": store.counts(**rest, no_driver=True)["problems"], "inductor": len(graphs)}
+
+
 def _report_deleted(
-    gone: list[Problem], dry_run: bool, as_json: bool, graphs: list[dict[str, Any]], why_none: str = ""
+    gone: list[Problem],
+    dry_run: bool,
+    as_json: bool,
+    graphs: list[dict[str, Any]],
+    why_none: str = "",
+    kept: dict[str, int] | None = None,
 ) -> None:
-    """What was (or would be) deleted; the count of torch.compile's entries is always said, 0 too."""
+    """What was (or would be) deleted; the count of torch.compile's entries is always said, 0 too;
+    what a driver filter kept (``kept``, see :func:`_driverless_kept`), where one was given."""
     inductor = {"count": len(graphs), "entries": [{"cache": g["kind"], "key": g["key"]} for g in graphs]}
     if as_json:
         json_out(
@@ -174,6 +192,7 @@ def _report_deleted(
                 "count": len(gone),
                 "problems": [problem_summary(p) for p in gone],
                 "inductor": inductor,
+                **({"kept_driver_independent": kept} if kept is not None else {}),
             }
         )
         return
@@ -182,6 +201,11 @@ def _report_deleted(
     click.echo(f"{len(gone)} problem(s) {'would be ' if dry_run else ''}deleted")
     note = f" ({why_none})" if why_none and not graphs else ""
     click.echo(f"{len(graphs)} torch.compile cache entries {'would be ' if dry_run else ''}deleted{note}")
+    if kept is not None:
+        click.echo(
+            f"kept {kept['problems']} problem(s) and {kept['inductor']} torch.compile cache entries bound to no "
+            "driver (host modules, interpreter timings: every driver loads them)"
+        )
 
 
 @click.command()

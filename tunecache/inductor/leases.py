@@ -25,7 +25,8 @@ autotuned, a process that ends or is killed), so a lease is short and ends on wh
 - the end of the process (atexit, and a multiprocessing child's last words, :mod:`tunecache.processend`);
 - a holder killed: its lease is renewed by a heartbeat thread every third of
   ``TUNECACHE_LEASE_SECONDS`` while the rules above keep it, so it lapses that long after the kill
-  (at once for a process of the same host and PID namespace: :meth:`Store.try_lease`).
+  (at once for a process of the same host and PID namespace: :meth:`Store.try_lease`), by the
+  database's clock: hosts whose clocks disagree agree on it (:mod:`tunecache.store.dbclock`).
 
 A waiter reads the lease at each look and stops when it is released, lapsed or taken by its own
 host, and in any case after ``TUNECACHE_WAIT_SECONDS``. So a host waits at most as long as the
@@ -116,7 +117,13 @@ def on_miss(store: Store, kind: str, key: str, target_digest: str) -> InductorEn
     if row is None or row["host"] == lease_host():
         log.debug("tunecache: torch.compile %s: missed, lease %s", _named(kind, key), row and "of this host")
         return None  # released meanwhile (then the entry may be there: Inductor asks again next start)
-    log.debug("tunecache: torch.compile %s: missed, waiting on %s of %s", _named(kind, key), row["holder"], row["host"])
+    log.debug(
+        "tunecache: torch.compile %s: missed, waiting on %s of %s (its lease: %.1f s left)",
+        _named(kind, key),
+        row["holder"],
+        row["host"],
+        row["expires_in"],
+    )
     counters.count(None, None, inductor_lease_waits=1)
     started = time.monotonic()
     deadline, looks = started + wait, 0
@@ -130,8 +137,9 @@ def on_miss(store: Store, kind: str, key: str, target_digest: str) -> InductorEn
                 log.debug("tunecache: torch.compile %s: served after the wait", _named(kind, key))
                 return entry
             row = store.lease_of(digest)
-            if row is None or row["expires_at"] < time.time() or row["host"] == lease_host():
-                why = "released" if row is None else "lapsed" if row["expires_at"] < time.time() else "this host's"
+            # Lapsed by the database's clock (expires_in): the holder's and this host's clocks may differ.
+            if row is None or row["expires_in"] < 0 or row["host"] == lease_host():
+                why = "released" if row is None else "lapsed" if row["expires_in"] < 0 else "this host's"
                 log.debug("tunecache: torch.compile %s: lease %s without a put: computing", _named(kind, key), why)
                 break  # released without a put, lapsed (holder killed), or its host's now: compute
         else:

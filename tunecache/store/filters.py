@@ -20,14 +20,26 @@ def _like_escape(v: str) -> str:
     return v.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
+def bound_to_no_driver(version: Any) -> Any:
+    """Rows no driver is part of (driver version ""): a host module (Triton's C extensions, bound to
+    the machine and Triton), a problem timed under the interpreter. No driver filter selects them:
+    every driver loads them, and deleting them only makes each fresh host rebuild them."""
+    return version == ""
+
+
+def this_driver(version: Any, release: Any, driver: str) -> Any:
+    """Rows of driver ``driver``: its CUDA driver version or its release (never a row bound to no driver)."""
+    return sa.and_(sa.not_(bound_to_no_driver(version)), sa.or_(version == driver, release == driver))
+
+
 def not_this_driver(version: Any, release: Any, current: str | tuple[str, str]) -> Any:
     """Rows of another driver than ``current``: its CUDA driver version, or (version, release). A
     driver update may keep the version (580.95.05 and 580.159.04 are both 13000), so the release is
-    compared too where both are known; a row whose release is unknown ("") goes by its version."""
+    compared too where both are known; a row whose release is unknown ("") goes by its version. A
+    row bound to no driver is of no other driver either (:func:`bound_to_no_driver`)."""
     v, r = (current, "") if isinstance(current, str) else current
-    if not r:
-        return version != v
-    return sa.or_(version != v, sa.and_(release != r, release != ""))
+    other = version != v if not r else sa.or_(version != v, sa.and_(release != r, release != ""))
+    return sa.and_(sa.not_(bound_to_no_driver(version)), other)
 
 
 def filter_clauses(
@@ -37,6 +49,7 @@ def filter_clauses(
     device: str | None = None,
     driver: str | None = None,
     not_driver: str | tuple[str, str] | None = None,
+    no_driver: bool = False,
     since: dt.datetime | None = None,
     older_than: dt.datetime | None = None,
     no_hit_since: dt.datetime | None = None,
@@ -55,9 +68,11 @@ def filter_clauses(
     if device:
         w.append(problems.c.device_name == device)
     if driver:
-        w.append(sa.or_(problems.c.driver_version == driver, problems.c.driver_release == driver))
+        w.append(this_driver(problems.c.driver_version, problems.c.driver_release, driver))
     if not_driver is not None:
         w.append(not_this_driver(problems.c.driver_version, problems.c.driver_release, not_driver))
+    if no_driver:
+        w.append(bound_to_no_driver(problems.c.driver_version))
     if since:
         w.append(problems.c.updated_at >= since)
     if older_than:

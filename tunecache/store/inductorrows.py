@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from tunecache.model import INDUCTOR_KINDS, INDUCTOR_TARGET_FIELDS, InductorEntry, utcnow
-from tunecache.store.filters import not_this_driver
+from tunecache.store.filters import bound_to_no_driver, not_this_driver, this_driver
 from tunecache.store.schema import inductor_entries
 from tunecache.store.signers import kept_out_by, replaceable_by
 from tunecache.target import hostname
@@ -130,6 +130,7 @@ class InductorRows:
         device: str | None = None,
         driver: str | None = None,
         not_driver: str | tuple[str, str] | None = None,
+        no_driver: bool = False,
         target_digest: str | None = None,
         unused_since: Any = None,
     ) -> list[Any]:
@@ -142,9 +143,11 @@ class InductorRows:
         if device:
             w.append(e.device_name == device)
         if driver:
-            w.append(sa.or_(e.driver_version == driver, e.driver_release == driver))
+            w.append(this_driver(e.driver_version, e.driver_release, driver))
         if not_driver is not None:
             w.append(not_this_driver(e.driver_version, e.driver_release, not_driver))
+        if no_driver:
+            w.append(bound_to_no_driver(e.driver_version))
         if target_digest:
             w.append(e.target_digest == target_digest)
         if unused_since is not None:

@@ -87,7 +87,7 @@ leases = sa.Table(
     sa.Column("holder", sa.String(255), nullable=False),
     sa.Column("host", sa.String(255), nullable=False),
     sa.Column("pid", sa.Integer, nullable=False),
-    sa.Column("expires_at", sa.Double, nullable=False),  # epoch seconds (hosts are NTP-synced)
+    sa.Column("expires_at", sa.Double, nullable=False),  # Unix seconds by the database's clock (dbclock)
 )
 
 misses = sa.Table(

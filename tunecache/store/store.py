@@ -22,7 +22,6 @@ import os
 import re
 import sqlite3
 import threading
-import time
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
@@ -51,7 +50,7 @@ from tunecache.model import (
     problems_from_rows,
     utcnow,
 )
-from tunecache.store import breaker, forkgate
+from tunecache.store import breaker, dbclock, forkgate
 from tunecache.store.binaryrows import BinaryRows
 from tunecache.store.bulk import BulkWriter, bulk_writer
 from tunecache.store.engine import mask_url, scrub, store_error
@@ -326,10 +325,10 @@ class Store(BinaryRows, InductorRows):
 
     def _inserted(self, conn: Connection, table: sa.Table, values: dict[str, Any]) -> bool:
         """Insert unless the key exists; True if this call inserted (rowcount is unreliable on psycopg)."""
-        stmt = self._insert_ignore(table)
+        stmt = self._insert_ignore(table).values(values)  # a value may be a SQL expression (dbclock.now)
         if self.dialect in ("postgresql", "sqlite"):
-            return conn.execute(stmt.returning(*table.primary_key.columns), values).first() is not None
-        return conn.execute(stmt, values).rowcount == 1
+            return conn.execute(stmt.returning(*table.primary_key.columns)).first() is not None
+        return conn.execute(stmt).rowcount == 1
 
     def put(self, problem: Problem, results: Sequence[ConfigResult], *, replace: bool = False) -> Problem:
         """Store a problem and its config rows in one transaction; return what is stored now.
@@ -570,23 +569,26 @@ class Store(BinaryRows, InductorRows):
 
     def try_lease(self, digest: str, holder: str, ttl: float) -> bool:
         """Take the benchmark lease of a digest if it is free, expired, or held by a dead pid of this
-        very process namespace (see :func:`tunecache.store.leases.lease_host`)."""
-        now = time.time()
+        very process namespace (see :func:`tunecache.store.leases.lease_host`). Expiry is the
+        database's clock (:mod:`tunecache.store.dbclock`), never a host's: hosts' clocks may differ."""
         host = lease_host()
+        now = dbclock.now(self.dialect)
         with self._write("lease") as conn:
             values = {"digest": digest, "holder": holder, "host": host, "pid": os.getpid(), "expires_at": now + ttl}
             if self._inserted(conn, leases, values):
                 return True
-            row = conn.execute(sa.select(leases).where(leases.c.digest == digest)).mappings().first()
+            row = conn.execute(self._lease_row(digest)).mappings().first()
             if row is None:
                 return False
             # Its holder's death first: a lease orphaned by a crash may be found only after it expired.
             gone = row["host"] == host and not pid_alive(row["pid"])
-            if not gone and row["expires_at"] >= now:
+            if not gone and row["expires_in"] >= 0:
                 return False
+            # Expired by the database's clock as the takeover is written: a renewal since the read keeps it.
+            still = [] if gone else [leases.c.expires_at < now]
             res = conn.execute(
                 sa.update(leases)
-                .where(leases.c.digest == digest, leases.c.holder == row["holder"])
+                .where(leases.c.digest == digest, leases.c.holder == row["holder"], *still)
                 .values(holder=holder, host=host, pid=os.getpid(), expires_at=now + ttl)
             )
             if res.rowcount == 1:
@@ -599,18 +601,27 @@ class Store(BinaryRows, InductorRows):
                 )
             return res.rowcount == 1
 
+    def _lease_row(self, digest: str) -> sa.Select[Any]:
+        """The lease row of a digest with ``expires_in``: its seconds left by the database's clock."""
+        left = (leases.c.expires_at - dbclock.now(self.dialect)).label("expires_in")
+        return sa.select(leases, left).where(leases.c.digest == digest)
+
     def lease_of(self, digest: str) -> dict[str, Any] | None:
-        """The lease row of a digest (holder, host, pid, expires_at as a Unix time), or None."""
+        """The lease row of a digest (holder, host, pid, expires_at as a Unix time of the database's
+        clock), with ``expires_in``: the seconds it has left by that clock (negative: lapsed). Compare
+        ``expires_in``, never ``expires_at`` with this host's time (see :mod:`tunecache.store.dbclock`)."""
         with self._read("lease") as conn:
-            row = conn.execute(sa.select(leases).where(leases.c.digest == digest)).mappings().first()
+            row = conn.execute(self._lease_row(digest)).mappings().first()
         return None if row is None else dict(row)
 
     def renew_lease(self, digest: str, holder: str, ttl: float) -> bool:
+        """Extend ``holder``'s lease of a digest to ``ttl`` seconds from now by the database's clock;
+        False when it holds it no more (taken over, or released by a put)."""
         with self._write("renew lease") as conn:
             res = conn.execute(
                 sa.update(leases)
                 .where(leases.c.digest == digest, leases.c.holder == holder)
-                .values(expires_at=time.time() + ttl)
+                .values(expires_at=dbclock.now(self.dialect) + ttl)
             )
             return res.rowcount == 1
 
