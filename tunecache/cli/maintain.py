@@ -1,5 +1,5 @@
-"""Commands that change the store's shape or drop its rows: ``db upgrade``/``current``/``grant``
-(schema and roles), ``invalidate`` and ``gc`` (deleting what is stale)."""
+"""Commands that change the store's shape or drop its rows: ``db upgrade``/``current``/``seal``/``grant``
+(schema, the one file of a SQLite store, roles), ``invalidate`` and ``gc`` (deleting what is stale)."""
 
 from __future__ import annotations
 
@@ -72,6 +72,36 @@ def db_current(ctx: click.Context, as_json: bool) -> None:
         json_out({"store": store.masked_url, "revision": rev, "head": head, "is_head": rev == head})
         return
     click.echo(f"{rev or 'none'}{' (head)' if rev == head else f' (head is {head})'}")
+
+
+@db.command("seal")
+@json_option
+@click.pass_context
+def db_seal(ctx: click.Context, as_json: bool) -> None:
+    """SQLite: make the store one whole file, to copy into an image or mark read-only: its
+    write-ahead log folded into it and emptied, waiting for the processes that use it. Every writer
+    does this as the last of them closes; seal makes sure (a writer killed, one still running)."""
+    store = connect(ctx.obj.get("url"), create=False)
+    ctx.call_on_close(store.close)
+    out = store.seal()
+    whole = connect(store.url, readonly=True)  # what the file says now
+    try:
+        n = whole.counts()
+    finally:
+        whole.close()
+    out = {"store": store.masked_url, **out, "problems": n["problems"], "configs": n["configs"]}
+    if as_json:
+        json_out(out)
+        return
+    beside = (
+        ""
+        if out["journal_mode"] == "delete"
+        else f"; its {out['path']}-wal stays, empty, while another process has the store open"
+    )
+    click.echo(
+        f"sealed {out['path']}: {out['problems']} problems ({out['configs']} config rows) in one file of "
+        f"{out['bytes']} bytes, to copy alone{beside}"
+    )
 
 
 @db.command("grant")
