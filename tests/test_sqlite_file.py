@@ -108,6 +108,18 @@ def test_db_seal_makes_the_one_file_whole_while_a_writer_still_has_it_open(write
     assert sorted(os.listdir(path.parent)) == ["store.sqlite3", "store.sqlite3.migrate.lock"]
 
 
+def test_an_export_leaves_the_store_it_read_whole_in_its_one_file(writer, tmp_path, make_readonly):
+    """Any command that opens a writable store folds its log in as it closes: an export (the other
+    way to ship a store as one file) too, while the writer still has it open."""
+    path = _path(writer)
+    r = tc("--url", f"sqlite:///{path}", "export", str(tmp_path / "e.jsonl"))
+    assert r.returncode == 0, r.stderr
+    assert log_bytes(path) == 0
+    ro = open_store(f"sqlite:///{make_readonly([path]) / path.name}", create=False)
+    assert len(ro.find_problems()) == N
+    ro.close()
+
+
 def test_db_seal_refuses_in_one_line_what_it_cannot_seal(tmp_path, pg_url, writer):
     line = one_line_error(tc("--url", f"sqlite:///{tmp_path / 'none.sqlite3'}", "db", "seal"))
     assert "no store" in line, line
