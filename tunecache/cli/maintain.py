@@ -19,7 +19,7 @@ from tunecache.cli.options import (
     store_for,
 )
 from tunecache.cli.output import json_out, problem_summary
-from tunecache.errors import StoreReadOnlyError, TunecacheError
+from tunecache.errors import StoreNotFoundError, StoreReadOnlyError, TunecacheError
 from tunecache.model import Problem, utcnow
 from tunecache.store.opening import connect
 
@@ -81,26 +81,35 @@ def db_seal(ctx: click.Context, as_json: bool) -> None:
     """SQLite: make the store one whole file, to copy into an image or mark read-only: its
     write-ahead log folded into it and emptied, waiting for the processes that use it. Every writer
     does this as the last of them closes; seal makes sure (a writer killed, one still running)."""
+    from tunecache.store.migrate import head_revision
+
     store = connect(ctx.obj.get("url"), create=False)
     ctx.call_on_close(store.close)
-    out = store.seal()
-    whole = connect(store.url, readonly=True)  # what the file says now
-    try:
-        n = whole.counts()
-    finally:
-        whole.close()
-    out = {"store": store.masked_url, **out, "problems": n["problems"], "configs": n["configs"]}
+    revision = store.revision() if store.dialect == "sqlite" else None  # a server's: refused by seal()
+    if store.dialect == "sqlite" and revision is None:
+        raise StoreNotFoundError(f"no store at {store.masked_url}: it has no tunecache schema; nothing was sealed")
+    out: dict[str, Any] = {"store": store.masked_url, "revision": revision, **store.seal()}
+    out["problems"] = out["configs"] = None  # counted at head only: an older schema's tables differ
+    if revision == head_revision():
+        whole = connect(store.url, readonly=True)  # what the file says now
+        try:
+            n = whole.counts()
+        finally:
+            whole.close()
+        out["problems"], out["configs"] = n["problems"], n["configs"]
     if as_json:
         json_out(out)
         return
+    held = f"{out['problems']} problems ({out['configs']} config rows)" if out["problems"] is not None else ""
     beside = (
         ""
         if out["journal_mode"] == "delete"
         else f"; its {out['path']}-wal stays, empty, while another process has the store open"
     )
     click.echo(
-        f"sealed {out['path']}: {out['problems']} problems ({out['configs']} config rows) in one file of "
-        f"{out['bytes']} bytes, to copy alone{beside}"
+        f"sealed {out['path']}: {held + ' in ' if held else ''}one file of {out['bytes']} bytes, to copy alone"
+        + (f" (schema at {revision}: `tunecache db upgrade` brings it to {head_revision()})" if not held else "")
+        + beside
     )
 
 
