@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import shutil
+import sqlite3
 import time
 from pathlib import Path
 
@@ -124,6 +125,14 @@ def test_db_seal_refuses_in_one_line_what_it_cannot_seal(tmp_path, pg_url, write
     line = one_line_error(tc("--url", f"sqlite:///{tmp_path / 'none.sqlite3'}", "db", "seal"))
     assert "no store" in line, line
     assert not (tmp_path / "none.sqlite3").exists()
+    other = tmp_path / "other.sqlite3"  # a SQLite file, not a store: left as it is
+    conn = sqlite3.connect(other)
+    conn.executescript("PRAGMA journal_mode=WAL; CREATE TABLE t(x); INSERT INTO t VALUES (1);")
+    conn.close()
+    before = other.read_bytes()
+    line = one_line_error(tc("--url", f"sqlite:///{other}", "db", "seal"))
+    assert "no tunecache schema" in line and "nothing was sealed" in line, line
+    assert other.read_bytes() == before
     line = one_line_error(tc("--url", pg_url, "db", "seal"))
     assert "not a SQLite file" in line and "export" in line, line
     path = _path(writer)
