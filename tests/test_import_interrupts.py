@@ -104,3 +104,26 @@ def test_ctrl_c_after_the_commit_into_postgresql_reports_what_was_committed(at, 
     assert tc("--url", pg_url, "db", "upgrade").returncode == 0
     _says_it_committed(_import(pg_url, export, at))
     assert _count(pg_url) == N
+
+
+def test_a_settled_scope_keeps_the_commits_hold_and_hands_sigint_back():
+    """In process (as under CliRunner): the commit's hold outlasts its block inside a scope, a
+    SIGINT then is only recorded, and the handler is the default again once the scope ends; outside
+    a scope the hold raises at its end, as before."""
+    import signal
+
+    from tunecache import interrupts
+
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with interrupts.settled() as outcome:
+        assert not outcome.committed
+        with interrupts.held() as hold:
+            hold()  # the commit begins
+        assert outcome.committed and not outcome.interrupted
+        os.kill(os.getpid(), signal.SIGINT)  # after the commit: recorded, not raised
+        assert outcome.interrupted
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with pytest.raises(KeyboardInterrupt), interrupts.held() as hold:
+        hold()
+        os.kill(os.getpid(), signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

@@ -27,12 +27,14 @@ class _Hold:
 
     def __init__(self) -> None:
         self.previous: Any = None
+        self.asked = False  # take() was called: the commit began
         self.taken = False
         self.pending = False
 
     def take(self) -> None:
         """Start recording SIGINT; nothing off the main thread, or where SIGINT is not Python's
-        default handler (a program's own, or a hold already taken)."""
+        default handler (a program's own, ignored, or a hold already taken)."""
+        self.asked = True
         if self.taken or threading.current_thread() is not threading.main_thread():
             return
         if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
@@ -84,7 +86,7 @@ def held() -> Iterator[Callable[[], None]]:
         hold.release()  # no commit to report: a Ctrl-C recorded goes with the error
         raise
     scope = _scopes[-1] if _scopes and threading.current_thread() is threading.main_thread() else None
-    if hold.taken and scope is not None and scope.hold is None:
+    if hold.asked and scope is not None and scope.hold is None:
         scope.hold = hold  # the commit is done: the scope's command says so, whatever comes now
         return
     if hold.release():
@@ -97,10 +99,13 @@ def settled() -> Iterator[Settled]:
     :class:`Settled`; a SIGINT recorded after the commit is only reported by ``interrupted``, and
     one that comes once the command said so is dropped as the scope ends."""
     scope = Settled()
-    _scopes.append(scope)
+    main = threading.current_thread() is threading.main_thread()  # elsewhere no hold is taken
+    if main:
+        _scopes.append(scope)
     try:
         yield scope
     finally:
-        _scopes.remove(scope)
+        if main:
+            _scopes.remove(scope)
         if scope.hold is not None:
             scope.hold.release()
