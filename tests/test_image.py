@@ -1,16 +1,22 @@
-"""Image pre-population: import at build time (no GPU), serve hits from a read-only root filesystem."""
+"""Image pre-population: import at build time (no GPU), serve hits from a read-only root filesystem;
+a store written any way is whole in its one file, so it may be made read-only or copied alone
+(issue 44)."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from builders import fill
 from click.testing import CliRunner
+from realcli import tc
 
 from tunecache.cli import main
 
@@ -94,3 +100,134 @@ def test_warm_command_calls_a_modules_warmup(tmp_path, sqlite_url):
     assert out["buckets"] == 2 and out["stats"]["benchmarks"] > 0
     r = CliRunner().invoke(main, ["--url", sqlite_url, "warm", "no_such_module_xyz"])
     assert r.exit_code == 1 and "cannot import" in r.output
+
+
+# ---- issue 44.1: whole in its one file, however it was written --------------------------------
+
+KEYS = (64, 200)
+# A kernel that a daemon thread still references as the process exits (a serving framework's
+# background loop, a C extension's registry): its store is never garbage-collected, so its SQLite
+# connection was never closed and the rows stayed in the log.
+TUNE = f"""
+    import threading, time, tinykernels
+    k = tinykernels.make_add()
+    threading.Thread(target=lambda k=k: time.sleep(3600), daemon=True).start()
+    for n in {KEYS!r}:
+        tinykernels.launch(k, n)
+"""
+# Pool workers (fork) leave by os._exit: no atexit, no garbage collection.
+POOL = f"""
+    import multiprocessing as mp, tinykernels
+    def tune(n):
+        return str(tinykernels.launch(tinykernels.make_add(), n))
+    with mp.get_context("fork").Pool(2) as pool:
+        print(pool.map(tune, {KEYS!r}))
+"""
+WARM = f"""
+    import threading, time, tinykernels
+    def warmup(progress=None):
+        k = tinykernels.make_add()
+        threading.Thread(target=lambda k=k: time.sleep(3600), daemon=True).start()
+        for n in {KEYS!r}:
+            tinykernels.launch(k, n)
+"""
+# One process serves each read-only form of the store (argv: their URLs), offline.
+SERVE_EACH = f"""
+    import json, sys, tinykernels, tunecache
+    from tunecache.store.opening import open_store
+    out = {{}}
+    for url in sys.argv[1:]:
+        before = tunecache.stats()
+        k = tinykernels.make_add(store=url)
+        for n in {KEYS!r}:
+            tinykernels.launch(k, n)
+        now = tunecache.stats()
+        s = open_store(url, create=False)
+        out[url] = {{k: now[k] - before[k] for k in ("hits", "benchmarks", "store_errors", "offline_fallbacks")}}
+        out[url]["problems"] = len(s.find_problems())
+        s.engine.dispose()
+    print(json.dumps(out))
+"""
+
+
+def _run(code: str, url: str) -> None:
+    r = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env={**os.environ, "TUNECACHE_URL": url},
+        cwd=str(HERE),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
+def _written(way: str, path: Path, tmp_path: Path) -> int:
+    """Write the store at ``path`` the way named, the way's command last; returns the problems it holds."""
+    url = f"sqlite:///{path}"
+    if way == "tuning process":
+        _run(TUNE, url)
+    elif way == "pool worker":
+        _run(POOL, url)
+    elif way == "warm":
+        (tmp_path / "heldwarm.py").write_text(textwrap.dedent(WARM))
+        r = tc("--url", url, "warm", "heldwarm", cwd=tmp_path)
+        assert r.returncode == 0, r.stderr[-3000:]
+    elif way == "import":
+        src = tmp_path / "tuner.sqlite3"
+        _run(TUNE, f"sqlite:///{src}")
+        assert tc("--url", f"sqlite:///{src}", "export", str(tmp_path / "t.jsonl")).returncode == 0
+        r = tc("--url", url, "import", str(tmp_path / "t.jsonl"))
+        assert r.returncode == 0, r.stderr[-3000:]
+    else:  # a command that writes an existing store, after a tuning process left it
+        fill(url, 3)  # problems of another target, to delete
+        cutoff = dt.datetime.now(dt.timezone.utc).isoformat()
+        _run(TUNE, url)
+        args = {
+            "gc": ["gc", "--older-than", cutoff],
+            "invalidate": ["invalidate", "--device", "NVIDIA H200"],
+            "db upgrade": ["db", "upgrade"],
+        }[way]
+        r = tc("--url", url, *args)
+        assert r.returncode == 0, r.stderr[-3000:]
+        return 2 + (3 if way == "db upgrade" else 0)
+    return 2
+
+
+def _read_only_forms(path: Path, tmp_path: Path, make_readonly) -> dict[str, Path]:
+    """The store as an image ships it: its directory copied with the file 444 (a writable
+    directory), or with the directory 555; the main file copied alone, read-only."""
+    forms = {}
+    for form in ("file 444", "directory 555"):
+        d = tmp_path / form.replace(" ", "-")
+        shutil.copytree(path.parent, d, ignore=shutil.ignore_patterns("*.migrate.lock"))
+        (d / path.name).chmod(0o444)
+        if form == "directory 555":
+            d.chmod(0o555)
+        forms[form] = d / path.name
+    forms["main file alone"] = make_readonly([path]) / path.name
+    return forms
+
+
+@pytest.mark.parametrize("way", ["tuning process", "pool worker", "warm", "import", "gc", "invalidate", "db upgrade"])
+def test_a_store_written_any_way_serves_read_only_from_its_one_file(way, tmp_path, make_readonly):
+    store = tmp_path / "built" / "store.sqlite3"
+    store.parent.mkdir()
+    n = _written(way, store, tmp_path)
+    forms = _read_only_forms(store, tmp_path, make_readonly)
+    listed = {f: sorted(os.listdir(p.parent)) for f, p in forms.items()}
+    try:
+        out = child(
+            SERVE_EACH.replace("sys.argv[1:]", repr([f"sqlite:///{p}" for p in forms.values()])),
+            {"TUNECACHE_MODE": "offline"},
+        )
+    finally:
+        (tmp_path / "directory-555").chmod(0o755)
+    for form, p in forms.items():
+        got = out[f"sqlite:///{p}"]
+        assert got == {"hits": 2, "benchmarks": 0, "store_errors": 0, "offline_fallbacks": 0, "problems": n}, (
+            form,
+            got,
+        )
+        assert sorted(os.listdir(p.parent)) == listed[form], form  # nothing written beside it
+    assert sorted(os.listdir(store.parent)) in (["store.sqlite3"], ["store.sqlite3", "store.sqlite3.migrate.lock"])

@@ -69,13 +69,17 @@ def at_end(name: str, fn: Callable[[], None], order: int) -> None:
 
 def last_words() -> None:
     """Run every :func:`at_end` function, in order; one that raises does not stop the others, and
-    none raises (this runs at interpreter exit and inside a signal's handling)."""
+    none raises (this runs at interpreter exit and inside a signal's handling). A Ctrl-C cuts short
+    the one being said (a flush waiting on a slow store), not the others, and prints no traceback:
+    what the process had to say on stdout is said."""
     global _saying
     _saying += 1
     try:
         for _, fn in sorted(_words.values(), key=lambda w: w[0]):
             try:
                 fn()
+            except KeyboardInterrupt:  # Ctrl-C as the process ends: this word is cut short, quietly
+                log.debug("tunecache: %r at process end interrupted", fn)
             except Exception:  # noqa: BLE001 - never fail an exit
                 log.debug("tunecache: %r at process end failed", fn, exc_info=True)
     finally:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 import click
 import orjson
 
+from tunecache import interrupts
 from tunecache.cli.options import (
     AGE,
     AGE_HELP,
@@ -173,6 +174,9 @@ def import_cmd(
     """
     from tunecache.exchange import import_
 
+    # First, so that it ends last (after the store's close): from the commit on, a Ctrl-C is
+    # recorded, not raised, and the command reports what was committed (tunecache.interrupts).
+    outcome = ctx.with_resource(interrupts.settled())
     created: list[Store] = []
 
     def create() -> Store:
@@ -198,25 +202,30 @@ def import_cmd(
                 with_inductor=inductor,
                 trust_unsigned=trust_unsigned,
             )
-    except InterruptedAfterCommit:
-        raise
-    except BaseException as e:  # before the commit, its one transaction rolled back on the way out
-        if created:  # and a store made for it goes too
+    except BaseException as e:
+        if outcome.committed:  # what was committed stays, and is not said to be undone
+            raise
+        # before the commit: its one transaction rolled back on the way out, and a store made for it goes too
+        if created:
             remove_new_store(created[0])
         if isinstance(e, KeyboardInterrupt):
             raise KeyboardInterrupt("nothing imported") from None
         raise
     if as_json:
         json_out(s.as_dict())
-        return
-    click.echo(
-        f"{'dry run, nothing written: ' if dry_run else ''}{s.problems} problems ({s.configs} config rows): "
-        f"{s.new} new, {s.updated} updated, {s.skipped} skipped, {s.conflicts} conflicts"
-        + (f"; {s.launch_specs} launch specs, {s.launch_specs_new} added" if s.launch_specs else "")
-        + (f"; {s.binaries} binaries, {s.binaries_new} added" if s.binaries else "")
-        + (f"; {s.inductor_entries} torch.compile entries, {s.inductor_new} added" if s.inductor_entries else "")
-        + (f"; signed by key {s.signed_by}" if s.signed_by else "")
-    )
+    else:
+        click.echo(
+            f"{'dry run, nothing written: ' if dry_run else ''}{s.problems} problems ({s.configs} config rows): "
+            f"{s.new} new, {s.updated} updated, {s.skipped} skipped, {s.conflicts} conflicts"
+            + (f"; {s.launch_specs} launch specs, {s.launch_specs_new} added" if s.launch_specs else "")
+            + (f"; {s.binaries} binaries, {s.binaries_new} added" if s.binaries else "")
+            + (f"; {s.inductor_entries} torch.compile entries, {s.inductor_new} added" if s.inductor_entries else "")
+            + (f"; signed by key {s.signed_by}" if s.signed_by else "")
+        )
+    with contextlib.suppress(OSError, ValueError):
+        sys.stdout.flush()  # said, whatever ends the process now
+    if outcome.interrupted:
+        raise InterruptedAfterCommit(f"after the import committed: {s.in_store()}")
 
 
 @click.command(params=[url_option(hidden=True)])  # it opens no store

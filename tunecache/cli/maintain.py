@@ -1,5 +1,5 @@
-"""Commands that change the store's shape or drop its rows: ``db upgrade``/``current``/``grant``
-(schema and roles), ``invalidate`` and ``gc`` (deleting what is stale)."""
+"""Commands that change the store's shape or drop its rows: ``db upgrade``/``current``/``seal``/``grant``
+(schema, the one file of a SQLite store, roles), ``invalidate`` and ``gc`` (deleting what is stale)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from tunecache.cli.options import (
     store_for,
 )
 from tunecache.cli.output import json_out, problem_summary
-from tunecache.errors import StoreReadOnlyError, TunecacheError
+from tunecache.errors import StoreNotFoundError, StoreReadOnlyError, TunecacheError
 from tunecache.model import Problem, utcnow
 from tunecache.store.opening import connect
 
@@ -72,6 +72,45 @@ def db_current(ctx: click.Context, as_json: bool) -> None:
         json_out({"store": store.masked_url, "revision": rev, "head": head, "is_head": rev == head})
         return
     click.echo(f"{rev or 'none'}{' (head)' if rev == head else f' (head is {head})'}")
+
+
+@db.command("seal")
+@json_option
+@click.pass_context
+def db_seal(ctx: click.Context, as_json: bool) -> None:
+    """SQLite: make the store one whole file, to copy into an image or mark read-only: its
+    write-ahead log folded into it and emptied, waiting for the processes that use it. Every writer
+    does this as the last of them closes; seal makes sure (a writer killed, one still running)."""
+    from tunecache.store.migrate import head_revision
+
+    store = connect(ctx.obj.get("url"), create=False)
+    ctx.call_on_close(store.close)
+    revision = store.revision() if store.dialect == "sqlite" else None  # a server's: refused by seal()
+    if store.dialect == "sqlite" and revision is None:
+        raise StoreNotFoundError(f"no store at {store.masked_url}: it has no tunecache schema; nothing was sealed")
+    out: dict[str, Any] = {"store": store.masked_url, "revision": revision, **store.seal()}
+    out["problems"] = out["configs"] = None  # counted at head only: an older schema's tables differ
+    if revision == head_revision():
+        whole = connect(store.url, readonly=True)  # what the file says now
+        try:
+            n = whole.counts()
+        finally:
+            whole.close()
+        out["problems"], out["configs"] = n["problems"], n["configs"]
+    if as_json:
+        json_out(out)
+        return
+    held = f"{out['problems']} problems ({out['configs']} config rows)" if out["problems"] is not None else ""
+    beside = (
+        ""
+        if out["journal_mode"] == "delete"
+        else f"; its {out['path']}-wal stays, empty, while another process has the store open"
+    )
+    click.echo(
+        f"sealed {out['path']}: {held + ' in ' if held else ''}one file of {out['bytes']} bytes, to copy alone"
+        + (f" (schema at {revision}: `tunecache db upgrade` brings it to {head_revision()})" if not held else "")
+        + beside
+    )
 
 
 @db.command("grant")

@@ -78,6 +78,13 @@ class ImportSummary:
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def in_store(self) -> str:
+        """What a committed import put in the store, in the words of the CLI's summary line."""
+        return (
+            f"{self.problems} problems ({self.configs} config rows): {self.new} new, {self.updated} updated, "
+            f"{self.skipped} skipped, {self.conflicts} conflicts are in the store"
+        )
+
 
 def import_(
     store: Store | Callable[[], Store] | None,
@@ -165,7 +172,7 @@ def import_(
                     t_commit = time.perf_counter()
             except KeyboardInterrupt:
                 if writer is not None and writer.committed:  # Ctrl-C as the connection closed: it is in
-                    raise InterruptedAfterCommit(f"after the import committed: {_said(summary)}") from None
+                    raise InterruptedAfterCommit(f"after the import committed: {summary.in_store()}") from None
                 raise
             log.debug("tunecache: import committed in %.2fs", time.perf_counter() - t_commit)
     summary.seconds = round(time.perf_counter() - t0, 3)
@@ -209,14 +216,6 @@ def _write_all(
         add_ind = partial(store.add_inductor, conn, replace=on_conflict == "replace")
     summary.launch_specs_new, summary.binaries_new, summary.inductor_new = _apply(
         conn, writer, reader, gz, max_line_bytes, scan, write, delete, add_specs, add_bins, progress, add_ind
-    )
-
-
-def _said(s: ImportSummary) -> str:
-    """What a committed import put in the store, in the words of the CLI's summary line."""
-    return (
-        f"{s.problems} problems ({s.configs} config rows): {s.new} new, {s.updated} updated, {s.skipped} skipped, "
-        f"{s.conflicts} conflicts are in the store"
     )
 
 

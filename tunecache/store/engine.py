@@ -37,6 +37,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 
 from tunecache import settings
 from tunecache.errors import StoreError, StoreNotFoundError, StoreReadOnlyError, driver_message
+from tunecache.store.sqlitefile import readonly_connect
 
 # --------------------------------------------------------------------------------------------
 # URLs and errors
@@ -175,10 +176,9 @@ def make_engine(u: URL, readonly: bool) -> Engine:
         path = sqlite_path(u)
         busy_ms = settings.get("TUNECACHE_SQLITE_BUSY_MS")
         if readonly and path is not None:
-            uri = f"file:{path}?mode=ro&immutable=1"
             engine = sa.create_engine(
                 "sqlite://",
-                creator=lambda: sqlite3.connect(uri, uri=True, check_same_thread=False),
+                creator=lambda: readonly_connect(path),  # its rows in the log too (sqlitefile)
                 poolclass=sa.pool.StaticPool,
             )
         else:

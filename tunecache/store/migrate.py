@@ -23,6 +23,7 @@ from tunecache import forks
 from tunecache.errors import SchemaError
 from tunecache.store.engine import sqlite_path
 from tunecache.store.schema import SCHEMA_HEAD, SCHEMA_REVISIONS
+from tunecache.store.sqlitefile import missing_log_hint
 
 
 class Migratable(Protocol):
@@ -89,7 +90,9 @@ def check_schema(store: Migratable, migrate: bool) -> None:
         )
     if not migrate or store.readonly:
         if current is None and store.readonly:
-            raise SchemaError(f"store {store.masked_url} is read-only and has no tunecache schema")
+            path = sqlite_path(store.url) if store.dialect == "sqlite" else None
+            hint = missing_log_hint(path) if path is not None else ""
+            raise SchemaError(f"store {store.masked_url} is read-only and has no tunecache schema{hint}")
         if store.readonly:
             raise SchemaError(
                 f"read-only store {store.masked_url} is at revision {current}; head is "

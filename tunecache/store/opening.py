@@ -20,6 +20,7 @@ from tunecache.errors import StoreError, StoreNotFoundError
 from tunecache.store import breaker
 from tunecache.store.engine import make_engine, mask_url, resolve_url, sqlite_path, sqlite_writable
 from tunecache.store.migrate import check_schema
+from tunecache.store.sqlitefile import missing_log_hint
 from tunecache.store.store import Store
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"  # the first bytes of every SQLite database file
@@ -135,8 +136,11 @@ def open_store(
         if readonly is None and store.dialect == "postgresql" and store.select_only():
             store.readonly = True  # a reader role (tunecache db grant --reader): never attempt a write
         if not create and store.revision() is None:
+            path = sqlite_path(store.url) if store.dialect == "sqlite" else None
+            hint = missing_log_hint(path) if path is not None and store.readonly else ""
             raise StoreNotFoundError(
-                f"no store at {store.masked_url}: it has no tunecache schema; run `tunecache db upgrade` to create one"
+                f"no store at {store.masked_url}: it has no tunecache schema"
+                + (hint or "; run `tunecache db upgrade` to create one")
             )
         check_schema(store, migrate=migrate)
     except BaseException:

@@ -9,9 +9,11 @@ compiled binaries and of torch.compile's cache entries, :mod:`tunecache.store.bi
 :mod:`tunecache.store.inductorrows`.
 
 A store whose file or directory is not writable (an image with a read-only root filesystem) is
-opened with ``mode=ro&immutable=1``: no lock files, no WAL, no writes; every write raises
-:class:`StoreReadOnlyError`, which the autotuner treats as "store unavailable for writing".
-Writers checkpoint the WAL into the main file when they close, so a copied or baked file is whole.
+opened read-only (:func:`tunecache.store.sqlitefile.readonly_connect`): no lock files, no writes;
+every write raises :class:`StoreReadOnlyError`, which the autotuner treats as "store unavailable
+for writing". Every process closes its writable SQLite stores as it ends, and the last one to
+close a file folds its log into it, so a copied or baked file is whole
+(:mod:`tunecache.store.sqlitefile`).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from tunecache import counters, forks, interrupts, trust
+from tunecache import counters, forks, interrupts, processend, settings, trust
 from tunecache.configidentity import search_space_hash
 from tunecache.errors import StoreError, StoreReadOnlyError, driver_message
 from tunecache.model import (
@@ -53,7 +55,7 @@ from tunecache.model import (
 from tunecache.store import breaker, dbclock, forkgate
 from tunecache.store.binaryrows import BinaryRows
 from tunecache.store.bulk import BulkWriter, bulk_writer
-from tunecache.store.engine import mask_url, scrub, store_error
+from tunecache.store.engine import mask_url, scrub, sqlite_path, store_error
 from tunecache.store.filters import filter_clauses
 from tunecache.store.inductorrows import InductorRows
 from tunecache.store.leases import lease_host, pid_alive
@@ -74,6 +76,7 @@ from tunecache.store.schema import (
     misses,
     problems,
 )
+from tunecache.store.sqlitefile import fold_log, seal
 from tunecache.target import hostname
 
 log = logging.getLogger("tunecache")
@@ -108,11 +111,31 @@ class Store(BinaryRows, InductorRows):
         return f"Store({self.masked_url}{', read-only' if self.readonly else ''})"
 
     def close(self) -> None:
-        """Checkpoint SQLite's WAL into the main file (so the file can be copied) and dispose."""
-        if self.dialect == "sqlite" and not self.readonly:
-            with contextlib.suppress(SQLAlchemyError), self.engine.connect() as conn:
-                conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+        """Close this store's connections. A writable SQLite file then holds every row in its main
+        file, unless another process still uses it (whose close will): SQLite folds the log into
+        it as the last connection closes, and :func:`~tunecache.store.sqlitefile.fold_log` does
+        what it can without waiting where this process could not close one. Never raises."""
         self.engine.dispose()
+        path = sqlite_path(self.url) if self.dialect == "sqlite" and not self.readonly else None
+        if path is not None:
+            fold_log(path)
+
+    def seal(self) -> dict[str, Any]:
+        """SQLite: fold the whole log into the main file, waiting (up to the busy timeout) for the
+        processes that use it, so that the one file can be copied: ``tunecache db seal``."""
+        path = sqlite_path(self.url) if self.dialect == "sqlite" else None
+        if path is None:
+            raise StoreError(
+                f"store {self.masked_url} is not a SQLite file: there is no file to seal "
+                "(`tunecache export` writes a server's rows to one file)"
+            )
+        if self.readonly:
+            raise StoreReadOnlyError(
+                f"store {self.masked_url} is read-only here: run `tunecache db seal` where it is writable"
+            )
+        self.engine.dispose()  # this process's own connections closed first
+        with self._guard("sealing"):
+            return seal(path, settings.get("TUNECACHE_SQLITE_BUSY_MS"))
 
     def __enter__(self) -> Store:
         return self
@@ -144,6 +167,8 @@ class Store(BinaryRows, InductorRows):
         if self.readonly:
             raise StoreReadOnlyError(f"{what}: store {self.masked_url} is opened read-only")
         gate = forkgate.writing() if self.dialect == "sqlite" else contextlib.nullcontext()
+        if self.dialect == "sqlite":
+            processend.arm()  # a multiprocessing child closes it too as it ends (_close_at_end)
         self._names = None  # this process may store a problem of a kernel it has not stored before
         with gate, self._guard(what), self._connect() as conn:
             conn.execution_options(tunecache_write=True)
@@ -648,6 +673,22 @@ def _after_fork_in_child() -> None:
 
 
 forks.register(__name__, _after_fork_in_child)
+
+
+def _close_at_end() -> None:
+    """As the process ends, however it ends: close every writable SQLite store it opened, so that
+    the last process to close one leaves every row in its main file (:mod:`tunecache.store.sqlitefile`).
+    A process that leaves by ``os._exit`` (a multiprocessing child), or whose store a daemon thread
+    still references, never closed its connections, and its rows stayed in the log."""
+    for s in list(_live_stores):
+        if s.dialect == "sqlite" and not s.readonly:
+            try:
+                s.close()
+            except Exception:  # noqa: BLE001 - never fail an exit
+                log.debug("tunecache: closing %s at process end failed", s.masked_url, exc_info=True)
+
+
+processend.at_end(__name__, _close_at_end, order=2)  # after the final flush, the last write
 
 
 # Kept for callers that want a copy of a problem with other fields.
