@@ -177,3 +177,19 @@ def roles(pg_url):
                 c.exec_driver_sql(f'DROP OWNED BY "{r}"')
                 c.exec_driver_sql(f'DROP ROLE "{r}"')
     admin.dispose()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    """Print each test's ``("summary", line)`` user property (what a generated test covered, e.g. the
+    hit path's differential test): one line each, also from xdist workers (properties travel with
+    their reports)."""
+    lines = [
+        value
+        for reports in terminalreporter.stats.values()
+        for report in reports
+        if getattr(report, "when", None) == "call"
+        for name, value in getattr(report, "user_properties", ())
+        if name == "summary"
+    ]
+    for line in lines:
+        terminalreporter.write_line(line)

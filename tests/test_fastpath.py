@@ -513,3 +513,141 @@ def test_kernel_grid_follows_the_shape_it_keeps_handing_on():
         path, args, kwargs = spy.last
         user = {n: v for n, v in kwargs.items() if n in k.arg_names and n not in CONFIGS[0].kwargs}
         assert path == "fast" and k.best_config is k.cache[triton_key(k, args, user)]
+
+
+def _each_way(monkeypatch, make, calls):
+    """Run ``calls`` (functions of a kernel) on a kernel from ``make()`` through Triton's run
+    (``TUNECACHE_FAST_LAUNCH=0``), then on another through the hit path: per path, what each call
+    returned or raised (type and message) with OUT after it, and how many launches the hit path served
+    (seen from inside ``JITFunction.run``, patched on its class so the kernel's run stays Triton's)."""
+    served = []
+    cls = type(triton.jit(_axpy))
+    if "run" in vars(cls):
+        inner = cls.run
+
+        def recording(self, *args, **kwargs):
+            served.append(kernel.nargs is None)  # Triton's run sets nargs before it launches
+            return inner(self, *args, **kwargs)
+
+        monkeypatch.setattr(cls, "run", recording)
+    outcomes = []
+    for fast in ("0", "1"):
+        monkeypatch.setenv("TUNECACHE_FAST_LAUNCH", fast)
+        kernel, seen = make(), []
+        served.clear()
+        for call in calls:
+            OUT.zero_()
+            try:
+                outcome = ("returned", call(kernel))
+            except Exception as e:  # noqa: BLE001 - compared
+                outcome = ("raised", type(e).__name__, str(e))
+            seen.append((outcome, OUT.tolist()))
+        outcomes.append(seen)
+    return outcomes[0], outcomes[1], sum(served)
+
+
+@pytest.mark.parametrize("late", [False, True], ids=["added first", "added after the first launch"])
+def test_a_pre_run_hook_reads_the_calls_keywords_by_name_on_a_hit_as_on_tritons_path(late, monkeypatch):
+    """Issue 43: a hook added with ``add_pre_run_hook`` gets the launch's own positional and keyword
+    arguments; on a hit it got keywords by position (KeyError on every hit)."""
+    if not hasattr(triton.jit(_axpy), "add_pre_run_hook"):
+        pytest.skip("Triton 3.4's interpreter has no pre-run hooks")
+    seen = []
+
+    def hook(*args, **kwargs):
+        seen.append((len(args), kwargs["N"], sorted(kwargs)))
+
+    def make():
+        fn = triton.jit(_axpy)
+        if not late:
+            fn.add_pre_run_hook(hook)
+        return tunecache.autotune(configs=CONFIGS, key=["N", "alpha"])(fn)
+
+    def later(k):
+        k.fn.add_pre_run_hook(hook)
+
+    calls = [lambda k: k[grid](X32, Y32, OUT, N=N), lambda k: k[grid](x=X32, y=Y32, out=OUT, N=N, alpha=2.0)] * 3
+    if late:
+        calls.insert(2, later)
+    triton_path, hit_path, served = _each_way(monkeypatch, make, calls)
+    assert hit_path == triton_path
+    assert all(o[0][0] == "returned" for o in hit_path), hit_path
+    assert served >= 3 and len(seen) >= 2 * served  # hits, with the hook on both paths
+
+
+def test_a_heuristic_wins_over_the_value_the_caller_passes_on_a_hit_as_on_tritons_path(monkeypatch):
+    """Issue 43: ``triton.heuristics`` under the autotuner sets its value over the caller's; on a hit
+    the caller's value went by position and the heuristic's by name (TypeError on every hit)."""
+
+    def make():
+        fn = triton.heuristics({"SCALE": lambda a: 2})(triton.jit(_axpy))
+        return tunecache.autotune(configs=CONFIGS, key=["N"])(fn)
+
+    calls = [lambda k: k[grid](X32, Y32, OUT, N, alpha=1.0, SCALE=3), lambda k: k[grid](X32, Y32, OUT, N, SCALE=3)] * 3
+    triton_path, hit_path, served = _each_way(monkeypatch, make, calls)
+    assert hit_path == triton_path
+    want = ((X32 + Y32) * 2).tolist()
+    assert all(o == (("returned", None), want) for o in hit_path), hit_path
+    assert served >= 3 or "run" not in vars(type(triton.jit(_axpy)))
+
+
+def test_a_miss_whose_launch_fails_is_launched_once_as_by_tritons_run():
+    """A miss goes to Triton's run; when its launch raised, the hit path called Triton's run a
+    second time (found by tests/test_hitpath_differential.py): the kernel ran twice."""
+    k = axpy()
+    k[grid](X32, Y32, OUT, N), k[grid](X32, Y32, OUT, N)  # the call shape's launcher is learnt
+    spy = Spy(k, fail=True)
+    with pytest.raises(RuntimeError, match="launch failed"):
+        k[grid](X32, Y32, OUT, N - 1)  # a miss: every config benchmarked (each fails), one launch
+    assert [c[0] for c in spy.calls] == ["triton"] * (len(CONFIGS) + 1)
+
+
+def test_a_keyword_a_config_also_sets_fails_on_a_hit_as_on_tritons_path(monkeypatch):
+    """A config that sets a constexpr the caller passes as well: Triton's run fails the launch
+    (``got multiple values for keyword argument``); the hit path must fail it alike, not bind the
+    caller's value by position and fail it otherwise."""
+    configs = [triton.Config({"BLOCK": 16}, num_warps=1), triton.Config({"BLOCK": 32, "SCALE": 2}, num_warps=2)]
+    key = (N, "torch.float32", "torch.float32", "torch.float32")
+
+    def make():
+        return axpy(key=("N",), configs=configs)
+
+    def prefer(k):  # a library's own choice (or another process's): the config that sets SCALE
+        k.cache[key] = configs[1]
+
+    calls = [
+        lambda k: k[grid](X32, Y32, OUT, N, alpha=1.0, SCALE=3),
+        lambda k: k[grid](X32, Y32, OUT, N, alpha=1.0, SCALE=3),
+        prefer,
+        lambda k: k[grid](X32, Y32, OUT, N, alpha=1.0),  # launched by Triton's run, then bound
+        lambda k: k[grid](X32, Y32, OUT, N, alpha=1.0),
+        lambda k: k[grid](X32, Y32, OUT, N, alpha=1.0, SCALE=3),
+    ]
+    triton_path, hit_path, _ = _each_way(monkeypatch, make, calls)
+    assert hit_path == triton_path
+    assert triton_path[-1][0][:2] == ("raised", "TypeError")
+
+
+def test_a_launch_keyword_given_to_kernel_grid_fails_as_by_tritons_launcher(monkeypatch):
+    """``kernel[grid](..., warmup=True)`` gives a launch keyword twice: Triton's launcher fails it
+    (``run() got multiple values for keyword argument``); the hit path's entry handed it to Triton's
+    run, which failed it under another name (found by tests/test_hitpath_differential.py)."""
+    calls = [lambda k: k[grid](X32, Y32, OUT, N)] * 2 + [lambda k: k[grid](X32, Y32, OUT, N, warmup=True)] * 2
+    calls += [lambda k: k[grid](X32, Y32, OUT, N=N, grid=grid)]
+    triton_path, hit_path, _ = _each_way(monkeypatch, axpy, calls)
+    assert hit_path == triton_path
+    assert all(o[0][:2] == ("raised", "TypeError") for o in triton_path[2:])
+
+
+def test_keywords_go_by_position_only_where_nothing_can_tell():
+    """The launcher's positional launch is generated only for the kernel's next parameters, none of
+    them a keyword ``JITFunction.run`` sets itself, and taken only while the kernel has no pre-run
+    hooks; a ``Heuristics`` or a ``run`` of the instance's own gets keywords as passed."""
+    by_position = fastpath.launcher_source(["x", "N", "BLOCK"], ["N"], 1, ["N"], [True, False], positional=True)
+    assert "if HOOKS:" in by_position and "self.fn.run(a0, w0," in by_position and "TBOUND" in by_position
+    for names, kwnames in ((["x", "debug", "BLOCK"], ["debug"]), (["x", "N", "M"], ["M"])):  # run sets it; a gap
+        src = fastpath.launcher_source(names, [], 1, kwnames, [True, False], positional=True)
+        assert "HOOKS" not in src and "**kwargs, **bound)" in src
+    fn = triton.jit(_axpy)
+    assert fastpath.binds_alike(fn) == ("run" not in vars(fn))  # Triton 3.4's interpreter: a run of its own
+    assert not fastpath.binds_alike(triton.heuristics({"SCALE": lambda a: 2})(fn))

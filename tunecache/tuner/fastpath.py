@@ -18,7 +18,13 @@ order: Triton's key puts the dtypes of keyword arguments in the caller's order),
   Triton, tunecache or a library, is seen at the next launch), and one of the winner's launch
   keywords (``all_kwargs()``, bound once per config, not merged per call);
 * ``best_config`` set and ``nargs`` left ``None`` as Triton leaves them after a launch, then
-  ``JITFunction.run`` (or the wrapper's ``run``) with exactly the arguments Triton passes.
+  ``JITFunction.run`` (or the wrapper's ``run``) with exactly the arguments Triton passes, each
+  under its name (keywords that are the kernel's next parameters by position, where nothing can
+  tell: see the end).
+
+That this is Triton's path is proven by difference: ``tests/test_hitpath_differential.py`` drives the
+same kernels through Triton's run and through this path over a generated space of call forms, and
+what reaches ``JITFunction.run``, what hooks see, results and exceptions must be identical.
 
 Two entries reach the launchers: ``kernel[grid](...)`` (``__getitem__`` returns a call shape's
 *entry*, the launcher itself bound to the kernel and the grid, so nothing stands between the call
@@ -38,11 +44,14 @@ change: a miss; a config with a ``pre_hook``; a kernel with ``pre_hook``/``post_
 ``reset_to_zero``/``restore_value`` or prune functions (``early_config_prune``, ``perf_model``);
 one config (Triton uses it without a key); a call shape the generated function cannot serve
 (more positional arguments than the kernel has, an argument given both ways, a key value that
-cannot be hashed); ``TUNECACHE_FAST_LAUNCH=0``. A launch that raises is handed to the stored-winner
-recovery as Triton's path hands it (``nargs`` set as Triton leaves it after a failed launch). No
-I/O, hashing of sources or logging happens here; the only per-call state read is the instance's
-``cache``, ``configs`` and ``fn``. A launcher is generated Python: its only identifiers are
-generated names; argument names appear in it as string literals, so no user text is executed as code.
+cannot be hashed, ``grid`` or ``warmup`` given to ``kernel[grid]`` as well: Triton's launcher fails
+it); a winner that sets a keyword the call passes by position (Triton's run fails the launch);
+``TUNECACHE_FAST_LAUNCH=0``. A launch that raises is handed to the stored-winner recovery as
+Triton's path hands it (``nargs`` set as Triton leaves it after a failed launch); a launch of
+Triton's run that raises is never made a second time. No I/O, hashing of sources or logging happens
+here; the only per-call state read is the instance's ``cache``, ``configs`` and ``fn`` (and the
+kernel's list of pre-run hooks). A launcher is generated Python: its only identifiers are generated
+names; argument names appear in it as string literals, so no user text is executed as code.
 
 A CUDA graph capture needs no check here. On a hit, Triton's run under a capture does exactly what
 this path does (one launch of the winner, recorded into the graph); what must never happen inside a
@@ -56,11 +65,20 @@ call left (Triton's run sets it to this call's dict, then back to ``None``); a c
 ``all_kwargs()`` is read once, after Triton's run first launched it (a config that path has not
 launched yet goes through it once), so a ``Config`` edited in place after that is not seen (a new
 ``Config`` object is); ``run`` hands Triton's run ``grid`` and ``warmup`` ahead of the other
-keywords, where Triton's own launcher puts them (a call without them goes to Triton's run as made);
-a launch whose keyword arguments are the kernel's next parameters (``k(x=x, y=y, N=n)``, as fla
-launches) hands them to ``JITFunction.run`` (or a ``Heuristics``' run) positionally, in the kernel's
-order, which both bind exactly as keywords (a merged dict less per launch); a ``fn`` whose class has
-a ``run`` of its own gets them as passed.
+keywords, where Triton's own launcher puts them (a call without them goes to Triton's run as made;
+only the functions of a ``Heuristics`` under the tuner see that order: their dict holds both).
+
+Not a difference: a launch whose keyword arguments are the kernel's next parameters (``k(x=x, y=y,
+N=n)``, as fla launches) hands them to ``JITFunction.run`` positionally, in the kernel's order (a
+merged dict less per launch, and Triton's binder binds positions faster than names), where nothing
+can tell: ``fn`` is Triton's own ``JITFunction`` or the interpreter's (:func:`binds_alike`), which
+binds both alike; the kernel has no pre-run hooks at that launch (``add_pre_run_hook``: they get
+the call's own positional and keyword arguments, so a launch with hooks passes them as made; the
+launchers read the list Triton keeps, a list put in its place later is not seen); the winner sets
+none of them (a per-shape ``<t>BOUND``: Triton's run fails such a launch, as Triton does); none is a
+keyword ``JITFunction.run`` sets itself (:data:`RUN_SETS`). Under a ``Heuristics`` (its functions
+see the dict of the arguments, and the value it sets may be one the caller passed) or a ``fn`` whose
+class has a ``run`` of its own, they are passed as made.
 """
 
 from __future__ import annotations
@@ -71,7 +89,7 @@ import types
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from triton.runtime.autotuner import Autotuner, Heuristics
+from triton.runtime.autotuner import Autotuner
 from triton.runtime.jit import JITFunction
 
 from tunecache import settings
@@ -149,24 +167,31 @@ class LaunchPlan:
     the bound keywords are read at each launch."""
 
     __slots__ = (
-        "arg_names", "keys", "name", "positional", "shapes", "bound", "held", "ns", "made", "attrs", "entry",
-        "entries", "handed",
+        "arg_names", "keys", "name", "positional", "shapes", "bound", "by_position", "held", "ns", "made", "attrs",
+        "entry", "entries", "handed",
     )  # fmt: skip
 
-    def __init__(self, arg_names: Sequence[str], keys: Sequence[str], name: str, positional: bool = False) -> None:
+    def __init__(self, arg_names: Sequence[str], keys: Sequence[str], name: str, hooks: list | None = None) -> None:
         facts = torch_facts()
         self.arg_names = tuple(arg_names)
         self.keys = tuple(keys)
         self.name = name
-        self.positional = positional  # the kernel's run binds positional and keyword arguments alike
+        #: The kernel's run binds positional and keyword arguments alike, and ``hooks`` is its list of
+        #: pre-run hooks (:func:`binds_alike`): launchers read it at each launch.
+        self.positional = hooks is not None
         self.shapes: dict[int | tuple, Launcher | None] = {}
         self.bound: dict[int, dict[str, Any]] = {}
+        #: Per call shape launched by position (``<t>BOUND``): its keyword names, and the bound configs
+        #: that set none of them (one that does goes to Triton's run, which fails it as Triton does).
+        self.by_position: list[tuple[frozenset[str], dict[int, dict[str, Any]]]] = []
         self.held: list[Any] = []  # the bound configs: alive while their ids key ``bound``
         self.ns: dict[str, Any] = {
             "M": _MISSING,
             "DN": facts.dtype_names,
             "BOUND": self.bound,
             "MISS": _through_triton,
+            "HOOKS": () if hooks is None else hooks,
+            "NO_CACHE": types.MappingProxyType({}),
             "BASE_RUN": _BASE_RUN,
             "DISPATCH": _dispatch,
         }
@@ -208,6 +233,10 @@ class LaunchPlan:
             return
         src += "\n\n" + launcher_source(*how, positional=self.positional, entry=True)  # type: ignore[operator]
         self.ns.update({f"{t}{i}": type(v) for i, v in enumerate(values)}, **{f"{t}names": tuple(kwargs)})
+        if self.positional and kwargs and _in_kernel_order(self.arg_names, len(args), list(kwargs)):
+            names = frozenset(kwargs)
+            self.ns[f"{t}BOUND"] = fits = {i: kw for i, kw in self.bound.items() if names.isdisjoint(kw)}
+            self.by_position.append((names, fits))
         made: dict[str, Any] = {}
         exec(compile(src, f"<tunecache launcher of {self.name}>", "exec"), self.ns, made)  # noqa: S102 - generated, no user text as code
         self.shapes[shape] = made["launch"]
@@ -222,8 +251,11 @@ class LaunchPlan:
         if config is None or config.pre_hook is not None or len(self.bound) >= MAX_BOUND:
             return
         if id(config) not in self.bound:
-            self.bound[id(config)] = config.all_kwargs()
+            self.bound[id(config)] = kw = config.all_kwargs()
             self.held.append(config)
+            for names, fits in self.by_position:
+                if names.isdisjoint(kw):
+                    fits[id(config)] = kw
 
 
 def _key_parts(
@@ -354,18 +386,22 @@ def launcher_source(
     >>> print(launcher_source(["x", "N", "BLOCK"], ["N"], 0, ["N", "x"], [False, True], positional=True))
     ... # doctest: +ELLIPSIS
     def launch(self, grid, warmup, args, kwargs):
+    ...
         w0 = kwargs['N']
         w1 = kwargs['x']
     ...
-            ret = self.fn.run(w1, w0, grid=grid, warmup=warmup, **bound)
+            if HOOKS:  # pre-run hooks see the call's own positional and keyword arguments
+                ret = self.fn.run(*args, grid=grid, warmup=warmup, **kwargs, **bound)
+            else:
+                ret = self.fn.run(w1, w0, grid=grid, warmup=warmup, **bound)
     ...
 
     ``entry``: the shape's ``enter(bound_to, *args, **kwargs)`` instead, what ``kernel[grid]`` returns
     (bound to ``(tuner, grid)``) where this is the kernel's entry shape (:attr:`LaunchPlan.entry`):
-    the same launcher with no frame between it and the caller. A call of another shape, or of a
-    kernel left with one config, goes to ``DISPATCH`` with the call's own ``args`` and ``kwargs``
-    (the shape's launcher, or Triton's run). The shape's keyword names are the global ``<t>names``,
-    never written into the source.
+    the same launcher with no frame between it and the caller (``warmup`` is ``False`` there). A call
+    of another shape goes to ``DISPATCH`` with the call's own ``args`` and ``kwargs`` (the shape's
+    launcher, or Triton's run). The shape's keyword names are the global ``<t>names``, never written
+    into the source.
 
     >>> print(launcher_source(["x", "N", "BLOCK"], ["N"], 2, [], [True, False], entry=True))
     ... # doctest: +ELLIPSIS
@@ -373,13 +409,15 @@ def launcher_source(
         if kwargs or len(args) != 2:
             return DISPATCH(bound_to, args, kwargs)
         self, grid = bound_to
-        if len(self.configs) < 2:
-            return DISPATCH(bound_to, args, kwargs)
-        warmup = False
+        try:
+            self.configs[1]
+            cache = self.cache
+        except Exception:  # one config (or none): Triton's run, which launches it without a key
+            cache = NO_CACHE
         a0, a1 = args
     ...
     """
-    body = _launch_body(arg_names, keys, n, kwnames, dtyped, t, positional)
+    body = _launch_body(arg_names, keys, n, kwnames, dtyped, t, positional, "False" if entry else "warmup")
     if body is None:
         return None
     if not entry:
@@ -388,7 +426,7 @@ def launcher_source(
     shape = f"{count} or tuple(kwargs) != {t}names" if kwnames else f"kwargs or {count}"
     dispatch = "        return DISPATCH(bound_to, args, kwargs)"
     head = ["def enter(bound_to, *args, **kwargs):", f"    if {shape}:", dispatch, "    self, grid = bound_to"]
-    return "\n".join([*head, "    if len(self.configs) < 2:", dispatch, "    warmup = False", *body])
+    return "\n".join([*head, *body])
 
 
 def _launch_body(
@@ -399,47 +437,67 @@ def _launch_body(
     dtyped: Sequence[bool | None],
     t: str,
     positional: bool,
+    warmup: str = "warmup",
 ) -> list[str] | None:
-    """The statements a launcher and an entry share, from reading the arguments to the launch."""
+    """The statements a launcher and an entry share, from reading the arguments to the launch
+    (``warmup``: its value's expression, ``False`` in an entry)."""
     parts = _key_parts(arg_names, keys, n, kwnames, dtyped, t)
     if parts is None:
         return None
     read, quick, general = parts
     kw = ", **kwargs" if kwnames else ""
+    as_made = f"*args, grid=grid, warmup={warmup}{kw}, **bound"
     order = _in_kernel_order(arg_names, n, kwnames) if positional and kwnames else None
-    passed = f"{', '.join(order)}, grid=grid, warmup=warmup" if order else f"*args, grid=grid, warmup=warmup{kw}"
-    miss = "return MISS(self, grid, warmup, args, kwargs)"
+    if order is None:
+        launch = [f"        ret = self.fn.run({as_made})"]
+    else:
+        launch = [
+            "        if HOOKS:  # pre-run hooks see the call's own positional and keyword arguments",
+            f"            ret = self.fn.run({as_made})",
+            "        else:",
+            f"            ret = self.fn.run({', '.join(order)}, grid=grid, warmup={warmup}, **bound)",
+        ]
+    miss = f"return MISS(self, grid, {warmup}, args, kwargs)"
     return [
+        "    try:",
+        "        self.configs[1]",
+        "        cache = self.cache",
+        "    except Exception:  # one config (or none): Triton's run, which launches it without a key",
+        "        cache = NO_CACHE",
         *_indent(read + _quick_lines(quick), 1),
         "    try:",
         "        if key is None:",
         *_indent(general, 3),
-        "        config = self.cache.get(key)",
-        "        if config is None:",
-        f"            {miss}",
+        "        config = cache.get(key)",
         "    except Exception:  # an unhashable key value, a broken CUDA context: Triton's run raises it",
-        f"        {miss}",
-        "    bound = BOUND.get(id(config))",
-        "    if bound is None:  # a config this path has not launched yet: Triton's run, once",
-        f"        {miss}",
+        "        config = None",
+        f"    bound = {t + 'BOUND' if order else 'BOUND'}.get(id(config))  # never None's",
+        "    if bound is None:  # a miss, or a config not launched here yet (or setting a keyword passed)",
+        f"        {miss}  # (not in the try: Triton's run raising is not run again)",
         "    self.best_config = config",
         "    try:",
-        f"        ret = self.fn.run({passed}, **bound)",
+        *launch,
         "    except BaseException as e:",
-        f"        if self._tc_launch_failed(config, args, {{'grid': grid, 'warmup': warmup{kw}}}, e):",
-        f"            return BASE_RUN(self, *args, grid=grid, warmup=warmup{kw})",
+        f"        if self._tc_launch_failed(config, args, {{'grid': grid, 'warmup': {warmup}{kw}}}, e):",
+        f"            return BASE_RUN(self, *args, grid=grid, warmup={warmup}{kw})",
         "        raise",
         "    self.nargs = None",
         "    return ret",
     ]
 
 
+#: Keywords ``JITFunction.run`` sets itself (3.4 to 3.9): a parameter of that name passed by keyword
+#: is one Triton's run replaces, so such a call is never handed over by position.
+RUN_SETS = frozenset({"debug", "instrumentation_mode", "fpsan_homomorphic_casts"})
+
+
 def _in_kernel_order(arg_names: Sequence[str], n: int, kwnames: Sequence[str]) -> list[str] | None:
     """The launcher's variables of a call's arguments in the kernel's parameter order (``a0``... for
     the positional ones, ``w<j>`` for the keyword ones), where its keywords are exactly the parameters
-    after the positional ones; None otherwise (a gap, a default left out, a keyword no parameter)."""
+    after the positional ones; None otherwise (a gap, a default left out, a keyword no parameter, one
+    that ``JITFunction.run`` sets: :data:`RUN_SETS`)."""
     following = arg_names[n : n + len(kwnames)]
-    if len(following) != len(kwnames) or set(following) != set(kwnames):
+    if len(following) != len(kwnames) or set(following) != set(kwnames) or not RUN_SETS.isdisjoint(kwnames):
         return None
     index = {name: j for j, name in enumerate(kwnames)}
     return [f"a{i}" for i in range(n)] + [f"w{index[name]}" for name in following]
@@ -478,18 +536,21 @@ def plan_for(tuner: Any) -> LaunchPlan | None:
         return None
     if tuner.reset_to_zero or tuner.restore_value or tuner.early_config_prune or tuner.perf_model:
         return None
-    return LaunchPlan(tuner.arg_names, tuner.keys, getattr(tuner, "_tc_name", "kernel"), binds_alike(tuner.fn))
+    hooks = tuner.fn.pre_run_hooks if binds_alike(tuner.fn) else None
+    return LaunchPlan(tuner.arg_names, tuner.keys, getattr(tuner, "_tc_name", "kernel"), hooks)
 
 
 def binds_alike(fn: Any) -> bool:
-    """Whether ``fn.run`` is one of Triton's own (``JITFunction``, ``Heuristics``, the interpreter's),
-    which bind positional and keyword arguments alike; not a ``run`` of the instance's or of a
-    subclass's own, which may read its keywords."""
-    if "run" in getattr(fn, "__dict__", {}):
+    """Whether ``fn.run`` is Triton's own ``JITFunction.run`` (or the interpreter's), which binds
+    positional and keyword arguments alike and shows which were which only to its pre-run hooks
+    (``pre_run_hooks``, read by the launchers at each launch). Not a ``Heuristics`` (its functions see
+    the arguments' dict in the caller's order, and a value it sets may be one the caller passed), nor
+    a ``run`` of the instance's or of a subclass's own, which may read its keywords."""
+    if "run" in getattr(fn, "__dict__", {}) or not isinstance(getattr(fn, "pre_run_hooks", None), list):
         return False
     run = getattr(type(fn), "run", None)
     interpreter = sys.modules.get("triton.runtime.interpreter")  # never imported here: no fn is one without it
-    owners = (JITFunction, Heuristics, getattr(interpreter, "InterpretedFunction", None))
+    owners = (JITFunction, getattr(interpreter, "InterpretedFunction", None))
     return run is not None and any(run is getattr(c, "run", None) for c in owners if c is not None)
 
 
@@ -508,12 +569,12 @@ def _launch(bound_to: tuple[Any, Any], *args: Any, **kwargs: Any) -> Any:
 
 
 def _dispatch(bound_to: tuple[Any, Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
-    """A ``kernel[grid]`` call an entry does not serve (another shape, one config left): the call
-    shape's launcher (counted: :meth:`LaunchPlan.handed_on`), or Triton's run as Triton's launcher
-    calls it (``warmup=False``)."""
+    """A ``kernel[grid]`` call an entry does not serve (another shape): the call shape's launcher
+    (counted: :meth:`LaunchPlan.handed_on`), or Triton's run as Triton's launcher calls it
+    (``warmup=False``; Triton's launcher itself where the call gives ``grid`` or ``warmup`` too)."""
     self, grid = bound_to
     plan = self._tc_plan
-    if plan and len(self.configs) > 1:
+    if plan:
         if not kwargs:  # the call's shape, as _call_shape (written out: a call less on a launch)
             shape: int | tuple = len(args)
         else:
@@ -522,6 +583,8 @@ def _dispatch(bound_to: tuple[Any, Any], args: Sequence[Any], kwargs: Mapping[st
         if launch is not None:
             plan.handed_on(shape)
             return launch(self, grid, False, args, kwargs)
+    if "grid" in kwargs or "warmup" in kwargs:  # given twice: Triton's launcher fails it, as Triton does
+        return super(FastLaunch, self).__getitem__(grid)(*args, **kwargs)
     return _through_triton(self, grid, False, args, kwargs)
 
 
@@ -558,7 +621,7 @@ class FastLaunch(Autotuner):
             given = {n: v for n, v in (("grid", grid), ("warmup", warmup)) if v is not _MISSING}
             return super().run(*args, **given, **kwargs)
         plan = self._tc_plan
-        if plan and len(self.configs) > 1:
+        if plan:  # (a kernel left with one config: its launcher hands it to Triton's run)
             if not kwargs:  # the call's shape, as _call_shape
                 launch = plan.shapes.get(len(args))
             else:
