@@ -26,9 +26,10 @@ try:
     import matplotlib.textpath
     from matplotlib.figure import Figure
 except ImportError as e:  # pragma: no cover - exercised by users without the extra
-    from tunecache.errors import TunecacheError
+    from tunecache.errors import MissingDependencyError
+    from tunecache.extras import install_line
 
-    raise TunecacheError("tunecache report needs matplotlib: pip install '.[report]' in the tunecache checkout") from e
+    raise MissingDependencyError(f"tunecache report needs matplotlib: {install_line('matplotlib')}") from e
 
 _ids = itertools.count()
 #: Relative times at or above this are drawn in the darkest colour.
