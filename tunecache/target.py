@@ -268,11 +268,16 @@ def _source_value(package: str, filename: str, name: str) -> str | None:
         except (OSError, SyntaxError, ValueError):
             continue
         for node in tree.body:
-            targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+            if isinstance(node, ast.Assign):
+                targets = node.targets
+            elif isinstance(node, ast.AnnAssign):
+                targets = [node.target]
+            else:
+                continue
             if any(isinstance(t, ast.Name) and t.id == name for t in targets) and node.value is not None:
                 try:
                     value = ast.literal_eval(node.value)
-                except ValueError:
+                except (ValueError, TypeError, SyntaxError):  # not a literal: cannot be read so
                     return None
                 return "none" if value is None else str(value)
     return None
