@@ -1,5 +1,5 @@
 """Interpreter start-up hook of tunecache (``tunecache-install.pth`` imports this where
-``TUNECACHE_INSTALL`` is set).
+``TUNECACHE_INSTALL`` or ``TUNECACHE_INDUCTOR`` is set).
 
 With ``TUNECACHE_INSTALL`` set, every Python process serves every Triton Autotuner it builds from the
 store, with no code change: servers, their spawned tensor-parallel workers, scripts. This module
@@ -9,12 +9,14 @@ initialising, before any library can build an Autotuner from it. When something 
 ``torch._inductor.remote_cache`` (torch.compile's first compile), it calls
 ``tunecache.inductor.enable.activate()``, which makes the store the backend of Inductor's remote
 caches if ``TUNECACHE_INDUCTOR`` says so: a process that never compiles never loads torch._inductor.
+``TUNECACHE_INDUCTOR`` alone sets up only that second hook: torch.compile's caches come from the
+store, Triton's Autotuners stay as they are (it did nothing at all before, silently: issue 44).
 
-Unset (the default) it costs one environment lookup in the .pth line, which then imports nothing:
-that line and the check below are the only reads of a ``TUNECACHE_*`` variable outside
+Unset (the default) they cost two environment lookups in the .pth line, which then imports nothing:
+that line and the checks below are the only reads of a ``TUNECACHE_*`` variable outside
 ``tunecache.settings``, for speed (importing ``tunecache`` costs about 0.2 s; even importing this
-module, ~2 ms), and tests/test_settings.py allows exactly these. The value is parsed by
-``tunecache.settings`` when Triton is imported: ``TUNECACHE_INSTALL=0`` installs nothing.
+module, ~2 ms), and tests/test_settings.py allows exactly these. The values are parsed by
+``tunecache.settings`` when the hook runs: ``TUNECACHE_INSTALL=0`` installs nothing.
 """
 
 from __future__ import annotations
@@ -123,10 +125,11 @@ def _install_inductor() -> None:
         logging.getLogger("tunecache").warning("tunecache: TUNECACHE_INDUCTOR: not enabled: %r", e)
 
 
-def activate() -> None:
-    """Install when Triton is imported, and hook torch.compile's remote caches when Inductor's are
-    (each at once if it is imported already)."""
-    for name, hook in (("triton", _install), ("torch._inductor.remote_cache", _install_inductor)):
+def activate(triton: bool = True) -> None:
+    """Install when Triton is imported (unless ``triton`` is False), and hook torch.compile's remote
+    caches when Inductor's are (each at once if it is imported already)."""
+    hooks = (("triton", _install),) if triton else ()
+    for name, hook in (*hooks, ("torch._inductor.remote_cache", _install_inductor)):
         if name in sys.modules:
             hook()
         else:
@@ -137,3 +140,5 @@ def activate() -> None:
 
 if os.environ.get("TUNECACHE_INSTALL"):
     activate()
+elif os.environ.get("TUNECACHE_INDUCTOR"):
+    activate(triton=False)

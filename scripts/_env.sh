@@ -23,7 +23,11 @@ if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
 fi
 extras=${TUNECACHE_EXTRAS:-test}
 stamp="$VENV/.tunecache-installed"
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ -n "${TRITON_VERSION:-}" ]; then
+# The .pth start-up hook is copied into site-packages at install: a change to it (or to setup.py,
+# which ships it) needs a reinstall as much as a change of pyproject.toml does.
+stale=""
+for f in pyproject.toml setup.py tunecache-install.pth; do [ "$f" -nt "$stamp" ] && stale=1; done
+if [ ! -f "$stamp" ] || [ -n "$stale" ] || [ -n "${TRITON_VERSION:-}" ]; then
   echo "==> installing tunecache[$extras] (editable)" >&2
   if [ -n "${TRITON_VERSION:-}" ]; then
     "${PIP[@]}" install -e ".[$extras]" "triton==$TRITON_VERSION"

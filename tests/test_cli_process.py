@@ -158,7 +158,6 @@ def test_warm_runs_the_interpreter_by_itself_without_a_gpu(tmp_path, sqlite_url)
 
 
 READ_COMMANDS = [
-    ["info"],
     ["ls"],
     ["show", "abc123"],
     ["stats"],
@@ -177,12 +176,18 @@ def test_read_commands_never_create_a_sqlite_store(tmp_path):
         assert "no store at" in err, (args, err)
         assert not (tmp_path / "no").exists(), args
         assert not (tmp_path / "out.jsonl").exists()
+    # info shows the machine and says there is no store yet (issue 44), creating nothing either
+    r = tc("--url", url, "info")
+    assert r.returncode == 0 and "no store at" in r.stdout, (r.returncode, r.stdout, r.stderr)
+    assert not (tmp_path / "no").exists()
 
 
 def test_read_commands_never_create_a_schema(pg_url):
-    for args in (["ls"], ["info"], ["stats"]):
+    for args in (["ls"], ["stats"]):
         err = one_line_error(tc("--url", pg_url, *args))
         assert "no tunecache schema" in err and "tunecache db upgrade" in err, err
+    r = tc("--url", pg_url, "info")  # the machine, and no store yet (issue 44)
+    assert r.returncode == 0 and "no tunecache schema" in r.stdout and "tunecache db upgrade" in r.stdout, r.stdout
     engine = sa.create_engine(resolve_url(pg_url))
     try:
         with engine.connect() as c:

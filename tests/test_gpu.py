@@ -468,3 +468,24 @@ def test_hosts_started_together_leave_no_lease_and_wait_no_longer_than_the_first
         assert r["tunecache"].get("inductor_wait_seconds", 0) < computed_most["wall"] + 2 * lease_s, runs
     with sqlite3.connect(store) as conn:
         assert conn.execute("SELECT count(*) FROM leases").fetchone()[0] == 0, runs
+
+
+def test_the_target_info_reads_without_torch_is_the_one_a_tuning_process_detects():
+    """``tunecache info`` reads the GPU from libcuda (tunecache.target.machine_target); a process that
+    tunes asks torch and Triton: the same fields, digest and all, and torch never imported for it."""
+    import json
+    import subprocess
+    import sys
+
+    prog = (
+        "import json, sys\n"
+        "from tunecache import target\n"
+        "cheap = target.machine_target().as_dict()\n"
+        "clean = 'torch' not in sys.modules and 'triton' not in sys.modules\n"
+        "print(json.dumps([cheap, target.detect_target().as_dict(), clean]))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", prog], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    cheap, tuner, clean = json.loads(r.stdout.strip().splitlines()[-1])
+    assert tuner["backend"] == "cuda" and cheap == tuner and clean, (cheap, tuner, clean)

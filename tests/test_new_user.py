@@ -1,10 +1,11 @@
-"""What a new user hit (issue 38): each check through the real CLI or real processes, on SQLite and
-the real PostgreSQL where a store is involved."""
+"""What a new user hit (issues 38 and 44): each check through the real CLI or real processes, on
+SQLite and the real PostgreSQL where a store is involved."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -89,6 +90,8 @@ def test_default_mode_on_a_read_only_store_says_so_once_and_spools_the_misses(ki
     said = [ln for ln in r["stderr"].splitlines() if "read-only" in ln]
     assert len(said) == 1, r["stderr"][-3000:]
     assert "TUNECACHE_MODE=offline" in said[0] and "tunecache warm" in said[0], said
+    # 44.5: a line a user reads at every start, not a paragraph (it was ~560 characters)
+    assert len(re.sub(r"\S+://\S+", "URL", said[0])) <= 250, (len(said[0]), said[0])
     # the misses are where `tunecache misses` finds them
     m = tc("--url", ro, "misses", "--json")
     assert m.returncode == 0, m.stderr
@@ -331,3 +334,209 @@ def test_a_store_hit_of_torch_compile_is_fetched_again_at_the_next_start_as_the_
     assert "a hit from the store is written to" not in readme
     assert "not written to its local caches" in readme and "every start of a host fetches" in readme
     assert "CPU figures" in readme
+
+
+# ==== issue 44 ================================================================================
+
+# ---- 44.2: a missing optional dependency is one line naming what to install -------------------
+
+
+def _without(tmp_path: Path, *modules: str) -> dict[str, str]:
+    """An environment in which importing each of ``modules`` fails as it does where it is not installed."""
+    d = tmp_path / "without"
+    for m in modules:
+        (d / m).mkdir(parents=True)
+        (d / m / "__init__.py").write_text(f"raise ModuleNotFoundError(\"No module named '{m}'\", name='{m}')\n")
+    return {"PYTHONPATH": str(d)}
+
+
+MISSING = {
+    "psycopg": (["--url", "postgresql://tunecache@127.0.0.1:1/none", "ls"], "pip install '.[postgres]'"),
+    "pymysql": (["--url", "mysql://tunecache@127.0.0.1:1/none", "ls"], "pip install '.[mysql]'"),
+    "matplotlib": (["report", "-o", "{tmp}/r.html"], "pip install '.[report]'"),
+    "cryptography": (["keygen", "{tmp}/key"], "pip install '.[sign]'"),
+    "numpy-demo": (["demo", "--buckets", "1"], "pip install numpy"),
+    "numpy-warm": (["warm", "tunecache.kernels.sparse_decode"], "pip install numpy"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MISSING))
+def test_a_missing_dependency_is_one_line_naming_what_to_install(case, sqlite_url, tmp_path):
+    from realcli import one_line_error
+
+    module = case.split("-")[0]
+    args, hint = MISSING[case]
+    fill(sqlite_url, 2)
+    env = {**_without(tmp_path, module), "TUNECACHE_URL": sqlite_url}
+    r = tc(*[a.format(tmp=tmp_path) for a in args], env=env)
+    line = one_line_error(r)
+    assert module in line and hint in line, line
+    assert not (tmp_path / "key").exists()
+
+
+# ---- 44.4: TUNECACHE_INDUCTOR=1 alone backs torch.compile's caches ----------------------------
+
+
+def test_tunecache_inductor_alone_backs_torch_compile_and_leaves_triton_alone(tmp_path):
+    pytest.importorskip("torch._inductor.remote_cache")
+    prog = (
+        "import json\n"
+        "from torch._inductor import remote_cache\n"
+        "import triton.runtime.autotuner as a\n"
+        "b = remote_cache.RemoteFxGraphCache.backend_override_cls\n"
+        "print(json.dumps([getattr(b, 'kind', None), hasattr(a.Autotuner.__init__, '__wrapped__')]))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TUNECACHE_INSTALL"}
+    env.update(TUNECACHE_INDUCTOR="1", TUNECACHE_URL=f"sqlite:///{tmp_path / 's.sqlite3'}")
+    r = subprocess.run([sys.executable, "-c", prog], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == ["fx_graph", False], r.stderr[-2000:]
+
+
+# ---- 44.5: info, misses, ls/stats, the migration lock -------------------------------------------
+
+
+def test_info_of_a_read_only_file_says_read_only_not_that_this_user_can_write_it(tmp_path):
+    d = tmp_path / "mine"
+    d.mkdir(mode=0o700)
+    path = d / "s.sqlite3"
+    fill(f"sqlite:///{path}", 1)
+    path.chmod(0o444)
+    try:
+        r = tc("--url", f"sqlite:///{path}", "info", "--json", env={"TUNECACHE_TRUST_STORE": None})
+        assert r.returncode == 0, r.stderr
+        t = json.loads(r.stdout)["trust"]
+    finally:
+        path.chmod(0o644)
+    assert t["store_trusted"] is True, t  # nobody else can change it: trusted as before
+    assert "read-only" in t["why"] and "can write the SQLite file" not in t["why"], t["why"]
+
+
+def test_info_counts_the_misses_that_misses_lists_spooled_ones_included(sqlite_url):
+    from builders import problem
+
+    from tunecache.tuner import missspool
+
+    fill(sqlite_url, 2)
+    store = open_store(sqlite_url)
+    try:
+        for i in (1, 2):
+            assert missspool.append(problem(i), "readonly", store.masked_url)
+    finally:
+        store.close()
+    listed = json.loads(tc("--url", sqlite_url, "misses", "--json").stdout)
+    assert len(listed) == 2
+    r = tc("--url", sqlite_url, "info", "--json")
+    counts = json.loads(r.stdout)["counts"]
+    assert counts["open_misses"] == len(listed) and counts["spooled_misses"] == 2, counts
+    text = tc("--url", sqlite_url, "info").stdout
+    assert re.search(r"open_misses=2\b.*2 .*spool", text), text
+
+
+def test_info_on_a_machine_with_no_store_yet_shows_the_machine_and_creates_nothing(tmp_path):
+    url = f"sqlite:///{tmp_path / 'none' / 's.sqlite3'}"
+    r = tc("--url", url, "info")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, (r.returncode, r.stderr)
+    assert re.search(r"^target:\s+[0-9a-f]{16}$", r.stdout, re.M) and "backend" in r.stdout, r.stdout
+    assert "no store" in r.stdout and "tunecache db upgrade" in r.stdout, r.stdout
+    out = json.loads(tc("--url", url, "info", "--json").stdout)
+    assert out["store_exists"] is False and out["counts"] is None and out["target"]["backend"], out
+    assert out["target_digest"] == json.loads(tc("--url", url, "info", "--json").stdout)["target_digest"]
+    assert not (tmp_path / "none").exists()
+
+
+def test_misses_with_nothing_to_list_says_so(sqlite_url):
+    fill(sqlite_url, 1)
+    r = tc("--url", sqlite_url, "misses")
+    assert r.returncode == 0, r.stderr
+    assert "DIGEST" not in r.stdout and r.stdout.startswith("no misses"), r.stdout
+    assert json.loads(tc("--url", sqlite_url, "misses", "--json").stdout) == []
+
+
+def test_ls_and_stats_name_a_kernel_alike(sqlite_url):
+    from builders import problem, results
+
+    store = open_store(sqlite_url)
+    try:
+        store.put(problem(1, kernel="__main__.add_kernel"), results())
+        store.bump_stats({"__main__.add_kernel": {"hits": 3, "misses": 1, "benchmarks": 4}})
+    finally:
+        store.close()
+
+    def kernel_column(text: str) -> list[str]:
+        head, *rows = text.strip().splitlines()
+        start = head.index("KERNEL")
+        return [row[start:].split()[0] for row in rows if row.strip() and not row.startswith("kernels seen")]
+
+    ls = kernel_column(tc("--url", sqlite_url, "ls").stdout)
+    stats = kernel_column(tc("--url", sqlite_url, "stats").stdout)
+    assert ls == stats == ["__main__.add_kernel"], (ls, stats)
+
+
+def _lock_files(d: Path) -> list[str]:
+    return sorted(p.name for p in d.iterdir() if p.name.endswith(".lock"))
+
+
+def test_a_store_leaves_no_migration_lock_beside_it(tmp_path):
+    from processes import run_procs
+
+    one = tmp_path / "one"
+    one.mkdir()
+    assert tc("--url", f"sqlite:///{one / 's.sqlite3'}", "db", "upgrade").returncode == 0
+    assert _lock_files(one) == []
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    open_store(f"sqlite:///{lib / 's.sqlite3'}").close()  # the library's first use migrates too
+    assert _lock_files(lib) == []
+    # four processes creating one store at once: each serves, and nothing is left beside it
+    many = tmp_path / "many"
+    many.mkdir()
+    url = f"sqlite:///{many / 's.sqlite3'}"
+    run_procs("warm", 4, url=url, sizes=[64])
+    assert _lock_files(many) == [] and _count(url) == 1
+
+
+# ---- 44.5: info and --help load neither torch nor Triton ---------------------------------------
+
+PROBE = (
+    "import json, sys\n"
+    "from tunecache.cli import main\n"
+    "try:\n"
+    "    main(sys.argv[1:], prog_name='tunecache')\n"
+    "except SystemExit as e:\n"
+    "    code = e.code\n"
+    "sys.stderr.write(json.dumps([code, sorted(m for m in ('torch', 'triton') if m in sys.modules)]) + '\\n')\n"
+)
+
+
+@pytest.mark.parametrize("interpret", ["", "1"], ids=["detect", "TRITON_INTERPRET"])
+@pytest.mark.parametrize("args", [["--help"], ["info"], ["info", "--json"], ["info", "--no-store"]], ids=str)
+def test_info_and_help_import_neither_torch_nor_triton(args, interpret, sqlite_url, tmp_path):
+    fill(sqlite_url, 1)
+    if args[-1] == "--no-store":  # a fresh machine
+        args, url = ["info"], f"sqlite:///{tmp_path / 'none.sqlite3'}"
+    else:
+        url = sqlite_url
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(TUNECACHE_URL=url, **({"TRITON_INTERPRET": interpret} if interpret else {}))
+    r = subprocess.run([sys.executable, "-c", PROBE, *args], env=env, capture_output=True, text=True, timeout=120)
+    code, loaded = json.loads(r.stderr.strip().splitlines()[-1])
+    assert code in (0, None) and loaded == [], (code, loaded, r.stderr[-2000:])
+
+
+def test_the_machine_info_shows_is_the_target_the_tuner_detects(tmp_path):
+    """``info`` reads the machine without torch: the same target (digest) a tuning process computes."""
+    prog = (
+        "import json\n"
+        "from tunecache import target\n"
+        "cheap = target.machine_target()\n"
+        "print(json.dumps([cheap.as_dict(), target.detect_target().as_dict()]))\n"
+    )
+    for interpret in ("", "1"):
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        if interpret:
+            env["TRITON_INTERPRET"] = interpret
+        r = subprocess.run([sys.executable, "-c", prog], env=env, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr[-2000:]
+        cheap, tuner = json.loads(r.stdout.strip().splitlines()[-1])
+        assert cheap == tuner, (interpret, cheap, tuner)

@@ -449,3 +449,49 @@ def test_every_figure_is_laid_out_whatever_its_labels_length(n):
         assert svg.startswith("<svg"), name
         collapsed += [name for w in caught if "constrained_layout not applied" in str(w.message)]
     assert collapsed == [], collapsed
+
+
+def test_no_heat_map_label_overlaps_another_on_a_large_store(monkeypatch):
+    """Issue 44.5: with the most keys a heat map draws, each cell's status code ("OOR") was wider than
+    its cell, so a config that failed on adjacent keys drew one run of overlapping codes. Every text
+    of the figure (codes, tick labels, legend, colour bar) laid out as the page's SVG is, none
+    overlapping another, and each code inside its cell."""
+    import matplotlib.text
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from tunecache.report import plots
+
+    drawn, real = [], plots._svg
+    monkeypatch.setattr(plots, "_svg", lambda fig, titles=None: (drawn.append(fig), real(fig, titles))[1])
+    nk, nc = report.MAX_KEYS, report.MAX_CONFIGS
+    keys = [f"B={1 << (i % 12)} N={128 * (1 + i // 12)}" for i in range(nk)]
+    configs = [f"BLOCK_M={16 << (i % 5)} BLOCK_N={32 << (i % 3)} w{4 << (i % 2)} s{2 + i % 3} #{i}" for i in range(nc)]
+    statuses = [*plots.FAILED_CODES, "unheard_of"]
+    failed = {(i, j): "out_of_resources" for i in range(nc - 6, nc - 3) for j in range(nk)}  # too big on every key
+    failed.update({(i, j): statuses[(i + j) % len(statuses)] for i in range(nc - 3, nc) for j in range(nk)})
+    rel = [[1.0 + 0.02 * ((i * 7 + j) % 50) for j in range(nk)] for i in range(nc)]
+    plots.heatmap(configs, keys, rel, [j % (nc - 6) for j in range(nk)], failed)
+    (fig,) = drawn
+    FigureCanvasAgg(fig)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    texts = list(
+        {id(t): t for t in fig.findobj(matplotlib.text.Text) if t.get_visible() and t.get_text().strip()}.values()
+    )
+    boxes = [(t.get_text().replace("\n", " ")[:24], t.get_window_extent(renderer)) for t in texts]
+    overlaps = [
+        (a, b)
+        for n, (a, ba) in enumerate(boxes)
+        for b, bb in boxes[n + 1 :]
+        if min(ba.x1, bb.x1) - max(ba.x0, bb.x0) > 0.5 and min(ba.y1, bb.y1) - max(ba.y0, bb.y0) > 0.5
+    ]
+    assert overlaps == [], overlaps[:10]
+    ax = fig.axes[0]
+    codes = [t for t in ax.texts if t.get_text()]
+    assert len(codes) == len(failed)
+    for t in codes:
+        x, y = t.get_position()
+        (x0, y0), (x1, y1) = ax.transData.transform([(x - 0.5, y - 0.5), (x + 0.5, y + 0.5)])
+        box = t.get_window_extent(renderer)
+        assert min(x0, x1) <= box.x0 and box.x1 <= max(x0, x1), (t.get_text(), box, (x0, x1))
+        assert min(y0, y1) <= box.y0 and box.y1 <= max(y0, y1), (t.get_text(), box, (y0, y1))

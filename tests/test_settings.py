@@ -23,11 +23,13 @@ SOURCES = (
 )
 #: The only direct reads allowed: the .pth start-up hook runs in every Python process and must not import
 #: anything (not even its own module: a first path-based import costs ~2 ms) to learn that
-#: TUNECACHE_INSTALL is unset; both only test presence, and the value is parsed by tunecache.settings
-#: once Triton is imported.
+#: TUNECACHE_INSTALL and TUNECACHE_INDUCTOR are unset; both only test presence, and the values are
+#: parsed by tunecache.settings when the hook runs.
 ALLOWED_DIRECT_READS = {
     ("_tunecache_startup.py", "TUNECACHE_INSTALL"),
     ("tunecache-install.pth", "TUNECACHE_INSTALL"),
+    ("_tunecache_startup.py", "TUNECACHE_INDUCTOR"),
+    ("tunecache-install.pth", "TUNECACHE_INDUCTOR"),
 }
 NAME = re.compile(r"\bTUNECACHE_[A-Z0-9_]+\b")
 

@@ -75,6 +75,11 @@ class SigningError(TunecacheError):
     """A signing key cannot be made, read or used (or the ``sign`` extra is not installed)."""
 
 
+class MissingDependencyError(TunecacheError):
+    """A package that this use of tunecache needs is not installed; the message names what to install
+    (the extra, see :mod:`tunecache.extras`)."""
+
+
 class OutputExistsError(TunecacheError):
     """A command would overwrite an existing file (a signed export, say) without ``--force``; nothing
     was written."""

@@ -29,7 +29,7 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
-from tunecache import settings
+from tunecache import extras, settings
 from tunecache.errors import ConfigurationError, SigningError
 
 PUBLIC_PREFIX = "tunecache-ed25519"
@@ -43,12 +43,13 @@ ROW_CONTEXT = b"tunecache-row-signature-1\n"
 
 
 def _crypto() -> Any:
+    """The Ed25519 module; SigningError naming the extra where cryptography is not installed. Called
+    before any other import from cryptography, which would raise ImportError instead."""
     try:
         from cryptography.hazmat.primitives.asymmetric import ed25519
     except ImportError:
         raise SigningError(
-            "signing and verifying exports needs the 'cryptography' package: "
-            "pip install '.[sign]' in the tunecache checkout"
+            f"signing and verifying exports needs the 'cryptography' package: {extras.install_line('cryptography')}"
         ) from None
     return ed25519
 
@@ -69,9 +70,9 @@ def public_line(raw_public: bytes) -> str:
 
 def keygen(path: str | os.PathLike[str], *, overwrite: bool = False) -> dict[str, str]:
     """Write a new private key to ``path`` (mode 0600) and its public key to ``path.pub``."""
+    ed25519 = _crypto()
     from cryptography.hazmat.primitives import serialization
 
-    ed25519 = _crypto()
     priv_path = Path(path)
     pub_path = Path(f"{priv_path}.pub")
     for p in (priv_path, pub_path):
@@ -93,9 +94,9 @@ class Signer:
     """A private key read from a ``tunecache keygen`` file."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
+        ed25519 = _crypto()
         from cryptography.hazmat.primitives import serialization
 
-        ed25519 = _crypto()
         try:
             data = Path(path).read_bytes()
         except OSError as e:
@@ -149,9 +150,9 @@ def file_public_key(signature: dict[str, str]) -> bytes | None:
 def verify(signature: dict[str, str], header_line: bytes) -> bool:
     """Whether ``signature`` (checked for shape by the caller) signs ``header_line`` with the public
     key it names. Trust in that key is :func:`trusted_keys`'s business."""
+    ed25519 = _crypto()
     from cryptography.exceptions import InvalidSignature
 
-    ed25519 = _crypto()
     try:
         raw = _strict_b64(signature["public_key"])
         sig = _strict_b64(signature["value"])
@@ -194,9 +195,9 @@ def verify_row(signature: str | None, message: bytes, trusted: Collection[bytes]
         return "its signature is malformed"
     if raw not in trusted:
         return f"it is signed by key {key_id(raw)}, which is not in TUNECACHE_TRUSTED_KEYS"
+    ed25519 = _crypto()
     from cryptography.exceptions import InvalidSignature
 
-    ed25519 = _crypto()
     try:
         sig = _strict_b64(signature.split(":")[2])
         ed25519.Ed25519PublicKey.from_public_bytes(raw).verify(sig, ROW_CONTEXT + message)

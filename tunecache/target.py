@@ -4,16 +4,22 @@
 driver...), or a CPU target under the interpreter or without a GPU. :attr:`Target.digest` hashes
 the fields that change timings (``DIGEST_TARGET_FIELDS``; :mod:`tunecache.identity` says why each
 is there); :func:`hostname` names the host, which is not part of any key.
+
+:func:`machine_target` finds the same target without importing torch or Triton (about 2 s), for
+commands that only show it or decide whether a GPU is there (``tunecache info``, ``demo``, ``warm``).
 """
 
 from __future__ import annotations
 
+import ast
 import ctypes
 import functools
+import importlib.util
 import os
 import platform
 import socket
 from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
 from typing import Any
 
 from tunecache import settings
@@ -77,14 +83,10 @@ def interpreting() -> bool:
 
 
 def _cuda_driver_version() -> str:
-    for lib in ("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
-        try:
-            cuda = ctypes.CDLL(lib)
-        except OSError:
-            continue
-        v = ctypes.c_int(0)
-        if cuda.cuDriverGetVersion(ctypes.byref(v)) == 0:
-            return str(v.value)
+    cuda = _libcuda()
+    v = ctypes.c_int(0)
+    if cuda is not None and cuda.cuDriverGetVersion(ctypes.byref(v)) == 0:
+        return str(v.value)
     return ""
 
 
@@ -187,6 +189,11 @@ def _detect(device: int | None, interp: bool) -> Target:
             cuda_runtime=str(torch.version.cuda or ""),
             triton_version=triton_version,
         )
+    return _cpu_target(triton_version)
+
+
+def _cpu_target(triton_version: str) -> Target:
+    """This machine's CPU: kernels run under the Triton interpreter."""
     return Target(
         backend="cpu",
         arch="interpreter",
@@ -199,6 +206,136 @@ def _detect(device: int | None, interp: bool) -> Target:
         cuda_runtime="",
         triton_version=triton_version,
     )
+
+
+def machine_target() -> Target:
+    """The target :func:`detect_target` finds in a process of this machine, without importing torch
+    or Triton: Triton's version read from its package's source, torch's build (CPU, CUDA or ROCm)
+    from its ``version.py``, and the GPU's fields from the CUDA driver through ctypes, the attributes
+    torch's and Triton's device properties come from (device 0, a fresh process's current device).
+    Where that cannot be told so (a ROCm build, a driver call that fails), it is :func:`detect_target`."""
+    return _apply_override(_machine(interpreting()))
+
+
+def gpu_visible() -> bool:
+    """Whether torch finds a GPU here (``torch.cuda.is_available()``), told without importing torch."""
+    return _machine(False).backend != "cpu"
+
+
+@functools.lru_cache(maxsize=2)
+def _machine(interp: bool) -> Target:
+    triton_version = _source_value("triton", "__init__.py", "__version__")
+    if triton_version is None:
+        triton_version = _triton_minor()  # no source to read (a zipped or frozen Triton): import it
+    elif triton_version != "none":
+        triton_version = ".".join(triton_version.split(".")[:2])
+    if interp or importlib.util.find_spec("torch") is None:
+        return _cpu_target(triton_version)
+    if _source_value("torch", "version.py", "hip") not in (None, "none"):
+        return _detect(None, interp)  # ROCm: no driver read here, torch says
+    runtime = _source_value("torch", "version.py", "cuda")
+    if runtime in (None, "none"):
+        return _cpu_target(triton_version)  # a CPU build of torch: torch.cuda.is_available() is False
+    try:
+        found = _cuda_device(runtime)
+    except _Unreadable:
+        return _detect(None, interp)
+    if found is None:
+        return _cpu_target(triton_version)
+    return Target(
+        backend="cuda",
+        **found,
+        driver_version=_cuda_driver_version(),
+        driver_release=_nvidia_release(),
+        cuda_runtime=runtime,
+        triton_version=triton_version,
+    )
+
+
+def _source_value(package: str, filename: str, name: str) -> str | None:
+    """The value assigned to ``name`` at the top of ``package``'s ``filename``, read without importing
+    the package: "none" where the package is not installed or the value is None; None where it
+    cannot be read so."""
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        return "none"
+    if spec is None:
+        return "none"
+    for root in spec.submodule_search_locations or ():
+        try:
+            tree = ast.parse(Path(root, filename).read_text())
+        except (OSError, SyntaxError, ValueError):
+            continue
+        for node in tree.body:
+            if isinstance(node, ast.Assign):
+                targets = node.targets
+            elif isinstance(node, ast.AnnAssign):
+                targets = [node.target]
+            else:
+                continue
+            if any(isinstance(t, ast.Name) and t.id == name for t in targets) and node.value is not None:
+                try:
+                    value = ast.literal_eval(node.value)
+                except (ValueError, TypeError, SyntaxError):  # not a literal: cannot be read so
+                    return None
+                return "none" if value is None else str(value)
+    return None
+
+
+_CU_ATTRS = {"warp_size": 10, "sm_count": 16, "major": 75, "minor": 76, "smem_optin": 97, "smem_oversized": 150}
+
+
+class _Unreadable(Exception):
+    """The driver did not answer a call that should not fail: torch is asked instead."""
+
+
+def _cuda_device(runtime: str) -> dict[str, Any] | None:
+    """Device 0 as torch and Triton see it, from libcuda: its fields; None where torch finds no GPU
+    (no driver, no device, or a driver older than torch's CUDA major version ``runtime``)."""
+    cuda = _libcuda()
+    if cuda is None:
+        return None
+    n, version, dev = ctypes.c_int(0), ctypes.c_int(0), ctypes.c_int(0)
+    if cuda.cuInit(0) != 0 or cuda.cuDeviceGetCount(ctypes.byref(n)) != 0 or n.value < 1:
+        return None
+    try:
+        major = int(runtime.split(".")[0])
+    except ValueError:
+        raise _Unreadable(runtime) from None
+    if cuda.cuDriverGetVersion(ctypes.byref(version)) != 0 or version.value // 1000 < major:
+        return None
+    name = ctypes.create_string_buffer(256)
+    if cuda.cuDeviceGet(ctypes.byref(dev), 0) != 0 or cuda.cuDeviceGetName(name, len(name), dev) != 0:
+        raise _Unreadable("device 0")
+    attrs = {}
+    for key, attr in _CU_ATTRS.items():
+        v = ctypes.c_int(0)
+        if cuda.cuDeviceGetAttribute(ctypes.byref(v), attr, dev) != 0:
+            if key == "smem_oversized":
+                continue  # an older driver: only sm107 reads it
+            raise _Unreadable(key)
+        attrs[key] = v.value
+    # Triton's get_device_properties: the oversized figure on sm107, the opt-in one elsewhere.
+    smem_key = "smem_oversized" if (attrs["major"], attrs["minor"]) == (10, 7) else "smem_optin"
+    if smem_key not in attrs:
+        raise _Unreadable(smem_key)
+    return {
+        "arch": f"sm{attrs['major']}{attrs['minor']}",
+        "device_name": name.value.decode(errors="replace"),
+        "sm_count": attrs["sm_count"],
+        "max_shared_mem": attrs[smem_key],
+        "warp_size": attrs["warp_size"],
+    }
+
+
+def _libcuda() -> Any:
+    for lib in ("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
+        try:
+            return ctypes.CDLL(lib)
+        except OSError:
+            continue
+    return None
 
 
 def hostname() -> str:

@@ -174,6 +174,22 @@ def not_private(url: Any) -> str | None:
     return None
 
 
+def _private_why(url: Any) -> str:
+    """Why a store :func:`not_private` passes is this user's alone: a file marked read-only (an
+    image's store, mode 444) is not one "this user can write", though no one else can change it."""
+    path = os.path.abspath(os.path.expanduser(url.database))
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        mode = None
+    if mode is not None and not mode & stat.S_IWUSR:
+        return (
+            f"the SQLite file is read-only (mode {stat.S_IMODE(mode):o}), and it and its directory are this "
+            "user's, which no one else can write"
+        )
+    return "only this user can write the SQLite file and its directory"
+
+
 def store_trust(url: Any) -> tuple[bool, str]:
     """Whether this process trusts the store at ``url`` as a whole (``TUNECACHE_TRUST_STORE``), and
     why, or why not and what to do, in one sentence."""
@@ -184,7 +200,7 @@ def store_trust(url: Any) -> tuple[bool, str]:
         return False, "TUNECACHE_TRUST_STORE=no: only rows a key in TUNECACHE_TRUSTED_KEYS signed are used"
     why = not_private(url)
     if why is None:
-        return True, "TUNECACHE_TRUST_STORE=auto, and only this user can write the SQLite file and its directory"
+        return True, f"TUNECACHE_TRUST_STORE=auto, and {_private_why(url)}"
     return False, (
         f"TUNECACHE_TRUST_STORE=auto trusts only a SQLite file only this user can write, and {why}: move it to a "
         "directory only you can write, or sign rows where they are made (TUNECACHE_SIGNING_KEY) and list the "
@@ -253,10 +269,11 @@ def policy(store: Any) -> Policy:
     return Policy(keys, whole, store.masked_url)
 
 
-def describe(store: Any) -> dict[str, Any]:
-    """This process's trust in ``store``, for ``tunecache info``: the trusted keys (key id, and the
-    file each came from) or why they cannot be read, the signing key, and whether the store is
-    trusted as a whole and why. Never raises for a bad setting: it is what is shown."""
+def describe(url: Any) -> dict[str, Any]:
+    """This process's trust in the store at ``url`` (there or not yet), for ``tunecache info``: the
+    trusted keys (key id, and the file each came from) or why they cannot be read, the signing key,
+    and whether the store is trusted as a whole and why. Never raises for a bad setting: it is what
+    is shown."""
     out: dict[str, Any] = {"trusted_keys": [], "trusted_keys_error": None, "signing_key": None}
     try:
         out["trusted_keys"] = [
@@ -272,7 +289,7 @@ def describe(store: Any) -> dict[str, Any]:
         except SigningError as e:
             out["signing_key"] = {"path": path, "key_id": None, "error": str(e)}
     out["trust_store"] = settings.get("TUNECACHE_TRUST_STORE")
-    out["store_trusted"], out["why"] = store_trust(store.url)
+    out["store_trusted"], out["why"] = store_trust(url)
     return out
 
 

@@ -13,9 +13,10 @@ import orjson
 from tunecache import trust
 from tunecache.cli.options import filter_options, json_option, problem_filters, read_store
 from tunecache.cli.output import json_out, problem_summary, table
-from tunecache.errors import TunecacheError
+from tunecache.errors import StoreNotFoundError, TunecacheError
 from tunecache.model import config_to_json
 from tunecache.settings import current_mode
+from tunecache.target import Target
 from tunecache.tuner import missspool
 
 
@@ -32,41 +33,56 @@ def _config_label(cfg: dict[str, Any] | None) -> str:
 @json_option
 @click.pass_context
 def info(ctx: click.Context, as_json: bool) -> None:
-    """This machine's target identity, the store URL (password masked), schema revision and counts."""
+    """This machine's target identity, the store URL (password masked), schema revision and counts.
+    With no store there yet (a fresh machine), the machine and where its store will be."""
+    from tunecache.store.engine import mask_url, resolve_url
     from tunecache.store.migrate import head_revision
-    from tunecache.target import detect_target, hostname
+    from tunecache.target import hostname, machine_target
 
-    store = read_store(ctx)
-    target = detect_target()
-    out = {
-        "store": store.masked_url,
-        "readonly": store.readonly,
-        "mode": current_mode(),
-        "schema_revision": store.revision(),
-        "schema_head": head_revision(),
-        "host": hostname(),
-        "target": target.as_dict(),
-        "target_digest": target.digest,
-        "counts": store.counts(),
-    }
+    target = machine_target()  # read without torch or Triton: info answers in a fraction of a second
+    out: dict[str, Any] = {"mode": current_mode(), "schema_head": head_revision(), "host": hostname()}
+    out.update(target=target.as_dict(), target_digest=target.digest)
+    try:
+        store = read_store(ctx)
+    except StoreNotFoundError as e:  # nothing stored here yet: still this machine's identity
+        url = resolve_url(ctx.obj.get("url"))
+        out.update(store=mask_url(url), store_exists=False, store_missing=str(e), readonly=None)
+        out.update(schema_revision=None, counts=None, binaries=None, inductor=None, trust=trust.describe(url))
+        if as_json:
+            json_out(out)
+            return
+        click.echo(f"store:     {e}")
+        _machine_lines(out, target)
+        _trust_lines(out["trust"])
+        return
+    spooled = len(missspool.read(store.masked_url))  # what `tunecache misses` lists beside the store's own
+    counts = store.counts()
+    counts.update(open_misses=counts["open_misses"] + spooled, spooled_misses=spooled)
     usage = store.binary_usage().values()
-    out["binaries"] = {"count": sum(n for n, _ in usage), "bytes": sum(b for _, b in usage)}
-    out["inductor"] = store.inductor_counts()
-    out["trust"] = trust.describe(store)
+    out.update(store=store.masked_url, store_exists=True, readonly=store.readonly, schema_revision=store.revision())
+    out.update(counts=counts, binaries={"count": sum(n for n, _ in usage), "bytes": sum(b for _, b in usage)})
+    out.update(inductor=store.inductor_counts(), trust=trust.describe(store.url))
     if as_json:
         json_out(out)
         return
     click.echo(f"store:     {out['store']}{' (read-only)' if store.readonly else ''}")
     click.echo(f"schema:    {out['schema_revision']} (head {out['schema_head']})")
+    _machine_lines(out, target)
+    shown = ", ".join(f"{k}={v}" for k, v in counts.items() if k != "spooled_misses")
+    spool_note = f" ({spooled} of them in this host's spool: tunecache misses)" if spooled else ""
+    click.echo(f"counts:    {shown}{spool_note}")
+    click.echo(f"binaries:  {out['binaries']['count']} ({out['binaries']['bytes']} bytes)")
+    click.echo(f"torch.compile: {_inductor_line(out['inductor'])}")
+    _trust_lines(out["trust"])
+
+
+def _machine_lines(out: dict[str, Any], target: Target) -> None:
+    """The mode, the host and this machine's target, field by field."""
     click.echo(f"mode:      {out['mode']}")
     click.echo(f"host:      {out['host']}")
     click.echo(f"target:    {target.digest[:16]}")
     for k, v in target.as_dict().items():
         click.echo(f"  {k:<15} {v}")
-    click.echo("counts:    " + ", ".join(f"{k}={v}" for k, v in out["counts"].items()))
-    click.echo(f"binaries:  {out['binaries']['count']} ({out['binaries']['bytes']} bytes)")
-    click.echo(f"torch.compile: {_inductor_line(out['inductor'])}")
-    _trust_lines(out["trust"])
 
 
 def _trust_lines(t: dict[str, Any]) -> None:
@@ -140,7 +156,7 @@ def ls_cmd(
         (
             [
                 p.digest[:12],
-                p.kernel.rsplit(".", 1)[-1],
+                p.kernel,  # the full name, as stats and misses show it (--kernel takes either)
                 p.target.arch,
                 p.target.device_name,
                 p.target.driver_release or p.target.driver_version or "-",
@@ -284,6 +300,9 @@ def misses(ctx: click.Context, as_json: bool) -> None:
     rows += [{**r, "recorded": "spool"} for r in missspool.read(store.masked_url)]
     if as_json:
         json_out([{**r, "key": orjson.loads(r.pop("key_json"))} for r in rows])
+        return
+    if not rows:
+        click.echo(f"no misses recorded: none in {store.masked_url}, none in this host's spool {missspool.path()}")
         return
     table(
         ["DIGEST", "KERNEL", "REASON", "COUNT", "KEY", "LAST_SEEN", "HOST"],

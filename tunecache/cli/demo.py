@@ -19,8 +19,9 @@ from typing import Any
 
 import click
 
-from tunecache import settings
+from tunecache import extras, settings
 from tunecache.store.engine import mask_url
+from tunecache.target import gpu_visible, interpreting
 
 
 def _child(url: str, buckets: list[int] | None) -> dict[str, Any]:
@@ -45,13 +46,10 @@ def _child(url: str, buckets: list[int] | None) -> dict[str, Any]:
 
 
 def gpu_available() -> bool:
-    """Whether kernels can run on a GPU here; if not, the demo and ``tunecache warm`` use the interpreter."""
-    try:
-        import torch
-
-        return torch.cuda.is_available()
-    except ImportError:
-        return any(os.path.exists(d) for d in ("/dev/nvidiactl", "/dev/kfd"))
+    """Whether kernels can run on a GPU here; if not, the demo and ``tunecache warm`` use the
+    interpreter. Told without importing torch (:func:`tunecache.target.gpu_visible`): a missing numpy
+    is then one line of ours, before torch warns that it cannot initialise it."""
+    return gpu_visible()
 
 
 def run_demo(url: str | None = None, buckets: list[int] | None = None, as_json: bool = False) -> dict[str, Any]:
@@ -71,6 +69,8 @@ def _run_demo(url: str, buckets: list[int] | None, as_json: bool, temporary: boo
     gpu = gpu_available()
     if not gpu:
         env["TRITON_INTERPRET"] = "1"
+    if not gpu or interpreting():
+        extras.require("numpy")  # the interpreter's: one line here, not a traceback from each start
     runs = []
     for i in (1, 2):
         if not as_json:

@@ -16,6 +16,7 @@ from typing import Any
 
 import click
 
+from tunecache import extras
 from tunecache.errors import TunecacheError
 from tunecache.model import utcnow
 from tunecache.store.engine import mask_raw
@@ -71,7 +72,8 @@ def url_option(help: str = URL_HELP, hidden: bool = False) -> click.Option:
 
 class CommandGroup(click.Group):
     """Every subcommand gets ``--url`` (every subgroup ``--json`` too, for its subcommands); expected
-    errors become one line and exit 1, never a traceback."""
+    errors, and a missing optional dependency (:mod:`tunecache.extras`), become one line and exit 1,
+    never a traceback."""
 
     group_class = type  # subgroups (db) are CommandGroup too
 
@@ -104,6 +106,12 @@ class CommandGroup(click.Group):
             ctx.exit(EXIT_INTERRUPTED)
         except EXPECTED_ERRORS as e:
             click.echo(f"tunecache: error: {error_text(e)}", err=True)
+            ctx.exit(1)
+        except ModuleNotFoundError as e:  # an extra not installed: what to install, not a traceback
+            line = extras.missing(e)
+            if line is None:
+                raise
+            click.echo(f"tunecache: error: {line}", err=True)
             ctx.exit(1)
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from tunecache import settings
+from tunecache import extras, settings
 from tunecache.cli.options import error_text, json_option, url_option
 from tunecache.cli.output import json_out
 from tunecache.errors import TunecacheError
@@ -113,14 +113,20 @@ def _import(module: str) -> Any:
 
 
 def _interpreter_without_gpu() -> None:
-    """On a machine without a GPU, run kernels under Triton's interpreter, as the demo does."""
-    if "TRITON_INTERPRET" in os.environ or "triton" in sys.modules:
-        return  # the user chose, or it is too late: triton reads it at import
-    from tunecache.cli.demo import gpu_available
+    """On a machine without a GPU, run kernels under Triton's interpreter, as the demo does. numpy,
+    which the interpreter imports, is checked first: one line naming it, not Triton's traceback."""
+    from tunecache.target import interpreting
 
-    if not gpu_available():
-        os.environ["TRITON_INTERPRET"] = "1"
-        log.info("tunecache: no GPU found: running kernels under the Triton interpreter (TRITON_INTERPRET=1)")
+    # Unless the user chose, or it is too late: triton reads TRITON_INTERPRET at import.
+    if "TRITON_INTERPRET" not in os.environ and "triton" not in sys.modules:
+        from tunecache.cli.demo import gpu_available
+
+        if not gpu_available():
+            extras.require("numpy")
+            os.environ["TRITON_INTERPRET"] = "1"
+            log.info("tunecache: no GPU found: running kernels under the Triton interpreter (TRITON_INTERPRET=1)")
+    if interpreting():
+        extras.require("numpy")
 
 
 class _StderrHandler(logging.Handler):

@@ -26,9 +26,10 @@ try:
     import matplotlib.textpath
     from matplotlib.figure import Figure
 except ImportError as e:  # pragma: no cover - exercised by users without the extra
-    from tunecache.errors import TunecacheError
+    from tunecache.errors import MissingDependencyError
+    from tunecache.extras import install_line
 
-    raise TunecacheError("tunecache report needs matplotlib: pip install '.[report]' in the tunecache checkout") from e
+    raise MissingDependencyError(f"tunecache report needs matplotlib: {install_line('matplotlib')}") from e
 
 _ids = itertools.count()
 #: Relative times at or above this are drawn in the darkest colour.
@@ -38,6 +39,9 @@ FAILED_CODES = {"out_of_resources": "OOR", "compile_error": "CE", "runtime_error
 #: figures sized without their labels' length left the axes none, and matplotlib dropped its layout.
 HEAT_MARGIN_IN = 1.2
 HEAT_SIDES_IN = 1.5  # the colour bar and its title
+HEAT_COLUMN_IN = 0.17  # a key's column, at least: its label turned upright, with room between
+CODE_PT = 6  # a failed cell's status code
+CODE_PAD_IN = 4 / 72  # room beside a code within its cell: the cells of a run of failures apart
 LINE_MARGIN_IN = 2.6
 
 
@@ -189,8 +193,12 @@ def heatmap(
     entries = ["stored winner", f"did not run:\n{codes}", "not timed for that key"]  # the legend, on top
     rows = 0.22 * len(configs)
     legend_h = (len(FAILED_CODES) + 1) * 7 * 1.3 / 72  # its tallest entry: a line per code
+    # A column as wide as the widest code drawn in it needs ("OOR" is wider than a key's label is
+    # tall): with the most keys drawn, a config failing on adjacent keys ran its codes together.
+    codes = {FAILED_CODES.get(status, "?") for status in failed.values()}
+    column = max(HEAT_COLUMN_IN, _text_inches(sorted(codes), CODE_PT) + CODE_PAD_IN) if codes else HEAT_COLUMN_IN
     fig = _fig(
-        max(6.0, _text_inches(configs, 7) + 0.17 * len(keys) + HEAT_SIDES_IN),
+        max(6.0, _text_inches(configs, 7) + column * len(keys) + HEAT_SIDES_IN),
         max(2.2 + rows, rows + _text_inches(keys, 7) + legend_h + HEAT_MARGIN_IN),
     )
     ax = fig.add_subplot()
@@ -203,7 +211,7 @@ def heatmap(
     if titles is not None:
         titles_.add(mesh, [t for row in titles for t in row])
     for (i, j), status in failed.items():
-        ax.text(j, i, FAILED_CODES.get(status, "?"), ha="center", va="center", fontsize=6, color="white")
+        ax.text(j, i, FAILED_CODES.get(status, "?"), ha="center", va="center", fontsize=CODE_PT, color="white")
     wx = [j for j, i in enumerate(winners) if i is not None]
     wy = [i for i in winners if i is not None]
     stars = ax.scatter(wx, wy, marker="*", s=60, c="#1a237e", label=entries[0])

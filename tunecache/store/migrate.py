@@ -126,7 +126,14 @@ def cross_process_lock(store: Migratable) -> Iterator[None]:
     """One migration at a time per store across processes: a file lock beside a SQLite file (none
     where its directory is not writable, so none could migrate),
     ``GET_LOCK`` on MySQL/MariaDB; PostgreSQL's advisory lock is taken by :func:`apply`, inside
-    the migration transaction."""
+    the migration transaction.
+
+    The SQLite lock file lives only while a migration runs: its holder removes it before letting go,
+    so no store keeps an empty ``.migrate.lock`` beside it. A process that was waiting on the removed
+    file, and one that makes a new file meanwhile, may then both go on: harmless, as each migrates
+    in a ``BEGIN IMMEDIATE`` transaction (SQLite's write lock) that reads the revision again first
+    (:func:`apply`), so the second finds the store migrated. The file lock only spares waiters
+    SQLite's busy timeout during a long migration."""
     if store.dialect == "sqlite":
         path = sqlite_path(store.url)
         if path is not None and not os.access(path.parent, os.W_OK):
@@ -136,8 +143,13 @@ def cross_process_lock(store: Migratable) -> Iterator[None]:
         if path is not None:
             from filelock import FileLock
 
-            with FileLock(str(path) + ".migrate.lock", timeout=120):
-                yield
+            lock_path = str(path) + ".migrate.lock"
+            with FileLock(lock_path, timeout=120):
+                try:
+                    yield
+                finally:
+                    with contextlib.suppress(OSError):
+                        os.unlink(lock_path)
             return
     if store.dialect in ("mysql", "mariadb"):
         with store.engine.connect() as c:

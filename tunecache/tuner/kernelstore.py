@@ -327,15 +327,14 @@ class KernelStore:
         if mode == "readonly" or not counters.first_time("readonly store", store.masked_url):
             return
         kept = (
-            f"its misses are recorded in {missspool.path()} (`tunecache misses` lists them)"
+            "`tunecache misses` lists them"
             if where == "spool"
-            else f"the miss spool {missspool.path()} is not writable either (set TUNECACHE_MISS_SPOOL)"
+            else f"not listed: {missspool.path()} is not writable (TUNECACHE_MISS_SPOOL)"
         )
+        # One line a worker prints at every start: short (the README's "Images" section says the rest).
         log.warning(
-            "tunecache: store %s is read-only for this process (%s): every miss is benchmarked here at "
-            "every start and the result dropped; %s. Tune them ahead (`tunecache warm`, or a run that may "
-            "write), and set TUNECACHE_MODE=offline to launch a stored or first config without benchmarking, "
-            "or TUNECACHE_MODE=readonly if benchmarking here is intended",
+            "tunecache: read-only store %s (%s): misses are benchmarked at every start and not kept (%s); "
+            "tune them with `tunecache warm`, or set TUNECACHE_MODE=offline (no benchmarks) or readonly (quiet)",
             store.masked_url,
             read_only_cause(store),
             kept,
@@ -389,7 +388,7 @@ class KernelStore:
 def read_only_cause(store: Store) -> str:
     """Why ``store`` takes no writes from this process, in a user's words."""
     if store.dialect == "postgresql":
-        return "this PostgreSQL login may only read: a `tunecache db grant --reader` role"
+        return "a reader login"
     if store.dialect == "sqlite":
-        return "this user may not write the SQLite file or its directory, or its mode marks it read-only"
-    return "it was opened read-only"
+        return "file or directory not writable"
+    return "opened read-only"
