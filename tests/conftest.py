@@ -30,6 +30,14 @@ sys.path.insert(0, str(HERE))  # tests/tinykernels.py, tests/procs.py, tests/ser
 from servers import PG_URL, make_database  # noqa: E402
 
 
+def pytest_terminal_summary(terminalreporter) -> None:  # noqa: ANN001 - pytest's own type
+    """What tests asked to be said (tests/summary.py), e.g. the adversarial writer's attack counts."""
+    from summary import LINES
+
+    for line in LINES:
+        terminalreporter.write_line(line)
+
+
 @pytest.fixture
 def sqlite_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'store.sqlite3'}"
