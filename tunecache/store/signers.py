@@ -7,9 +7,11 @@ slot, the column ``signer``: the base64 public key the row's signature names, ""
 row or a malformed signature (:func:`tunecache.signing.row_slot`), written by the store from the
 row's signature, never taken from a caller. So:
 
-- a put writes its own signer's slot, replacing what that slot held for the identity (last writer
-  wins within one signer, as with Inductor's Redis): a row planted there (a junk signature naming
-  the fleet's key, an altered or replayed row) is put right by that signer's next put;
+- a put writes only its own signer's slot: a torch.compile entry replaces what the slot held (last
+  writer wins within one signer, as with Inductor's Redis); a binary or launch spec keeps the row
+  there where the slot's key verifies it as it stands (the first build of a key stays, as in
+  Triton's own cache) and replaces anything else. Either way a row planted in a signer's slot (a
+  junk signature naming the fleet's key, an altered row) is put right by that signer's next put;
 - a row in another slot never keeps a put out, nor is evicted by it: a dev box that signs with no
   key and the fleet never evict each other, and a row planted first, under any other key or none,
   blocks no one;
