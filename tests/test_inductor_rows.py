@@ -1,8 +1,8 @@
-"""The store's rows of torch.compile's entries in a fleet (issue 35, items 4-6).
+"""The store's rows of torch.compile's entries in a fleet (issue 35, items 4-6; issue 43).
 
-- A put never replaces an entry signed by a key with one signed by none or by another key: a host
-  that trusts no key (a dev box on the fleet's store) would otherwise evict the fleet's entries,
-  and the two sides evict each other (real processes with their own TUNECACHE_HOST_ID).
+- Each signer keeps its own entry of a key: a host that trusts no key (a dev box on the fleet's
+  store) puts its own beside the fleet's, never evicting them, and the two sides never evict each
+  other (real processes with their own TUNECACHE_HOST_ID).
 - ``export --inductor`` reads the entries in bounded pages, as it reads problems and binaries.
 - ``invalidate --driver RELEASE`` and ``--driver-not-current`` select entries by driver release,
   through the real command, and the entries' count is always said; never an entry or a problem
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 import subprocess
 import sys
@@ -111,8 +110,9 @@ def result(p: subprocess.Popen) -> tuple[dict, str]:
 
 def test_a_host_that_trusts_no_key_never_evicts_the_fleets_signed_entries(store, keys, tmp_path, monkeypatch):
     """A dev box (no signing key, no trusted key) on the fleet's store, started with a fleet host:
-    it is never served the fleet's entries (it trusts none) and puts its own, which must not
-    replace them; a fresh fleet host is then served every entry the first host made."""
+    it is never served the fleet's entries (it trusts none) and puts its own, each in its own
+    (unsigned) slot, beside the fleet's: neither evicts the other's; a fresh fleet host is then served
+    every entry the first host made (issue 43: each signer keeps its own row)."""
     fleet = {
         "TUNECACHE_SIGNING_KEY": keys["fleet"]["private_key"],
         "TUNECACHE_TRUSTED_KEYS": keys["fleet"]["public_key"],
@@ -136,13 +136,14 @@ def test_a_host_that_trusts_no_key_never_evicts_the_fleets_signed_entries(store,
     monkeypatch.setattr(RemoteFxGraphCache, "backend_override_cls", backend_cls("fx_graph", InductorStore(store)))
     served = [RemoteFxGraphCache("tc-fleet-v1").get(k) for k in graphs]
     assert served == [{"by": "fleet-a", "round": 0}] * 4, served  # the fleet's entries are all there
-    # The dev box compiled everything itself, and said once why its entries were not stored.
-    assert rd["served"] == [] and rd["computed"] == 12, rd
-    assert rd["stats"]["inductor_not_stored"] >= 4, rd  # at least its last round, after fleet-a's puts
-    said = [ln for ln in dev_err.splitlines() if "not stored" in ln]
+    # The dev box compiled everything itself, stored every put (its own slot), and said once why it
+    # was served nothing.
+    assert rd["served"] == [] and rd["computed"] == 12 and rd["stats"]["inductor_puts"] == 12, rd
+    said = [ln for ln in dev_err.splitlines() if "no trusted key signed" in ln]
     assert len(said) == 1, dev_err[-3000:]
-    assert signing.key_id(signing.parse_public(Path(keys["fleet"]["public_key"]).read_text(), "k")) in said[0]
-    assert "TUNECACHE_SIGNING_KEY" in said[0], said[0]
+    rows = store.list_inductor()
+    per_graph = sorted((r["key"].split("::")[1].split(":")[0], bool(r["signed"])) for r in rows)  # pt2:...::KEY:c1
+    assert per_graph == sorted((g, s) for g in graphs for s in (False, True)), per_graph
 
 
 def put(entries: InductorStore, monkeypatch, signer: str | None, value: bytes, key: str = "k") -> None:
@@ -153,37 +154,38 @@ def put(entries: InductorStore, monkeypatch, signer: str | None, value: bytes, k
     entries.put("fx_graph", key, value)
 
 
-def stored(store, key: str = "k") -> bytes:
-    entry = store.get_inductor("fx_graph", key, inductor_entries.inductor_target()[0])
+def slot_of(public_key_file: str) -> str:
+    return signing.key_slot(signing.parse_public(Path(public_key_file).read_text(), "key"))
+
+
+def stored(store, key: str = "k", slot: str | None = None) -> bytes:
+    entry = store.get_inductor("fx_graph", key, inductor_entries.inductor_target()[0], None if slot is None else [slot])
     return entry.value
 
 
-def test_a_put_replaces_an_unsigned_entry_or_its_own_keys_never_another_keys(store, keys, monkeypatch, caplog):
-    """The rule, put by put: unsigned over unsigned and a key over itself or over unsigned replace
-    (last writer wins, as in Inductor's Redis); unsigned or another key over a signed entry do not,
-    and are counted and said once."""
+def test_a_put_replaces_its_own_signers_entry_never_another_signers(store, keys, monkeypatch):
+    """The rule, put by put (issue 43): each signer's put replaces that signer's entry (last writer
+    wins, as in Inductor's Redis) and no other's; no put is refused; a host that trusts the fleet's
+    key is served the fleet's entry whatever else is stored."""
     entries, fleet, other = InductorStore(store), keys["fleet"]["private_key"], keys["other"]["private_key"]
     put(entries, monkeypatch, None, b"unsigned-1")
     put(entries, monkeypatch, None, b"unsigned-2")
-    assert stored(store) == b"unsigned-2"
-    put(entries, monkeypatch, fleet, b"fleet-1")  # a signed entry replaces an unsigned one
-    assert stored(store) == b"fleet-1"
-    put(entries, monkeypatch, fleet, b"fleet-2")  # and its own key's
-    assert stored(store) == b"fleet-2"
-    before = counters.stats().get("inductor_not_stored", 0)
-    with caplog.at_level(logging.WARNING, logger="tunecache"):
-        put(entries, monkeypatch, None, b"unsigned-3")
-        put(entries, monkeypatch, other, b"other-1")
-    assert stored(store) == b"fleet-2"  # neither replaced the fleet's entry
-    assert counters.stats()["inductor_not_stored"] == before + 2
-    assert counters.stats()["inductor_puts"] == 4
-    said = [r.getMessage() for r in caplog.records if "not stored" in r.getMessage()]
-    assert len(said) == 1, said  # once per process
+    assert stored(store, slot="") == b"unsigned-2"
+    put(entries, monkeypatch, fleet, b"fleet-1")
+    put(entries, monkeypatch, fleet, b"fleet-2")
+    fleet_slot = slot_of(keys["fleet"]["public_key"])
+    assert stored(store, slot=fleet_slot) == b"fleet-2" and stored(store, slot="") == b"unsigned-2"
+    put(entries, monkeypatch, None, b"unsigned-3")
+    put(entries, monkeypatch, other, b"other-1")
+    assert stored(store, slot=fleet_slot) == b"fleet-2"  # neither replaced the fleet's entry
+    assert stored(store, slot="") == b"unsigned-3" and stored(store, slot=slot_of(keys["other"]["public_key"]))
+    assert counters.stats()["inductor_puts"] == 6
+    monkeypatch.setenv("TUNECACHE_TRUSTED_KEYS", keys["fleet"]["public_key"])
+    monkeypatch.setenv("TUNECACHE_TRUST_STORE", "no")
+    assert InductorStore(store).get("fx_graph", "k") == b"fleet-2"
 
 
-def test_an_import_that_replaces_keeps_signed_entries_from_unsigned_or_other_keys_lines(
-    store_url, keys, tmp_path, monkeypatch
-):
+def test_an_import_adds_each_line_to_its_signers_entry_never_replacing_anothers(store_url, keys, tmp_path, monkeypatch):
     from tunecache.exchange import export, import_
 
     monkeypatch.setenv("TUNECACHE_TRUST_STORE", "yes")  # the export writes every entry it holds
@@ -194,14 +196,16 @@ def test_an_import_that_replaces_keeps_signed_entries_from_unsigned_or_other_key
     put(made, monkeypatch, None, b"new", "g3")
     export(src, tmp_path / "x.jsonl", with_inductor=True)
     src.close()
+    fleet_slot = slot_of(keys["fleet"]["public_key"])
     with contextlib.closing(open_store(store_url)) as dst:
         mine = InductorStore(dst)
         put(mine, monkeypatch, keys["fleet"]["private_key"], b"fleet-1", "g1")
         put(mine, monkeypatch, keys["fleet"]["private_key"], b"fleet-2", "g2")
         monkeypatch.delenv("TUNECACHE_SIGNING_KEY")
         s = import_(dst, tmp_path / "x.jsonl", with_inductor=True, trust_unsigned=True, on_conflict="replace")
-        assert s.inductor_new == 1  # g3: nothing was stored under its key
-        assert (stored(dst, "g1"), stored(dst, "g2"), stored(dst, "g3")) == (b"fleet-1", b"fleet-2", b"new")
+        assert s.inductor_new == 3  # each line in its own signer's slot
+        assert (stored(dst, "g1", fleet_slot), stored(dst, "g2", fleet_slot)) == (b"fleet-1", b"fleet-2")
+        assert (stored(dst, "g1", ""), stored(dst, "g3", "")) == (b"unsigned", b"new")
 
 
 # ---- item 5: export --inductor reads its entries in bounded pages -----------------------------
@@ -225,7 +229,7 @@ def test_an_export_of_entries_reads_them_in_bounded_pages(store, tmp_path, monke
     reads: list[tuple[str, int]] = []
 
     def seen(conn, cursor, statement, params, context, executemany) -> None:
-        if "inductor_entries.value" in statement:
+        if "inductor_entries.signature" in statement:  # a query of whole rows (not of their keys and sizes)
             reads.append((statement, cursor.rowcount))
 
     sa.event.listen(store.engine, "after_cursor_execute", seen)

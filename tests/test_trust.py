@@ -23,6 +23,7 @@ from processes import run_json
 from realcli import cli_process, one_line_error
 
 from tunecache import signing, trust
+from tunecache.binaries.preload import for_binary
 from tunecache.cli import main
 from tunecache.errors import UntrustedFileError
 from tunecache.exchange import SIGNED_ROWS_VERSION, export, import_
@@ -93,8 +94,10 @@ def test_a_row_signature_covers_its_bytes_and_trust_is_by_the_whole_key(signed, 
     rehashed = binary_sha256(b.triton_key, b.name, b.ext, b.triton_version, b.metadata, data)
     for edited in (dataclasses.replace(b, binary=data, sha256=rehashed), dataclasses.replace(b, name="other")):
         assert "does not verify" in (trusted.binary(edited) or "")
+    text = s.spec_json[:-1] + ', "edited": 1}'  # re-hashed: filed under its own hash
+    assert "spec hash" in (trusted.spec(signed["source_hash"], target, dataclasses.replace(s, spec_json=text)) or "")
     for edited in (
-        dataclasses.replace(s, spec_json=s.spec_json.replace('"num_warps": 2', '"num_warps": 4')),
+        dataclasses.replace(s, spec_json=text, spec_hash=hashlib.sha256(text.encode()).hexdigest()),
         dataclasses.replace(s, kernel_hash="0" * 64),
         dataclasses.replace(s, triton_version="9.9.9"),
     ):
@@ -299,7 +302,7 @@ def test_one_bad_binary_row_never_keeps_the_good_ones_out(signed, tmp_path):
         signed["kernel"],
         signed["source_hash"],
         target,
-        [dataclasses.replace(v[0], kernel_hash=bad_key, spec_hash="e" * 64)],
+        [for_binary(dataclasses.replace(v[0], kernel_hash=bad_key))],  # its own spec (hash) for that key
     )
     s.put_binaries(signed["kernel"], signed["source_hash"], [dataclasses.replace(good, triton_key=bad_key)])
     r = place(url, tmp_path / "cache")

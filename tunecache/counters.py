@@ -40,7 +40,6 @@ COUNTERS = (
     "inductor_hits",
     "inductor_misses",
     "inductor_puts",
-    "inductor_not_stored",
     "inductor_lease_waits",
     "inductor_wait_seconds",
     "inductor_untrusted",

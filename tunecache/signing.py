@@ -176,13 +176,17 @@ def row_public_key(signature: str) -> bytes | None:
     return raw if len(raw) == 32 else None
 
 
-def row_signer(signature: str | None) -> str | None:
-    """The part of a row signature that names its key (``ed25519:<base64 public key>:``), or None for
-    an unsigned row or a malformed signature: rows of one key share it (:mod:`tunecache.store.inductorrows`
-    replaces a stored row only with one of the same signer). Names a key; verifies nothing."""
-    if not signature or row_public_key(signature) is None:
-        return None
-    return signature[: signature.rindex(":") + 1]
+def key_slot(raw_public: bytes) -> str:
+    """The signer slot of the rows a key signs: its raw public key in base64 (44 characters)."""
+    return base64.b64encode(raw_public).decode()
+
+
+def row_slot(signature: str | None) -> str:
+    """The signer slot of a row signed ``signature`` (a store's ``signer`` column, see
+    :mod:`tunecache.store.signers`): the key it names, or "" for an unsigned row or a malformed
+    signature. Names a key; verifies nothing."""
+    raw = row_public_key(signature) if signature else None
+    return "" if raw is None else key_slot(raw)
 
 
 def verify_row(signature: str | None, message: bytes, trusted: Collection[bytes]) -> str | None:
@@ -309,8 +313,9 @@ __all__ = [
     "keygen",
     "process_signer",
     "public_line",
+    "key_slot",
     "row_public_key",
-    "row_signer",
+    "row_slot",
     "trusted_key_sources",
     "trusted_keys",
     "warn_key_files",

@@ -12,12 +12,20 @@ only when one of these holds:
   SQLite file that only this user can write (the file and its directory are this user's and
   neither group- nor world-writable): whoever can write it can already run code as this user.
 
-What a row signature covers (:func:`spec_message`, :func:`binary_message`): a launch spec's
-kernel source, target digest, config, Triton cache key, Triton version and the sha256 of
-its specialisation text; a binary's or host module's content address (every byte of its metadata,
-whose ``target`` names the GPU architecture, and of its binary; see
-:func:`tunecache.model.binary_sha256`), its Triton cache key, name, extension and Triton version.
-Both are recomputed from the row's content when it is checked, never read from the row.
+What a row signature covers (:func:`spec_message`, :func:`binary_message`, :func:`inductor_message`):
+the row's whole identity and payload. A launch spec's kernel source, target digest, config, Triton
+cache key, Triton version and the sha256 of its specialisation text (the hash it is filed under
+must be that); a binary's or host module's content address (every byte of its metadata, whose
+``target`` names the GPU architecture, and of its binary; see :func:`tunecache.model.binary_sha256`),
+its Triton cache key, name, extension and Triton version; a torch.compile entry's cache, key,
+target digest and the sha256 of its bytes. Each is recomputed when a row is checked: the payload's
+digest from its bytes, the identity from what the reader asked for (the kernel source it reads, the
+Triton key it places, the cache, key and target it looks up), never from what the row says of
+itself, so a signed row copied under another key, cache or target does not verify.
+
+Each signer keeps its own row of an identity (:mod:`tunecache.store.signers`), and a process reads
+only the rows of the keys it trusts (:attr:`Policy.slots`): a row no trusted key signed never keeps
+out one a trusted key signed.
 
 A row that is not vouched for is not placed, not loaded, and counted (``stats()["untrusted"]``);
 the process says so in one warning line, whatever the number of rows, and compiles those kernels
@@ -26,6 +34,7 @@ as Triton would. Results (timings, winners) are not code and are read from any s
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import logging
@@ -62,22 +71,20 @@ def spec_message(source_hash: str, target_digest: str, spec: LaunchSpec) -> byte
 
 
 def binary_message(b: Binary) -> bytes:
-    """What a binary (or host module) row's signature signs."""
+    """What a binary (or host module) row's signature signs (its content address recomputed)."""
     content = binary_sha256(b.triton_key, b.name, b.ext, b.triton_version, b.metadata, b.binary)
-    return _message(
-        "binary",
-        {
-            "triton_key": b.triton_key,
-            "sha256": content,
-            "name": b.name,
-            "ext": b.ext,
-            "triton_version": b.triton_version,
-        },
-    )
+    return _binary_message(b.triton_key, content, b.name, b.ext, b.triton_version)
+
+
+def _binary_message(triton_key: str, sha256: str, name: str, ext: str, triton_version: str) -> bytes:
+    fields = {"triton_key": triton_key, "sha256": sha256, "name": name, "ext": ext, "triton_version": triton_version}
+    return _message("binary", fields)
 
 
 def inductor_message(e: InductorEntry) -> bytes:
-    """What an Inductor cache entry's signature signs: its cache, key, target and the sha256 of its bytes."""
+    """What an Inductor cache entry's signature signs: its cache, key, target and the sha256 of its
+    bytes. A lookup checks it with the cache, key and target it asked for (the key hash it selects by
+    is the key's), so a row copied under another key, cache or target does not verify."""
     return _message(
         "inductor",
         {"cache": e.kind, "key": e.key, "target_digest": e.target_digest, "sha256": e.sha256},
@@ -144,6 +151,35 @@ def sign_inductor(e: InductorEntry, store: Any = None) -> InductorEntry:
     if signer is None:
         return e
     return replace(e, signature=signer.sign_row(inductor_message(e)))
+
+
+def own_row(slot: str, signature: str | None, message: bytes) -> bool:
+    """Whether a row stored in signer ``slot`` is that signer's own as it stands: signed, by the
+    slot's key, over ``message`` (recomputed from the row). A put of that signer keeps it, and
+    replaces anything else there (a row planted in its slot, or altered). The unsigned slot has no
+    key to tell: its row is kept, as a store trusted as a whole takes it."""
+    if not slot:
+        return True
+    return signing.verify_row(signature, message, [base64.b64decode(slot)]) is None
+
+
+def own_slot(store: Any = None) -> str:
+    """The signer slot this process's rows go to (:mod:`tunecache.store.signers`): its key's, or ""."""
+    signer = _signer(store)
+    return "" if signer is None else signing.key_slot(signer.raw_public)
+
+
+def signed_heads(heads: dict[str, tuple[Any, ...]], store: Any = None) -> set[str]:
+    """The Triton keys whose binary in this process's own slot (``heads``: what
+    :meth:`~tunecache.store.binaryrows.BinaryRows.binary_signatures` answers, read without bytes) this
+    process's key signed as it stands: an uploader puts the others again (a row planted in its slot,
+    a column altered). Without a key every row of its slot is taken as its own (nothing to check)."""
+    signer = _signer(store)
+    if signer is None:
+        return set(heads)
+    mine = [signer.raw_public]
+    return {k for k, (sha, name, ext, version, sig) in heads.items()
+            if signing.verify_row(sig, _binary_message(k, sha, name, ext, version), mine) is None}  # fmt: skip
 
 
 def private_sqlite(url: Any) -> bool:
@@ -219,25 +255,51 @@ class Policy:
     whole: bool  # the store is trusted as a whole
     store: str  # its masked URL, for messages
 
+    @property
+    def slots(self) -> frozenset[str] | None:
+        """The signer slots whose rows this process reads (:mod:`tunecache.store.signers`): its
+        trusted keys'; None (every slot) for a store trusted as a whole."""
+        return None if self.whole else frozenset(signing.key_slot(k) for k in self.keys)
+
+    def not_read(self, signature: str | None) -> str:
+        """Why a row signed ``signature``, stored in a slot this process does not read, is not used."""
+        return signing.verify_row(signature, b"", self.keys) or "it is not in its signer's slot"
+
     def spec(self, source_hash: str, target_digest: str, s: LaunchSpec) -> str | None:
-        """Why launch spec ``s`` must not be preloaded; None if it may."""
+        """Why launch spec ``s`` must not be preloaded; None if it may. A signed one must be filed
+        under its text's hash (the signature covers the sha256 of its text)."""
         if self.whole:
             return None
+        if hashlib.sha256(s.spec_json.encode()).hexdigest() != s.spec_hash:
+            return "its spec hash is not that of its text (the row was altered or moved)"
         return signing.verify_row(s.signature, spec_message(source_hash, target_digest, s), self.keys)
 
     def specs(self, source_hash: str, by_target: dict[str, list[LaunchSpec]]) -> dict[str, list[LaunchSpec]]:
         """The launch specs of ``by_target`` (one kernel source's, by target digest) this process
         may preload; each one refused is counted (:func:`refused`)."""
-        if self.whole:
-            return by_target
         out: dict[str, list[LaunchSpec]] = {}
         for t, specs in by_target.items():
+            taken: set[str] = set()  # one spec per hash: the newest that is vouched for (several signers')
             for s in specs:
+                if s.spec_hash in taken:
+                    continue
                 why = self.spec(source_hash, t, s)
                 if why is None:
                     out.setdefault(t, []).append(s)
+                    taken.add(s.spec_hash)
                 else:
                     refused("launch spec", s.spec_hash[:12], why, self.store)
+        return out
+
+    def stored_specs(self, store: Any, source_hash: str) -> dict[str, list[LaunchSpec]]:
+        """The launch specs of one kernel source stored in ``store`` that this process may preload, by
+        target: only those of the signers it trusts are read (:mod:`tunecache.store.signers`), each
+        checked (:meth:`specs`); where only others' are stored, one is counted and said (refused)."""
+        out = self.specs(source_hash, store.get_specs(source_hash, self.slots))
+        if not out and self.slots is not None:
+            n, one = store.specs_elsewhere(source_hash, self.slots)
+            if one is not None:
+                refused("launch spec", one[0][:12], self.not_read(one[1]), self.store, n)
         return out
 
     def binary(self, b: Binary) -> str | None:
@@ -247,7 +309,9 @@ class Policy:
         return signing.verify_row(b.signature, binary_message(b), self.keys)
 
     def inductor(self, e: InductorEntry) -> str | None:
-        """Why Inductor cache entry ``e`` must not be served; None if it may. Every entry must hold
+        """Why Inductor cache entry ``e`` (its kind, key and target those of the lookup: see
+        :meth:`tunecache.store.inductorrows.InductorRows.get_inductor_rows`) must not be served;
+        None if it may. Every entry must hold
         the bytes its sha256 names, and be vouched for by a trusted key or come from a store trusted
         as a whole: a compiled graph (FX graph, AOTAutograd) is code, and an autotune entry, though
         only config choices, is rebuilt by Inductor (torch 2.13) into a config it never generated
@@ -297,10 +361,11 @@ _refused_lock = threading.Lock()
 _refused_warned = False
 
 
-def refused(what: str, name: str, why: str, store: str) -> None:
-    """Count a row that was not placed or loaded; one warning per process, a debug line per row."""
+def refused(what: str, name: str, why: str, store: str, n: int = 1) -> None:
+    """Count a row (``n`` rows like it) that was not placed or loaded; one warning per process, a
+    debug line per call."""
     global _refused_warned
-    counters.count(None, None, untrusted=1)
+    counters.count(None, None, untrusted=n)
     log.debug("tunecache: %s %s from %s not used: %s", what, name, store, why)
     with _refused_lock:
         if _refused_warned:
@@ -335,12 +400,15 @@ __all__ = [
     "inductor_message",
     "policy",
     "not_private",
+    "own_row",
+    "own_slot",
     "private_sqlite",
     "refused",
     "reset_warnings",
     "sign_binaries",
     "sign_inductor",
     "sign_specs",
+    "signed_heads",
     "spec_message",
     "store_trust",
 ]

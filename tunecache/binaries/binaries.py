@@ -208,8 +208,11 @@ def upload(
             return 0
         keys = {s.kernel_hash for s in specs}
         host = host_module_keys(fn, keys) if target_digest is not None else {}
-        have = store.binary_heads(sorted(keys | set(host)))
-        bins = collect(fn, keys - set(have))
+        # What this process's own slot holds as its key signed it (a row planted there, or altered, is
+        # put again: tunecache.store.signers); another signer's rows are theirs, neither used nor kept.
+        mine = trust.own_slot(store)
+        have = trust.signed_heads(store.binary_signatures(sorted(keys | set(host)), mine), store)
+        bins = collect(fn, keys - have)
         if host and target_digest is not None:
             version = preload.triton_version()
             store.put_specs(
@@ -230,7 +233,7 @@ def upload(
                     limit,
                 )
         n = store.put_binaries(kernel, source_hash, small, settings.get("TUNECACHE_KERNEL_BINARIES_MAX_BYTES"))
-        if n < len(small) and len(store.binary_heads([b.triton_key for b in small])) < len(small):
+        if n < len(small) and len(store.binary_heads([b.triton_key for b in small], [mine])) < len(small):
             log.warning("tunecache: %s: binaries past TUNECACHE_KERNEL_BINARIES_MAX_BYTES were not uploaded", kernel)
         return n
     except StoreError as e:
@@ -260,7 +263,7 @@ def record_companions(tuner: Any, *fns: Any, store: Store | None = None) -> int:
     target = detect_target().digest
     any_config = _AnyConfig(num_warps=None, num_stages=None, num_ctas=None, maxnreg=None)
     n = 0
-    held = store.get_specs(tuner.identity.source_hash).get(target, [])
+    held = store.get_specs(tuner.identity.source_hash, [trust.own_slot(store)]).get(target, [])  # its own
     for fn in fns:
         # beside the specs of another text (a comment edit in a rolling deploy), never dropped as their duplicates
         specs = preload.beside(held, preload.capture(fn, any_config, COMPANION_CONFIG))
@@ -289,26 +292,41 @@ def place(store: Store, specs: Iterable[LaunchSpec], policy: trust.Policy | None
         if not keys:
             return 0, 0
         policy = policy if policy is not None else trust.policy(store)
-        heads = store.binary_heads(keys)
+        heads = store.binary_heads(keys, policy.slots)  # only the signers it trusts (tunecache.store.signers)
         # A key or name Triton's cache manager cannot take is refused below, with the row's other checks.
         missing = [k for k, (name, ext, _) in heads.items() if not _placeable(k, name) or not _cached(k, name, ext)]
-        bins = store.get_binaries(missing) if missing else []
+        bins = store.get_binaries(missing, policy.slots) if missing else []
+        others = [k for k in keys if k not in heads]
+        elsewhere = store.binaries_elsewhere(others, policy.slots) if others and policy.slots is not None else {}
     except Exception as e:  # noqa: BLE001 - best effort: Triton compiles what is not placed
         log.debug("tunecache: reading binaries to place failed: %r", e)
         return 0, 0
     placed = refused = 0
+    for key, signature in elsewhere.items():  # stored only by signers it does not trust: not read
+        refused += 1
+        trust.refused("binary", key[:12], policy.not_read(signature), policy.store)
+    by_key: dict[str, list[Binary]] = {}
     for b in bins:
-        why = problems_of(b)
-        if why is None and b.triton_version != version:
-            why = f"it was compiled by Triton {b.triton_version}, this is {version}"
-        if why is not None:
+        by_key.setdefault(b.triton_key, []).append(b)
+    for rows in by_key.values():  # the newest row of a trusted signer that passes every check
+        chosen, why, untrusted = None, None, False
+        for b in rows:
+            bad = problems_of(b)
+            if bad is None and b.triton_version != version:
+                bad = f"it was compiled by Triton {b.triton_version}, this is {version}"
+            vouch = policy.binary(b) if bad is None else None
+            if bad is None and vouch is None:
+                chosen = b
+                break
+            if why is None:
+                why, untrusted = bad or vouch, bad is None
+        b = chosen or rows[0]
+        if chosen is None:
             refused += 1
-            log.warning("tunecache: binary %s (%s) not placed: %s", b.triton_key[:12], b.name[:40], why)
-            continue
-        why = policy.binary(b)
-        if why is not None:
-            refused += 1
-            trust.refused("binary", f"{b.triton_key[:12]} ({b.name})", why, policy.store)
+            if untrusted:
+                trust.refused("binary", f"{b.triton_key[:12]} ({b.name})", why or "", policy.store)
+            else:
+                log.warning("tunecache: binary %s (%s) not placed: %s", b.triton_key[:12], b.name[:40], why)
             continue
         try:
             placed += _put(b)

@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import os
 from typing import Any
 
 import click
 
+from tunecache import signing
 from tunecache.cli.options import (
     AGE,
     AGE_HELP,
@@ -20,8 +22,11 @@ from tunecache.cli.options import (
 )
 from tunecache.cli.output import json_out, problem_summary
 from tunecache.errors import StoreNotFoundError, StoreReadOnlyError, TunecacheError
-from tunecache.model import Problem, utcnow
+from tunecache.model import INDUCTOR_KINDS, Problem, utcnow
 from tunecache.store.opening import connect
+
+#: What ``invalidate --kind`` names: a torch.compile cache, a binary (or host module), a launch spec.
+CODE_KINDS = (*INDUCTOR_KINDS, "binary", "launch_spec")
 
 
 @click.group(cls=CommandGroup)
@@ -153,6 +158,14 @@ def db_grant(
     help="Entries for any driver other than this machine's (another CUDA driver version or release).",
 )
 @click.option("--older-than", type=AGE, help=f"Entries not updated since then: {AGE_HELP}.")
+@click.option("--kind", type=click.Choice(CODE_KINDS), help="With --key: the kind of stored code it names.")
+@click.option(
+    "--key",
+    "key_prefix",
+    metavar="PREFIX",
+    help="One stored entry of code by name, every signer's row of it: a torch.compile key, a binary's Triton "
+    "key or a launch spec's hash (as warnings and `ls --inductor` show them), or their start; with --kind.",
+)
 @click.option("--dry-run", is_flag=True, help="List what would be deleted, delete nothing.")
 @json_option
 @click.pass_context
@@ -164,12 +177,19 @@ def invalidate(
     driver: str,
     driver_not_current: bool,
     older_than: dt.datetime | None,
+    kind: str | None,
+    key_prefix: str | None,
     dry_run: bool,
     as_json: bool,
 ) -> None:
     """Delete stored problems (e.g. after a driver upgrade), and torch.compile's cache entries of the same
     target filters (--arch, --device, --driver, --driver-not-current, --older-than). At least one filter is
-    required."""
+    required. Or delete one stored entry of code by name (--kind and --key), e.g. one no trusted key signed."""
+    if kind is not None or key_prefix is not None:
+        if any((kernel, arch, device, driver, driver_not_current, older_than)):
+            raise click.UsageError("--key selects one entry by name: give it only with --kind (and --dry-run)")
+        _invalidate_key(ctx, kind, key_prefix, dry_run, as_json)
+        return
     filters = problem_filters(kernel, arch, device, driver)
     if driver_not_current:
         from tunecache.target import detect_target
@@ -189,6 +209,30 @@ def invalidate(
     graphs = _inductor_deleted(store, dry_run, filters)
     kept = _driverless_kept(store, filters)
     _report_deleted(gone, dry_run, as_json, graphs, "--kernel selects none" if filters.get("kernel") else "", kept)
+
+
+def _invalidate_key(ctx: click.Context, kind: str | None, prefix: str | None, dry_run: bool, as_json: bool) -> None:
+    """``invalidate --kind KIND --key PREFIX``: every signer's row of the entries of code so named."""
+    if kind is None or not prefix:
+        raise click.UsageError("--key needs --kind (and --kind needs --key): one entry of code, by its kind and name")
+    if kind in ("binary", "launch_spec") and not (len(prefix) <= 64 and all(ch in "0123456789abcdef" for ch in prefix)):
+        raise click.UsageError(f"--key {prefix[:70]!r}: a {kind}'s key is up to 64 lowercase hex digits")
+    store = store_for(ctx)
+    if kind == "binary":
+        gone = store.delete_binary_key(prefix, dry_run=dry_run)
+    elif kind == "launch_spec":
+        gone = store.delete_spec_key(prefix, dry_run=dry_run)
+    else:
+        gone = store.delete_inductor_key(kind, prefix, dry_run=dry_run)
+    for g in gone:
+        g["signer"] = signing.key_id(base64.b64decode(g["signer"])) if g["signer"] else "unsigned"
+    if as_json:
+        json_out({"dry_run": dry_run, "kind": kind, "key": prefix, "count": len(gone), "entries": gone})
+        return
+    for g in gone:
+        where = f" target {g['target_digest'][:12]}" if g.get("target_digest") else ""
+        click.echo(f"{'would delete' if dry_run else 'deleted'} {kind} {g['key'][:80]}{where} signed by {g['signer']}")
+    click.echo(f"{len(gone)} {kind} rows {'would be ' if dry_run else ''}deleted")
 
 
 def _inductor_deleted(store: Any, dry_run: bool, filters: dict[str, Any]) -> list[dict[str, Any]]:

@@ -429,7 +429,16 @@ def _write_body(
         if with_specs:
             # The specs of every (kernel source, target) that has an exported problem, in key order.
             refs: dict[str, tuple[str, str]] = {}  # kernel_hash -> (kernel, source_hash) of its first spec
+            written: tuple[str, str, str] | None = None  # one line per spec: the newest its signers vouch for
             for row in dump.launch_spec_rows(conn, **filters):
+                ident = (row[_S_SOURCE], row[_S_TARGET], row[_S_HASH])
+                if ident == written:
+                    continue
+                if hashlib.sha256(row[_S_SPEC].encode()).hexdigest() != row[_S_HASH]:
+                    if counts is not None:
+                        counts["untrusted"] += 1
+                    log.warning("tunecache: export: launch spec %s left out: its hash is not its text's", ident[2][:12])
+                    continue
                 if vouch is not None:
                     spec = LaunchSpec(
                         row[_S_HASH], row[_S_CONFIG], row[_S_KERNEL_HASH], row[_S_SPEC], row[_S_VERSION], row[-1]
@@ -441,6 +450,7 @@ def _write_body(
                 else:
                     line = dumps(dict(zip(LAUNCH_SPEC_FIELDS, row[:-1])), option=newline)
                 refs.setdefault(row[_S_KERNEL_HASH], (row[_S_KERNEL], row[_S_SOURCE]))
+                written = ident
                 if len(line) > MAX_LINE_BYTES:  # pragma: no cover - a spec is a few KiB
                     raise TunecacheError(
                         f"launch spec {row[_S_HASH][:16]} of {row[_S_KERNEL]} is a {len(line)}-byte line"
@@ -451,7 +461,10 @@ def _write_body(
         n_bins = 0
         if with_binaries and with_specs:
             # The binaries those specs reference, in key order, a few at a time (each up to 2.5 MiB).
+            done = ""  # one line per key: the newest row its signers vouch for
             for key, digest, name, ext, version, md, data, sig in dump.binary_rows(conn, sorted(refs), _B_READ):
+                if key == done:
+                    continue
                 kernel_name, source = refs[key]
                 binary = Binary(key, digest, name, ext, version, bytes(md), bytes(data), sig)
                 if vouch is not None and _untrusted(vouch, "binary", f"{key[:12]} ({name})", counts, binary):
@@ -460,6 +473,7 @@ def _write_body(
                 obj["metadata"] = binary.metadata.decode()
                 obj["binary"] = base64.b64encode(binary.binary).decode()
                 obj["signature"] = sig
+                done = key
                 line = dumps(obj, option=newline)
                 if len(line) > MAX_LINE_BYTES:
                     raise TunecacheError(
@@ -476,13 +490,17 @@ def _write_body(
 
 def _write_inductor(conn: Any, body: IO[bytes], sha: Any, vouch: trust.Policy | None, counts: dict[str, int]) -> int:
     """torch.compile's cache entries as version 5 lines (format.py); returns how many were written."""
-    n = 0
+    n, done = 0, ("", "", "")  # one line per entry: the first of its signers' rows this process vouches for
     for r in dump.inductor_rows(conn):
         target = {k: r[k] for k in INDUCTOR_TARGET_FIELDS}
         entry = InductorEntry(
             r["kind"], r["key"], r["target_digest"], bytes(r["value"]), target, r["signature"], r["sha256"]
         )
+        if (entry.kind, entry.key_hash, entry.target_digest) == done:
+            continue
         why = vouch.inductor(entry) if vouch is not None else None
+        if r["key_hash"] != entry.key_hash:  # filed under another key than its own: served nowhere
+            why = "it is filed under another key's hash"
         if why is not None:
             counts["untrusted"] += 1
             log.warning("tunecache: export: torch.compile %s entry %s left out: %s", entry.kind, entry.key[:40], why)
@@ -511,5 +529,6 @@ def _write_inductor(conn: Any, body: IO[bytes], sha: Any, vouch: trust.Policy | 
             continue
         body.write(line)
         sha.update(line)
+        done = (entry.kind, entry.key_hash, entry.target_digest)
         n += 1
     return n

@@ -21,6 +21,7 @@ from tunecache import counters, processend, settings, signing, trust, writeback
 from tunecache.identity import canonical_json, sha256_hex
 from tunecache.inductor import leases
 from tunecache.model import INDUCTOR_KINDS, INDUCTOR_TARGET_FIELDS, InductorEntry
+from tunecache.store import signers
 from tunecache.store.opening import shared_store
 from tunecache.store.store import Store
 from tunecache.target import detect_target
@@ -123,24 +124,43 @@ class InductorStore:
             leases.busy()
             processend.arm()  # a compile worker says its summary line (and releases its leases) as it ends
             digest = target or inductor_target()[0]
-            entry = store.get_inductor(kind, key, digest)
-            if entry is None and self._writes(store):
-                entry = leases.on_miss(store, kind, key, digest)  # another host's, if it was computing it
-            if entry is None:
+            policy = self._policy(store)
+            entry, why = self._choose(store, policy, kind, key, digest)
+            if entry is None and why is None and self._writes(store):
+                # Another host's, if it was computing it (an entry this process trusts: leases.on_miss).
+                entry = leases.on_miss(store, kind, key, digest, policy.slots)
+                why = None if entry is None else policy.inductor(entry)
+            if entry is None and why is None:
                 counters.count(None, None, inductor_misses=1)
                 return None, True
-            why = self._policy(store).inductor(entry)
         except Exception as e:  # noqa: BLE001 - Inductor compiles as without a remote cache
             self._failed("get", e)
             return None, False
-        if why is not None:
-            trust.refused(f"torch.compile {kind} entry", key[:60], why, store.masked_url)
+        if entry is None or why is not None:
+            trust.refused(f"torch.compile {kind} entry", key[:60], why or "", store.masked_url)
             counters.count(None, None, inductor_misses=1, inductor_untrusted=1)
             return None, True
         counters.count(None, None, inductor_hits=1)
         if self._writes(store):
             writeback.inductor_hit(store, entry)  # written off this compile's path (tunecache.writeback)
         return entry.value, True
+
+    @staticmethod
+    def _choose(
+        store: Store, policy: trust.Policy, kind: str, key: str, digest: str
+    ) -> tuple[InductorEntry | None, str | None]:
+        """(the entry this process may be served, None) or (None, why not) or (None, None): a miss.
+        Only the rows of the signers it trusts are read (:mod:`tunecache.store.signers`), the newest
+        that verifies served; where only others' rows are stored, one's signature says why not."""
+        why = None
+        for entry in store.get_inductor_rows(kind, key, digest, policy.slots):
+            why = policy.inductor(entry)
+            if why is None:
+                return entry, None
+        if why is None and policy.slots is not None:
+            for signature in store.inductor_signatures_elsewhere(kind, key, digest, policy.slots):
+                why = policy.not_read(signature)
+        return None, why
 
     def put(self, kind: str, key: str, data: bytes, target: tuple[str, dict[str, str]] | None = None) -> None:
         """Store ``data`` under ``key`` in cache ``kind`` for this target (or ``target``, a digest and
@@ -156,43 +176,15 @@ class InductorStore:
                 return
             leases.busy()
             digest, desc = target or inductor_target()
+            if len(data) > signers.MAX_ROW_BYTES["inductor_entries"]:
+                log.debug("tunecache: torch.compile %s entry %s not stored: %d bytes", kind, key[:60], len(data))
+                return  # no host would read it (tunecache.store.signers)
             entry = trust.sign_inductor(InductorEntry(kind, key, digest, bytes(data), desc), store)
-            kept = store.put_inductor(entry)
-            if kept is None:
-                counters.count(None, None, inductor_puts=1)
-            else:
-                self._not_stored(store, entry, kept)
+            store.put_inductor(entry)  # in its signer's slot: never refused, never evicting another's
+            counters.count(None, None, inductor_puts=1)
             leases.on_put(store, kind, key, digest)
         except Exception as e:  # noqa: BLE001 - Inductor keeps its result locally, as without a remote cache
             self._failed("put", e)
-
-    def _not_stored(self, store: Store, entry: InductorEntry, kept: str) -> None:
-        """Count a put the store refused (it holds the entry signed by a key this one is not signed
-        by) and say once why, and what to do: this host then compiles what the fleet's key made."""
-        counters.count(None, None, inductor_not_stored=1)
-        raw = signing.row_public_key(kept)
-        theirs = signing.key_id(raw) if raw is not None else "(a malformed signature)"
-        ours = signing.row_public_key(entry.signature) if entry.signature else None
-        how = f"with key {signing.key_id(ours)}" if ours else "with no key (TUNECACHE_SIGNING_KEY is unset)"
-        policy = self._policy(store)
-        trusted = "" if policy.whole or raw in policy.keys else ", which this host does not trust"
-        counters.warn_once(
-            "torch.compile",
-            "inductor-not-stored",
-            "tunecache: torch.compile entries this host computes are not stored in %s (first: %s %s): the "
-            "store holds them signed by key %s%s, and this host signs %s; a signed entry is replaced only by "
-            "one of its own key, so that hosts with other keys never evict each other's. If key %s is your "
-            "fleet's, list it in TUNECACHE_TRUSTED_KEYS (this host is then served those entries) and sign "
-            "with it (TUNECACHE_SIGNING_KEY); if it was retired, drop its entries (tunecache invalidate, "
-            "gc). stats()['inductor_not_stored'] counts them",
-            store.masked_url,
-            entry.kind,
-            entry.key[:60],
-            theirs,
-            trusted,
-            how,
-            theirs,
-        )
 
     @staticmethod
     def _writes(store: Store) -> bool:
@@ -227,9 +219,8 @@ def default() -> InductorStore:
 
 
 def stats() -> dict[str, Any]:
-    """This process's Inductor cache counters: hits, misses (refusals included), puts, puts not stored
-    (the store holds the entry signed by another key), lease waits and the seconds they took,
-    refusals (untrusted and store_errors are shared with the tuner)."""
+    """This process's Inductor cache counters: hits, misses (refusals included), puts, lease waits
+    and the seconds they took, refusals (untrusted and store_errors are shared with the tuner)."""
     s = counters.stats()
     return {k: v for k, v in s.items() if k.startswith("inductor_") or k in ("untrusted", "store_errors")}
 

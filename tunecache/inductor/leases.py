@@ -45,6 +45,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from tunecache import counters, forks, processend, settings
@@ -100,9 +101,12 @@ def busy() -> None:
     _last_busy = time.monotonic()
 
 
-def on_miss(store: Store, kind: str, key: str, target_digest: str) -> InductorEntry | None:
+def on_miss(
+    store: Store, kind: str, key: str, target_digest: str, slots: Collection[str] | None = None
+) -> InductorEntry | None:
     """After a miss of ``key``: the entry, if another host was computing it and put it while this
-    process waited; else None, with the lease taken where it could be (this process computes)."""
+    process waited (one by a signer of ``slots``, those this process trusts; None: any); else None,
+    with the lease taken where it could be (this process computes)."""
     if kind not in LEASED:
         return None
     wait = settings.get("TUNECACHE_WAIT_SECONDS")
@@ -132,7 +136,7 @@ def on_miss(store: Store, kind: str, key: str, target_digest: str) -> InductorEn
             busy()  # waiting is part of this process's compile: the leases it holds stay
             time.sleep(min(POLL[min(looks, len(POLL) - 1)], ttl / 2, left))
             looks += 1
-            entry = store.get_inductor(kind, key, target_digest)
+            entry = store.get_inductor(kind, key, target_digest, slots)
             if entry is not None:
                 log.debug("tunecache: torch.compile %s: served after the wait", _named(kind, key))
                 return entry

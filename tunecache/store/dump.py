@@ -16,6 +16,7 @@ from sqlalchemy.engine import Connection, Row
 from tunecache.model import LAUNCH_SPEC_COLUMNS, TIMESTAMP_FIELDS
 from tunecache.store.filters import filter_clauses
 from tunecache.store.schema import binaries, configs, inductor_entries, launch_specs, problems
+from tunecache.store.signers import not_larger
 
 #: Binaries read per query (each up to 2.5 MiB).
 BINARY_CHUNK = 50
@@ -81,7 +82,8 @@ def launch_spec_rows(conn: Connection, **filters: Any) -> Iterator[Row]:
         problems.c.source_hash == s.source_hash, problems.c.target_digest == s.target_digest, *filter_clauses(**filters)
     )
     q = sa.select(*(s[c] for c in LAUNCH_SPEC_COLUMNS), s.signature).where(of_exported)
-    yield from conn.execute(q.order_by(s.source_hash, s.target_digest, s.spec_hash))
+    q = q.where(not_larger(launch_specs, s.spec_json))
+    yield from conn.execute(q.order_by(s.source_hash, s.target_digest, s.spec_hash, s.created_at.desc(), s.signer))
 
 
 def binary_rows(conn: Connection, triton_keys: Sequence[str], cols: Sequence[str]) -> Iterator[Row]:
@@ -89,7 +91,8 @@ def binary_rows(conn: Connection, triton_keys: Sequence[str], cols: Sequence[str
     b = binaries.c
     for i in range(0, len(triton_keys), BINARY_CHUNK):
         q = sa.select(*(b[c] for c in cols)).where(b.triton_key.in_(triton_keys[i : i + BINARY_CHUNK]))
-        yield from conn.execute(q.order_by(b.triton_key))
+        q = q.where(not_larger(binaries, b.metadata, b.binary))
+        yield from conn.execute(q.order_by(b.triton_key, b.created_at.desc(), b.signer))
 
 
 def inductor_rows(conn: Connection) -> Iterator[Any]:
@@ -98,17 +101,19 @@ def inductor_rows(conn: Connection) -> Iterator[Any]:
     (:data:`INDUCTOR_CHUNK`, :data:`INDUCTOR_CHUNK_BYTES`), each a range of the primary key. One query
     for them all held every entry in memory on PostgreSQL, whose driver fetches a whole result."""
     e = inductor_entries.c
-    order = (e.kind, e.key_hash, e.target_digest)
+    order = (e.kind, e.key_hash, e.target_digest, e.signer)  # several signers' rows of one entry
     after: list[Any] = []
     while True:
-        q = sa.select(*order, e.size).where(*after).order_by(*order).limit(INDUCTOR_HEADS)
+        # Sized by the database (the size column is anyone's to write); none larger than a row of code.
+        small = not_larger(inductor_entries, e.value)
+        q = sa.select(*order, sa.func.length(e.value)).where(*after, small).order_by(*order).limit(INDUCTOR_HEADS)
         heads = conn.execute(q).all()
         if not heads:
             return
         for first, last in _inductor_chunks(heads):
             span = (sa.tuple_(*order) >= sa.tuple_(*first), sa.tuple_(*order) <= sa.tuple_(*last))
-            yield from conn.execute(sa.select(inductor_entries).where(*span).order_by(*order)).mappings()
-        after = [sa.tuple_(*order) > sa.tuple_(*heads[-1][:3])]
+            yield from conn.execute(sa.select(inductor_entries).where(*span, small).order_by(*order)).mappings()
+        after = [sa.tuple_(*order) > sa.tuple_(*heads[-1][:4])]
 
 
 def _inductor_chunks(heads: Sequence[Row]) -> Iterator[tuple[tuple[Any, ...], tuple[Any, ...]]]:
@@ -116,9 +121,9 @@ def _inductor_chunks(heads: Sequence[Row]) -> Iterator[tuple[tuple[Any, ...], tu
     :data:`INDUCTOR_CHUNK` entries and :data:`INDUCTOR_CHUNK_BYTES` (one entry when it is larger)."""
     start, n, size = 0, 0, 0
     for i, h in enumerate(heads):
-        if n and (n == INDUCTOR_CHUNK or size + h[3] > INDUCTOR_CHUNK_BYTES):
-            yield tuple(heads[start][:3]), tuple(heads[i - 1][:3])
+        if n and (n == INDUCTOR_CHUNK or size + h[4] > INDUCTOR_CHUNK_BYTES):
+            yield tuple(heads[start][:4]), tuple(heads[i - 1][:4])
             start, n, size = i, 0, 0
         n += 1
-        size += h[3]
-    yield tuple(heads[start][:3]), tuple(heads[-1][:3])
+        size += h[4]
+    yield tuple(heads[start][:4]), tuple(heads[-1][:4])

@@ -1,24 +1,25 @@
 """Store rows of torch.compile's remote caches (:mod:`tunecache.inductor`): Inductor's entries.
 
 A mixin of :class:`tunecache.store.store.Store`, which inherits it: the ``inductor_entries`` table
-is read and written apart from the tuning results (its own keys, last-writer-wins within one
-signer's entries, its own gc), so its queries live here, through the store's own connections and
-transactions.
+is read and written apart from the tuning results (its own keys, one row per identity and signer
+with the last writer winning within a signer's, :mod:`tunecache.store.signers`; its own gc), so its
+queries live here, through the store's own connections and transactions.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from tunecache import signing
 from tunecache.model import INDUCTOR_KINDS, INDUCTOR_TARGET_FIELDS, InductorEntry, utcnow
 from tunecache.store.filters import bound_to_no_driver, not_this_driver, this_driver
 from tunecache.store.schema import inductor_entries
-from tunecache.store.signers import kept_out_by, replaceable_by
+from tunecache.store.signers import not_larger, trusted_slots
 from tunecache.target import hostname
 
 
@@ -39,15 +40,58 @@ class InductorRows:
             r["kind"], r["key"], r["target_digest"], bytes(r["value"]), target, r["signature"], r["sha256"]
         )
 
-    def get_inductor(self, kind: str, key: str, target_digest: str) -> InductorEntry | None:
-        """The entry of one Inductor cache under its key for one target, or None (unverified: see
-        :mod:`tunecache.inductor.entries`)."""
+    def get_inductor(
+        self, kind: str, key: str, target_digest: str, slots: Collection[str] | None = None
+    ) -> InductorEntry | None:
+        """The newest of :meth:`get_inductor_rows`, or None."""
+        found = self.get_inductor_rows(kind, key, target_digest, slots)
+        return found[0] if found else None
+
+    def get_inductor_rows(
+        self, kind: str, key: str, target_digest: str, slots: Collection[str] | None = None
+    ) -> list[InductorEntry]:
+        """The entries of one Inductor cache under ``key`` for one target, one per signer of ``slots``
+        (None: every signer; :mod:`tunecache.store.signers`), newest first, unverified (see
+        :mod:`tunecache.inductor.entries`). Each is the lookup's: its kind, key and target are the ones
+        asked for, which its signature must then cover, never what a row says of itself; and a row
+        is found only under the key it names (its key hash alone is a column anyone can write)."""
         e = inductor_entries.c
         key_hash = InductorEntry(kind, key, target_digest, b"", {}).key_hash
-        q = sa.select(inductor_entries).where(e.kind == kind, e.key_hash == key_hash, e.target_digest == target_digest)
+        q = sa.select(inductor_entries).where(
+            e.kind == kind,
+            e.key_hash == key_hash,
+            e.target_digest == target_digest,
+            e.key == key,
+            *trusted_slots(e.signer, slots),
+            not_larger(inductor_entries, e.value),
+        )
         with self._read("inductor entry") as conn:
-            row = conn.execute(q).mappings().first()
-        return None if row is None else self._inductor_entry(row)
+            rows = conn.execute(q.order_by(e.created_at.desc(), e.signer)).mappings().all()
+        return [
+            InductorEntry(
+                kind,
+                key,
+                target_digest,
+                bytes(r["value"]),
+                {k: r[k] for k in INDUCTOR_TARGET_FIELDS},
+                r["signature"],
+                r["sha256"],
+            )  # fmt: skip
+            for r in rows
+        ]
+
+    def inductor_signatures_elsewhere(
+        self, kind: str, key: str, target_digest: str, slots: Collection[str]
+    ) -> list[str | None]:
+        """The signature of one entry under ``key`` that no signer of ``slots`` stored, if any (a
+        reader that trusts other keys says once why it is not served it, without reading its bytes)."""
+        e = inductor_entries.c
+        key_hash = InductorEntry(kind, key, target_digest, b"", {}).key_hash
+        q = sa.select(e.signature).where(
+            e.kind == kind, e.key_hash == key_hash, e.target_digest == target_digest, e.signer.not_in(sorted(slots))
+        )
+        with self._read("inductor entry") as conn:
+            return list(conn.execute(q.limit(1)).scalars())
 
     def touch_inductor(self, uses: Mapping[tuple[str, str, str], int]) -> None:
         """Record uses of entries, ``{(kind, key_hash, target_digest): hits}``, in one transaction
@@ -62,47 +106,39 @@ class InductorRows:
                     .values(used_at=now, hit_count=e.hit_count + n)
                 )
 
-    def put_inductor(self, entry: InductorEntry) -> str | None:
-        """Store ``entry`` (signed by the caller where it is made) under its kind, key and target.
+    def put_inductor(self, entry: InductorEntry) -> None:
+        """Store ``entry`` (signed by the caller where it is made) under its kind, key and target, in
+        its signer's slot (:mod:`tunecache.store.signers`).
 
-        Inductor's remote caches are last-writer-wins, as with Redis, but not across keys: a stored
-        entry is replaced only when it is unsigned or of the same signer (:mod:`tunecache.store.signers`),
-        checked in SQL in the put's transaction. A host that signs with no key, or with another,
-        never evicts a signed entry: a fleet would miss it and put it back, and the two would evict
-        each other. Returns None when stored, else the signature of the stored entry that kept it out."""
+        Inductor's remote caches are last-writer-wins, as with Redis, within one signer: the entry
+        replaces what its signer's slot held (a stale entry, or one planted there), and no other
+        signer's. A host that signs with no key, or with another, never evicts the fleet's entry,
+        nor does a row planted first keep the fleet's out."""
         with self._write("store inductor entry") as conn:
-            return self._put_entry(conn, entry)
+            self._put_entry(conn, entry)
 
     def add_inductor(self, conn: Connection, entries: Sequence[InductorEntry], *, replace: bool = False) -> int:
-        """Insert entries inside the caller's transaction (an import's); an entry already stored under
-        its kind, key and target is kept, unless ``replace`` and :meth:`put_inductor` would replace it.
-        Returns how many were written."""
+        """Insert entries inside the caller's transaction (an import's), each in its signer's slot; an
+        entry already stored there is kept, unless ``replace``. Returns how many were written."""
         n = 0
         for en in entries:
             if replace:
-                n += self._put_entry(conn, en) is None
+                self._put_entry(conn, en)
+                n += 1
             else:
                 n += self._inserted(conn, inductor_entries, self._inductor_row(en))
         return n
 
-    def _same_entry(self, en: InductorEntry) -> list[Any]:
+    def _put_entry(self, conn: Connection, en: InductorEntry) -> None:
+        """Replace what ``en``'s signer's slot holds for its identity with ``en``."""
         e = inductor_entries.c
-        return [e.kind == en.kind, e.key_hash == en.key_hash, e.target_digest == en.target_digest]
-
-    def _put_entry(self, conn: Connection, en: InductorEntry) -> str | None:
-        """Replace what ``en`` may replace, then insert it; None if stored, else the kept entry's signature."""
-        row, same = self._inductor_row(en), self._same_entry(en)
-        replaceable = replaceable_by(inductor_entries.c.signature, en.signature)
+        row = self._inductor_row(en)
+        same = [e.kind == en.kind, e.key_hash == en.key_hash, e.target_digest == en.target_digest]
         for _ in range(3):
-            conn.execute(sa.delete(inductor_entries).where(*same, replaceable))
+            conn.execute(sa.delete(inductor_entries).where(*same, e.signer == row["signer"]))
             if self._inserted(conn, inductor_entries, row):
-                return None
-            # Another host's entry is there: one this put may not replace, or one that landed between
-            # the delete and the insert (committed now, so the next delete sees it).
-            kept = conn.execute(sa.select(inductor_entries.c.signature).where(*same)).scalar()
-            if kept_out_by(kept, en.signature):
-                return str(kept)
-        return None  # a racing writer of the same signer stored it: as good as this one
+                return
+            # The same signer's put landed between the delete and the insert (committed now): again.
 
     def _inductor_row(self, en: InductorEntry) -> dict[str, Any]:
         now = utcnow()
@@ -110,6 +146,7 @@ class InductorRows:
             "kind": en.kind,
             "key_hash": en.key_hash,
             "target_digest": en.target_digest,
+            "signer": signing.row_slot(en.signature),
             "key": en.key,
             "sha256": en.sha256,
             "size": en.size,
@@ -184,8 +221,8 @@ class InductorRows:
         """Every matching entry, streamed in (kind, key, target) order (for export)."""
         e = inductor_entries.c
         where = self._inductor_where(**filters)
-        last: tuple[str, str, str] = ("", "", "")
-        order = (e.kind, e.key_hash, e.target_digest)
+        last: tuple[str, ...] = ("", "", "", "")
+        order = (e.kind, e.key_hash, e.target_digest, e.signer)
         while True:
             with self._read("export inductor entries") as conn:
                 q = sa.select(inductor_entries).where(*where, sa.tuple_(*order) > sa.tuple_(*last))
@@ -193,7 +230,7 @@ class InductorRows:
             if not rows:
                 return
             yield from (self._inductor_entry(r) for r in rows)
-            last = (rows[-1]["kind"], rows[-1]["key_hash"], rows[-1]["target_digest"])
+            last = tuple(rows[-1][c.name] for c in order)
 
     def delete_inductor(self, *, dry_run: bool = False, **filters: Any) -> list[dict[str, Any]]:
         """Delete matching Inductor entries (invalidate, gc); return (kind, key, target, size) of each
@@ -211,3 +248,16 @@ class InductorRows:
             gone = [dict(r) for r in conn.execute(q).mappings()]
             conn.execute(sa.delete(inductor_entries).where(*where))
         return gone
+
+    def delete_inductor_key(self, kind: str, prefix: str, *, dry_run: bool = False) -> list[dict[str, Any]]:
+        """Delete the entries of cache ``kind`` whose key starts with ``prefix``, every signer's row of
+        each (``invalidate --kind --key``); return (kind, key, target_digest, signer) of each one
+        deleted (or that would be)."""
+        e = inductor_entries.c
+        where = (e.kind == kind, sa.func.substr(e.key, 1, len(prefix)) == prefix)
+        q = sa.select(e.kind, e.key, e.target_digest, e.signer).where(*where).order_by(e.key, e.target_digest, e.signer)
+        with self._write("delete inductor entries") if not dry_run else self._read("inductor entries") as conn:
+            found = [{str(k): v for k, v in r.items()} for r in conn.execute(q).mappings()]
+            if not dry_run:
+                conn.execute(sa.delete(inductor_entries).where(*where))
+        return found

@@ -24,6 +24,8 @@ metadata = sa.MetaData(
 
 Timestamp = sa.DateTime().with_variant(mysql_dialect.DATETIME(fsp=6), "mysql", "mariadb")
 Digest = sa.String(64)
+#: The signer slot of a row of code (tunecache.store.signers): a base64 Ed25519 public key, or "".
+Signer = sa.String(64)
 
 problems = sa.Table(
     "problems",
@@ -145,6 +147,7 @@ launch_specs = sa.Table(
     sa.Column("source_hash", Digest, primary_key=True),
     sa.Column("target_digest", Digest, primary_key=True),
     sa.Column("spec_hash", Digest, primary_key=True),
+    sa.Column("signer", Signer, primary_key=True, server_default=""),  # tunecache.store.signers
     sa.Column("kernel", sa.String(255), nullable=False),
     sa.Column("config_hash", sa.String(32), nullable=False),
     sa.Column("kernel_hash", Digest, nullable=False),
@@ -163,6 +166,7 @@ binaries = sa.Table(
     "binaries",
     metadata,
     sa.Column("triton_key", Digest, primary_key=True),
+    sa.Column("signer", Signer, primary_key=True, server_default=""),  # tunecache.store.signers
     sa.Column("sha256", Digest, nullable=False),
     sa.Column("source_hash", Digest, nullable=False, index=True),
     sa.Column("kernel", sa.String(255), nullable=False),
@@ -187,6 +191,7 @@ inductor_entries = sa.Table(
     sa.Column("kind", sa.String(32), primary_key=True),  # model.INDUCTOR_KINDS
     sa.Column("key_hash", Digest, primary_key=True),  # sha256 of Inductor's key (which may be long)
     sa.Column("target_digest", Digest, primary_key=True),
+    sa.Column("signer", Signer, primary_key=True, server_default=""),  # tunecache.store.signers
     sa.Column("key", sa.Text, nullable=False),
     sa.Column("sha256", Digest, nullable=False),
     sa.Column("size", sa.Integer, nullable=False),
@@ -214,5 +219,5 @@ if tuple(c.name for c in problems.c) != PROBLEM_COLUMNS or tuple(c.name for c in
 #: The migrations this code knows, oldest first (tests check it against Alembic's script directory).
 #: Kept as constants so that opening an up-to-date store, on every server start, needs no Alembic
 #: import (about 0.3 s): Alembic is loaded only when there is something to migrate.
-SCHEMA_REVISIONS = ("0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008")
+SCHEMA_REVISIONS = ("0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009")
 SCHEMA_HEAD = SCHEMA_REVISIONS[-1]

@@ -19,13 +19,14 @@ close a file folds its log into it, so a copied or baked file is whole
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import re
 import sqlite3
 import threading
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -34,7 +35,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from tunecache import counters, forks, interrupts, processend, settings, trust
+from tunecache import counters, forks, interrupts, processend, settings, signing, trust
 from tunecache.configidentity import search_space_hash
 from tunecache.errors import StoreError, StoreReadOnlyError, driver_message
 from tunecache.model import (
@@ -76,6 +77,7 @@ from tunecache.store.schema import (
     misses,
     problems,
 )
+from tunecache.store.signers import not_larger, trusted_slots
 from tunecache.store.sqlitefile import fold_log, seal
 from tunecache.target import hostname
 
@@ -535,10 +537,11 @@ class Store(BinaryRows, InductorRows):
     # ---- launch specialisations (preload) ------------------------------------------------------
 
     def put_specs(self, kernel: str, source_hash: str, target_digest: str, specs: Sequence[LaunchSpec]) -> int:
-        """Record this process's winners' specialisations, signed with its key (idempotent: a spec
-        already stored is kept); returns how many were new. Never replaces one: a spec of another
-        text's binary is added beside it (:func:`tunecache.binaries.preload.for_binary`, see
-        :mod:`tunecache.tuner.heal`), and :meth:`gc_launch_specs` drops the superseded ones."""
+        """Record this process's winners' specialisations, signed with its key, in its signer's slot
+        (idempotent: a spec it stored already is kept); returns how many were new. Never replaces
+        another spec: a spec of another text's binary is added beside it
+        (:func:`tunecache.binaries.preload.for_binary`, see :mod:`tunecache.tuner.heal`), and
+        :meth:`gc_launch_specs` drops the superseded ones."""
         if not specs:
             return 0
         specs = trust.sign_specs(source_hash, target_digest, list(specs), self)  # signed where made
@@ -548,16 +551,25 @@ class Store(BinaryRows, InductorRows):
 
     def add_specs(self, conn: Connection, rows: Sequence[dict[str, Any]]) -> int:
         """Insert launch_specs rows (without host and created_at, stamped here) inside the caller's
-        transaction, e.g. a :meth:`bulk_load`'s; a spec already stored is kept, unless it is unsigned
-        and the row is signed (as binaries: see :meth:`add_binaries`). Returns how many were new."""
+        transaction, e.g. a :meth:`bulk_load`'s, each in its signer's slot: a spec that signer stored
+        already is kept (another binary's is added beside it under its own hash), anything else in
+        its slot is replaced (as binaries: see :meth:`add_binaries`). Returns how many were new."""
         now, host = utcnow(), hostname()
         c = launch_specs.c
+        cols = (c.spec_hash, c.config_hash, c.kernel_hash, c.spec_json, c.triton_version, c.signature)
         n = 0
         for r in rows:
-            if r.get("signature"):
-                key = (c.source_hash == r["source_hash"], c.target_digest == r["target_digest"])
-                conn.execute(sa.delete(launch_specs).where(*key, c.spec_hash == r["spec_hash"], c.signature.is_(None)))
-            n += self._inserted(conn, launch_specs, {**r, "host": host, "created_at": now})
+            slot = signing.row_slot(r.get("signature"))
+            mine = [c[k] == r[k] for k in ("source_hash", "target_digest", "spec_hash")] + [c.signer == slot]
+            held = conn.execute(sa.select(*cols).where(*mine)).first()
+            if held is not None:
+                s = LaunchSpec(*held)
+                filed = not slot or hashlib.sha256(s.spec_json.encode()).hexdigest() == s.spec_hash
+                message = trust.spec_message(r["source_hash"], r["target_digest"], s)
+                if filed and trust.own_row(slot, s.signature, message):
+                    continue
+                conn.execute(sa.delete(launch_specs).where(*mine))
+            n += self._inserted(conn, launch_specs, {**r, "signer": slot, "host": host, "created_at": now})
         return n
 
     @contextlib.contextmanager
@@ -579,16 +591,31 @@ class Store(BinaryRows, InductorRows):
                 hold()
             writer.committed = True
 
-    def get_specs(self, source_hash: str) -> dict[str, list[LaunchSpec]]:
-        """Every recorded specialisation of one kernel, by target digest, in one query."""
+    def get_specs(self, source_hash: str, slots: Collection[str] | None = None) -> dict[str, list[LaunchSpec]]:
+        """Every recorded specialisation of one kernel by the signers of ``slots`` (None: every
+        signer; :mod:`tunecache.store.signers`), by target digest, in one query, unverified (see
+        :meth:`tunecache.trust.Policy.specs`)."""
         c = launch_specs.c
         cols = (c.spec_hash, c.config_hash, c.kernel_hash, c.spec_json, c.triton_version, c.signature)
-        q = sa.select(c.target_digest, *cols)
+        q = sa.select(c.target_digest, *cols).where(
+            c.source_hash == source_hash, *trusted_slots(c.signer, slots), not_larger(launch_specs, c.spec_json)
+        )
         out: dict[str, list[LaunchSpec]] = {}
         with self._read("launch specs") as conn:
-            for t, *rest in conn.execute(q.where(c.source_hash == source_hash).order_by(c.spec_hash)):
+            for t, *rest in conn.execute(q.order_by(c.spec_hash, c.created_at.desc(), c.signer)):
                 out.setdefault(t, []).append(LaunchSpec(*rest))
         return out
+
+    def specs_elsewhere(self, source_hash: str, slots: Collection[str]) -> tuple[int, tuple[str, str | None] | None]:
+        """How many launch specs of the kernel no signer of ``slots`` stored, and (spec_hash, signature)
+        of one of them: a reader that trusts other keys counts them and says once why it does not
+        preload them, reading none."""
+        c = launch_specs.c
+        where = (c.source_hash == source_hash, c.signer.not_in(sorted(slots)))
+        with self._read("launch specs") as conn:
+            n = int(conn.execute(sa.select(sa.func.count()).select_from(launch_specs).where(*where)).scalar_one())
+            one = conn.execute(sa.select(c.spec_hash, c.signature).where(*where).limit(1)).first() if n else None
+        return n, None if one is None else (one[0], one[1])
 
     # ---- leases (one benchmark per key across hosts) --------------------------------------
 

@@ -94,7 +94,7 @@ class KernelStore:
         """Read this kernel's launch specs that this process trusts (:mod:`tunecache.trust`) and place
         their trusted binaries into Triton's cache, before any compile: Triton then finds them."""
         policy = trust.policy(store)
-        self.specs = policy.specs(source_hash, store.get_specs(source_hash))
+        self.specs = policy.stored_specs(store, source_hash)
         binaries.place_for(store, self.specs, policy)
 
     def place_before_launch(self, source_hash: str) -> None:

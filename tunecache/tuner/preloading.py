@@ -14,7 +14,7 @@ from typing import Any
 
 from triton.runtime.autotuner import Autotuner
 
-from tunecache import counters
+from tunecache import counters, trust
 from tunecache.binaries import preload
 from tunecache.errors import StoreError
 from tunecache.target import detect_target
@@ -81,7 +81,7 @@ class WinnerPreload(Autotuner):
         if not any(captured.values()):
             return 0  # interpreted, or compiled for no stored winner
         try:
-            stored = store.get_specs(ident.source_hash)
+            stored = store.get_specs(ident.source_hash, [trust.own_slot(store)])  # its own: others' are theirs
         except StoreError as e:
             self._tc_ks.trouble("read", e)
             return 0
