@@ -26,17 +26,11 @@ from pathlib import Path
 os.environ.pop("TRITON_INTERPRET", None)
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from benchkit import records, timing  # noqa: E402
 
 WINNERS = [(64, 4, 2, 8), (128, 8, 1, 8)]  # BLOCK_T, num_warps, STAGES (= num_stages), ROWS
-
-
-def _median_us(fn, n: int) -> float:
-    times = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e6
 
 
 def main() -> None:
@@ -122,8 +116,8 @@ def main() -> None:
         }
     header = (work / "binaries.jsonl").read_bytes().split(b"\n", 1)[0] + b"\n"
     sig = signer.sign(header)
-    out["sign_us"] = round(_median_us(lambda: signer.sign(header), 2000), 1)
-    out["verify_us"] = round(_median_us(lambda: signing.verify(sig, header), 2000), 1)
+    out["sign_us"] = round(timing.median_us(lambda: signer.sign(header), 2000), 1)
+    out["verify_us"] = round(timing.median_us(lambda: signing.verify(sig, header), 2000), 1)
     os.environ["TUNECACHE_TRUSTED_KEYS"] = keys["public_key"]
     dst = open_store(f"sqlite:///{work / 'dst.sqlite3'}")
     for suffix in (".jsonl", ".jsonl.gz"):
@@ -132,10 +126,9 @@ def main() -> None:
         out["files"][suffix]["validate_plain_ms"] = round(statistics.median(plain_s) * 1000, 1)
         out["files"][suffix]["validate_binaries_signed_ms"] = round(statistics.median(bin_s) * 1000, 1)
     out["machine"] = f"{os.cpu_count()} CPUs, Python {sys.version.split()[0]}, Triton {triton.__version__}"
-    text = json.dumps(out, indent=2)
-    print(text)
+    print(json.dumps(out, indent=2))
     if ns.out:
-        ns.out.write_text(text + "\n")
+        records.write(ns.out, out)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,8 @@ import math
 import sys
 from pathlib import Path
 
+from benchkit import gates, records
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -75,12 +77,14 @@ def main() -> None:
                 row["TBps"] = b * topk * sd.D_QK / (ms * 1e-3) / 1e12
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-    ns.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "triton": triton.__version__, "rows": rows}))
+    device = torch.cuda.get_device_name()
+    records.write(ns.out, {"device": device, "triton": triton.__version__, "rows": rows}, indent=None)
     for b, _ in pairs:
         best = sorted((r for r in rows if r["B"] == b), key=lambda r: r["us"])[:3]
         print(f"B={b}: " + "; ".join(f"{r['stage']} {r['config']} {r['us']:.1f} us" for r in best))
-    if any(r["rel_err"] > 1e-2 for r in rows):
-        sys.exit("some config does not match the reference (rel_err > 1e-2)")
+    gate = gates.Gate("bench_split_stages")
+    gate.expect(all(r["rel_err"] <= 1e-2 for r in rows), "some config does not match the reference (rel_err > 1e-2)")
+    gate.enforce()
 
 
 if __name__ == "__main__":

@@ -12,14 +12,17 @@ from pathlib import Path
 from typing import Any
 
 
-def meta(*, cpu: bool = False) -> dict[str, Any]:
-    """When and on what a run measures: the UTC date, Python, torch and Triton versions (where they
-    import) and the device (the GPU's name; ``cpu`` where there is none or ``cpu`` is asked for)."""
+def meta(*, cpu: bool = False, versions: bool = True) -> dict[str, Any]:
+    """When and on what a run measures: the UTC date, Python, the CPU count, and with ``versions``
+    the torch and Triton versions (where they import) and the device (the GPU's name; ``cpu`` where
+    there is none or ``cpu`` is asked for)."""
     out: dict[str, Any] = {
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
     }
+    if not versions:
+        return out
     try:
         import torch
         import triton
@@ -34,7 +37,7 @@ def meta(*, cpu: bool = False) -> dict[str, Any]:
 def write(path: Path, record: Any, *, indent: int | None = 2) -> Path:
     """Write ``record`` as JSON (anything JSON lacks, as its ``str``); its folder is made."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=indent, default=str))
+    path.write_text(json.dumps(record, indent=indent, default=str) + "\n")
     return path
 
 
