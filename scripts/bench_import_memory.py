@@ -5,8 +5,8 @@ Two files: a hostile one (:func:`hostile_files.write_spec_bomb`: valid launch-sp
 each that gzip shrinks ~1000:1; 300 of them are a ~1.2 MB ``.jsonl.gz`` holding 1.2 GB of lines)
 and the export of N generated problems (scripts/bench_exchange.py's workload, default 100,000 x 12
 config rows). Each is imported with ``--dry-run`` and for real into a fresh SQLite store (the
-hostile file with ``--launch-specs`` too), by the real command in its own process, which reports
-its own peak RSS (VmHWM) as it exits.
+hostile file with ``--launch-specs --trust-unsigned`` too: it is unsigned), by the real command in
+its own process, which reports its own peak RSS (VmHWM) as it exits.
 
 With ``--before REV`` the same runs use the ``tunecache`` package of git revision REV too (from
 ``git archive``, imported ahead of the installed one), side by side with the working tree's:
@@ -103,7 +103,9 @@ def main() -> None:
         codes.append(("after (working tree)", None))
         bomb = work / "hostile.jsonl.gz"
         raw = write_spec_bomb(bomb, args.specs)
-        spec_modes = [["--dry-run"], [], ["--launch-specs"]]
+        # The file is unsigned: its launch specs are imported only with --trust-unsigned (since the
+        # trust layer; a --before revision older than that flag refuses it).
+        spec_modes = [["--dry-run"], [], ["--launch-specs", "--trust-unsigned"]]
         files = [(f"hostile: {args.specs} spec lines", bomb, raw, spec_modes)]
         src = f"sqlite:///{work / 'src.sqlite3'}"
         t0 = time.perf_counter()
