@@ -360,18 +360,14 @@ def test_hopper_fp8_kernel_matches_the_reference_for_every_config_and_records_it
 
 
 def _bench_inductor_hook(tmp_path: Path) -> Path:
-    """A folder with scripts/bench_inductor.py's sitecustomize.py: tunecache's start-up hook and its
-    compile counter in a child, as the .pth of an install would run it."""
-    import importlib.util
+    """A folder with the benches' sitecustomize.py (scripts/benchkit/compiles.py): tunecache's start-up
+    hook and its compile counter in a child, as the .pth of an install would run it."""
+    import sys
 
-    root = Path(__file__).resolve().parent.parent
-    spec_ = importlib.util.spec_from_file_location("bench_inductor", root / "scripts" / "bench_inductor.py")
-    bench = importlib.util.module_from_spec(spec_)
-    spec_.loader.exec_module(bench)
-    hook = tmp_path / "hook"
-    hook.mkdir()
-    (hook / "sitecustomize.py").write_text(bench.HOOK)
-    return hook
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    from benchkit import compiles
+
+    return compiles.write_hook(tmp_path / "hook")
 
 
 def test_torch_compile_on_a_fresh_host_with_the_store_warm_runs_no_autotune_benchmarks(tmp_path):
