@@ -53,11 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from benchkit import compiles, procs, records, stores
-from inductor_child import child, child_spec
-
-DEFAULT_SEQ = (512, 1024, 2048)
-MODES = ("default", "max-autotune-no-cudagraphs")
-
+from inductor_child import DEFAULT_SEQ, MODES, child, child_spec
 
 # ---- the driver -----------------------------------------------------------------------------------
 

@@ -20,6 +20,9 @@ from typing import Any
 
 from benchkit import calls
 
+DEFAULT_SEQ = (512, 1024, 2048)
+MODES = ("default", "max-autotune-no-cudagraphs")
+
 
 def counting_put(put: Any, by_kind: dict[str, int], put_keys: list[str]) -> Any:
     """``InductorStore.put`` counted into ``by_kind`` (per kind; Triton's host modules apart: every
