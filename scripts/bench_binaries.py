@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Export size with and without binaries, and the time to sign and verify, for the bundled kernel, on
-any machine (issue 15; docs/benchmarks.md).
+any machine (issue 15; docs/benchmarks/binaries.md).
 
 The bundled kernel's Hopper split stage is compiled for sm90 offline with Triton's own compiler (as
 tests/sm90_build.py does) in its two H200 winner configs (docs/gpu-runs/2026-12-01o: BLOCK_T=64

@@ -6,7 +6,7 @@
 The same rows (576 bytes of an fp8 cache per index, SGLang-style distinct random slots per query),
 the same grid (query x split) and the same masked loads as the split stage, but no math: each
 program only sums its bytes. The fastest (split count, BLOCK_T, warps, stages) per batch size is
-what the kernel could reach if nothing but the gather cost time (docs/benchmarks.md).
+what the kernel could reach if nothing but the gather cost time (docs/benchmarks/sparse-kernel.md).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ each result checked against the fp32 reference first, then timed (split + merge,
 
     python scripts/bench_split_stages.py --batches 64:4,256:1 --out split-stages.json
 
-The sweeps behind the Hopper kernel's config list (docs/benchmarks.md, sweeps H-J) were made with an
+The sweeps behind the Hopper kernel's config list (docs/benchmarks/sparse-kernel.md, sweeps H-J) were made with an
 earlier form of this script. ``B:S`` pairs fix the batch and the split count (S=0: the heuristic).
 The Triton stage runs its configs that fit; on an sm90 GPU the Hopper (Gluon) stage runs its own.
 fp8 KV, H=16, topk=2048, each query gathering its own region of distinct slots.

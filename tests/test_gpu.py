@@ -377,7 +377,7 @@ def test_torch_compile_on_a_fresh_host_with_the_store_warm_runs_no_autotune_benc
     not from Inductor's counters, which a cache hit replays) and no more coordinate-descent tunings than
     stock restarting on its own warm caches (torch 2.11 re-runs those at every warm start), no more
     Triton compiles than that warm start (the search's variants are Triton cache hits in stock's warm
-    cache, and come from the store's Triton kernels on a fresh host: docs/benchmarks.md), serves
+    cache, and come from the store's Triton kernels on a fresh host: docs/benchmarks/torch-compile.md), serves
     entries from the store, and computes what the filling start did (bit for bit: the same kernels
     and configs) and what stock torch.compile does (to bf16 tolerance: stock's own autotuning may pick other GEMMs)."""
     import json
