@@ -3,6 +3,7 @@ its table. Real processes (each bench starts its own children)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -33,3 +34,17 @@ def test_import_memory_bench_measures_every_import_of_the_hostile_file() -> None
         "import --dry-run",
         "import",
     ], r.stdout
+
+
+@pytest.mark.slow
+def test_binaries_bench_validates_the_plain_export_and_the_signed_one(tmp_path: Path) -> None:
+    """With TUNECACHE_TRUSTED_KEYS set every import needs a signed file (the trust layer): the
+    bench's dry run of its plain (unsigned) export raised UntrustedFileError and wrote nothing."""
+    out = tmp_path / "binaries.json"
+    r = run_bench("bench_binaries.py", "--out", str(out))
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(out.read_text())
+    for suffix in (".jsonl", ".jsonl.gz"):
+        f = got["files"][suffix]
+        assert f["validate_plain_ms"] > 0 and f["validate_binaries_signed_ms"] > 0, f
+        assert f["with_binaries_signed_bytes"] > f["plain_bytes"], f
