@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from benchkit import records, timing  # noqa: E402
+from benchkit import records, stores, timing  # noqa: E402
 
 WINNERS = [(64, 4, 2, 8), (128, 8, 1, 8)]  # BLOCK_T, num_warps, STAGES (= num_stages), ROWS
 
@@ -103,8 +103,8 @@ def main() -> None:
         bins = binaries.collect(jf, {s.kernel_hash for s in specs})
         n_bins += store.put_binaries(name, source, bins)
     sizes = sorted(b.size for b in store.get_binaries([str(k.hash) for k in kernels]))
-    keys = signing.keygen(work / "key")
-    signer = signing.Signer(keys["private_key"])
+    keys = stores.key_env(work / "key")
+    signer = signing.Signer(keys["TUNECACHE_SIGNING_KEY"])
     out: dict = {"compile_s": round(compile_s, 1), "binaries": n_bins, "binary_bytes": sizes, "files": {}}
     for suffix in (".jsonl", ".jsonl.gz"):
         plain = export(store, work / f"plain{suffix}")
@@ -118,7 +118,7 @@ def main() -> None:
     sig = signer.sign(header)
     out["sign_us"] = round(timing.median_us(lambda: signer.sign(header), 2000), 1)
     out["verify_us"] = round(timing.median_us(lambda: signing.verify(sig, header), 2000), 1)
-    os.environ["TUNECACHE_TRUSTED_KEYS"] = keys["public_key"]
+    os.environ["TUNECACHE_TRUSTED_KEYS"] = keys["TUNECACHE_TRUSTED_KEYS"]
     dst = open_store(f"sqlite:///{work / 'dst.sqlite3'}")
     for suffix in (".jsonl", ".jsonl.gz"):
         # The plain export is unsigned: with TUNECACHE_TRUSTED_KEYS set, trusted as one's own file.
