@@ -6,7 +6,8 @@
 Warms the bundled sparse MLA decode kernel over the spec's buckets (an edited copy of its source for
 a rolling upgrade: ``edited_source``), counting benchmarks, the keys this host led and its waits on
 other hosts' benchmarks, and prints its result as one JSON line. A file of its own so that a host
-starts without the harness (bench_rollout builds the command; ``--profile`` runs it under cProfile).
+starts without bench_rollout's driver (rollout_fleet.py builds the command; ``--profile`` runs it under
+cProfile); of the harness it uses only ``benchkit.calls``, to count benchmarks.
 """
 
 from __future__ import annotations
