@@ -61,7 +61,7 @@ off). Each is autotuned over its own configs and has its own identity in the sto
 :func:`split_kernel` says which one serves a cache.
 
 Measured on an H200 (Triton 3.6, CUDA-graph timing of split + merge, H=16, topk=2048, fp8, one
-run; docs/benchmarks.md has the tables, sweeps and an Nsight Compute profile): B=64 0.0466 ms
+run; docs/benchmarks/sparse-kernel.md has the tables, sweeps and an Nsight Compute profile): B=64 0.0466 ms
 (1.62 TB/s of gathered rows) with the Hopper kernel, 0.0528 ms with this Triton kernel; B=256
 0.144 ms (2.09 TB/s) and 0.174 ms. The gather alone, in the same grid, reaches 2.9 TB/s at B=64 and
 3.2 at B=256 (scripts/bench_gather_ceiling.py): the Triton kernel is bound by the latency of its
@@ -130,7 +130,7 @@ def estimate_shared_memory(block_t: int, kv_bytes: int = 1) -> int:
 # OutOfResources path (config timed as inf) runs on real hardware:
 #   BLOCK_T=512, 8 warps, 3 stages: lower bound 16*576*2 + 512*576*1 = 18432 + 294912 = 313344 bytes
 #   for fp8 (608256 for bf16) > 232448; compiled: 1198080 (fp8) and 1214464 (bf16), OutOfResources.
-# The 12 come from sweeps on an H200 (Triton 3.6, fp8 B = 1, 8, 64, 128, 256; docs/benchmarks.md):
+# The 12 come from sweeps on an H200 (Triton 3.6, fp8 B = 1, 8, 64, 128, 256; docs/benchmarks/sparse-kernel.md):
 # with the fp8 tile converted in registers, 1 stage (no cp.async staging, so 2 programs fit per SM)
 # wins for fp8: BLOCK_T=128 with 8 warps at B <= 8, BLOCK_T=64 with 4 warps above. 2-3 stages stay
 # for bf16 caches, which need no conversion buffer. BLOCK_T=16 never came within 30%, and

@@ -7,8 +7,8 @@ cache on a CUDA device of compute capability 9.x.
 
 Why a second implementation. With 16 heads per program the Triton stage runs ``mma.sync`` with the
 heads as M: every warp re-reads the whole q tile (18 KB) from shared memory for every block of
-gathered rows, and the kernel stalls at two warps per scheduler (docs/benchmarks.md has the Nsight
-Compute profile). Hopper's ``wgmma`` needs M >= 64, so the gathered rows must be the M side,
+gathered rows, and the kernel stalls at two warps per scheduler (docs/benchmarks/sparse-kernel.md has
+the Nsight Compute profile). Hopper's ``wgmma`` needs M >= 64, so the gathered rows must be the M side,
 ``S^T = K q^T`` and ``O^T = V^T P^T``; Triton does pick wgmma for that form, but keeps an A operand
 that does not come straight from a load (ours is converted from fp8 in registers) in registers:
 144 registers per thread for K, 128 for V^T, and the build spills. Gluon states where each tensor
@@ -25,7 +25,7 @@ lives, so here:
 Measured on an H200 (Triton 3.6, split + merge in a CUDA graph, H=16, topk=2048, fp8; the best
 config, BLOCK_T=64, 4 warps, 2 stages, ROWS=8): B=64 0.0466 ms (1.62 TB/s of gathered rows)
 against 0.0528 ms for the Triton stage in the same run, B=256 0.144 ms (2.09 TB/s) against
-0.174 ms; at B <= 32 the two are within 6% either way. docs/benchmarks.md has the sweeps.
+0.174 ms; at B <= 32 the two are within 6% either way. docs/benchmarks/sparse-kernel.md has the sweeps.
 
 Gluon is experimental and its API moves between releases (3.9 renamed ``thread_barrier`` to
 ``barrier``). This kernel is verified on an H200 with Triton 3.6 and compiles for sm90 with 3.6 and

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Export size with and without binaries, and the time to sign and verify, for the bundled kernel, on
-any machine (issue 15; docs/benchmarks.md).
+any machine (issue 15; docs/benchmarks/binaries.md).
 
 The bundled kernel's Hopper split stage is compiled for sm90 offline with Triton's own compiler (as
 tests/sm90_build.py does) in its two H200 winner configs (docs/gpu-runs/2026-12-01o: BLOCK_T=64
@@ -26,17 +26,11 @@ from pathlib import Path
 os.environ.pop("TRITON_INTERPRET", None)
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from benchkit import records, stores, timing  # noqa: E402
 
 WINNERS = [(64, 4, 2, 8), (128, 8, 1, 8)]  # BLOCK_T, num_warps, STAGES (= num_stages), ROWS
-
-
-def _median_us(fn, n: int) -> float:
-    times = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e6
 
 
 def main() -> None:
@@ -109,8 +103,8 @@ def main() -> None:
         bins = binaries.collect(jf, {s.kernel_hash for s in specs})
         n_bins += store.put_binaries(name, source, bins)
     sizes = sorted(b.size for b in store.get_binaries([str(k.hash) for k in kernels]))
-    keys = signing.keygen(work / "key")
-    signer = signing.Signer(keys["private_key"])
+    keys = stores.key_env(work / "key")
+    signer = signing.Signer(keys["TUNECACHE_SIGNING_KEY"])
     out: dict = {"compile_s": round(compile_s, 1), "binaries": n_bins, "binary_bytes": sizes, "files": {}}
     for suffix in (".jsonl", ".jsonl.gz"):
         plain = export(store, work / f"plain{suffix}")
@@ -122,20 +116,20 @@ def main() -> None:
         }
     header = (work / "binaries.jsonl").read_bytes().split(b"\n", 1)[0] + b"\n"
     sig = signer.sign(header)
-    out["sign_us"] = round(_median_us(lambda: signer.sign(header), 2000), 1)
-    out["verify_us"] = round(_median_us(lambda: signing.verify(sig, header), 2000), 1)
-    os.environ["TUNECACHE_TRUSTED_KEYS"] = keys["public_key"]
+    out["sign_us"] = round(timing.median_us(lambda: signer.sign(header), 2000), 1)
+    out["verify_us"] = round(timing.median_us(lambda: signing.verify(sig, header), 2000), 1)
+    os.environ["TUNECACHE_TRUSTED_KEYS"] = keys["TUNECACHE_TRUSTED_KEYS"]
     dst = open_store(f"sqlite:///{work / 'dst.sqlite3'}")
     for suffix in (".jsonl", ".jsonl.gz"):
-        plain_s = [import_(dst, work / f"plain{suffix}", dry_run=True).seconds for _ in range(5)]
+        # The plain export is unsigned: with TUNECACHE_TRUSTED_KEYS set, trusted as one's own file.
+        plain_s = [import_(dst, work / f"plain{suffix}", dry_run=True, trust_unsigned=True).seconds for _ in range(5)]
         bin_s = [import_(dst, work / f"binaries{suffix}", dry_run=True, with_binaries=True).seconds for _ in range(5)]
         out["files"][suffix]["validate_plain_ms"] = round(statistics.median(plain_s) * 1000, 1)
         out["files"][suffix]["validate_binaries_signed_ms"] = round(statistics.median(bin_s) * 1000, 1)
     out["machine"] = f"{os.cpu_count()} CPUs, Python {sys.version.split()[0]}, Triton {triton.__version__}"
-    text = json.dumps(out, indent=2)
-    print(text)
+    print(json.dumps(out, indent=2))
     if ns.out:
-        ns.out.write_text(text + "\n")
+        records.write(ns.out, out)
 
 
 if __name__ == "__main__":

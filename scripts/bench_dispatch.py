@@ -47,14 +47,11 @@ valgrind, its ``callgrind.h`` and a C compiler (the requests are a dozen lines o
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 os.environ.pop("TRITON_INTERPRET", None)  # the real JITFunction, its run replaced below
@@ -66,6 +63,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
+from benchkit import procs, records  # noqa: E402
+from benchkit.timing import per_call as timed  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
 
 import tunecache  # noqa: E402
@@ -170,14 +169,6 @@ def cases() -> dict:
     }
 
 
-def timed(f, n: int) -> tuple[float, float]:
-    """(thread CPU ns, wall ns) per call of ``f`` over ``n`` calls."""
-    c0, w0 = time.thread_time_ns(), time.perf_counter_ns()
-    for _ in range(n):
-        f()
-    return (time.thread_time_ns() - c0) / n, (time.perf_counter_ns() - w0) / n
-
-
 #: Callgrind's client requests, as a library ctypes calls around each variant's calls.
 REQUESTS_C = """#include <valgrind/callgrind.h>
 void tc_start(void) { CALLGRIND_ZERO_STATS; CALLGRIND_START_INSTRUMENTATION; }
@@ -211,15 +202,15 @@ def count_instructions(calls: int, out: Path | None) -> None:
     with tempfile.TemporaryDirectory(prefix="tc-dispatch-cg-") as tmp:
         d = Path(tmp)
         (d / "requests.c").write_text(REQUESTS_C)
-        built = subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", str(d / "requests.so"), str(d / "requests.c")])
-        if built.returncode:
+        built = procs.run(["gcc", "-O2", "-shared", "-fPIC", "-o", d / "requests.so", d / "requests.c"])
+        if built.rc:
             sys.exit("--instructions: building callgrind's client requests failed (is valgrind/callgrind.h there?)")
         env = {**os.environ, "PYTHONHASHSEED": "0"}
         cmd = ["setarch", os.uname().machine, "-R", "valgrind", "--tool=callgrind", "--instr-atstart=no"]
-        cmd += ["--separate-threads=yes", f"--callgrind-out-file={d}/cg.%p", sys.executable, __file__]
+        cmd += ["--separate-threads=yes", f"--callgrind-out-file={d}/cg.%p", *procs.python(__file__)]
         cmd += ["--count-child", str(d / "requests.so"), "--calls", str(calls)]
-        r = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        if r.returncode:
+        r = procs.run(cmd, env=env)
+        if r.rc:
             sys.exit(f"callgrind run failed:\n{r.stderr[-3000:]}")
         per_call: dict = {}
         dumps = d.glob("cg.*.*-01")  # the main thread's dump of each variant: cg.PID.PART-01, PART in run order
@@ -229,26 +220,14 @@ def count_instructions(calls: int, out: Path | None) -> None:
             total = int(text.rsplit("totals: ", 1)[1].split()[0])
             case, variant = name.split(":")
             per_call.setdefault(case, {})[variant] = total / calls
-    result = {"triton": triton.__version__, "python": sys.version.split()[0], "calls": calls, "cases": {}}
-    lines = [
-        f"Triton {result['triton']}, Python {result['python']}; instructions per call (callgrind, {calls} calls)",
-        "",
-        "| case | stock | tunecache | tunecache, Triton's run | plain @jit | key alone | **tunecache / stock** |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
-    ]
+    result = {**records.meta(cpu=True), "calls": calls, "cases": {}}
+    rows = []
     for case, m in per_call.items():  # in the order cases() made them
         ratio = m["tunecache"] / m["stock"]
         result["cases"][case] = {"instructions_per_call": m, "ratio_tunecache_vs_stock": ratio}
-        lines.append(
-            f"| {case} | {m['stock']:.0f} | {m['tunecache']:.0f} | {m['tunecache-triton']:.0f} | {m['plain']:.0f} | "
-            f"{m['key']:.0f} | **{ratio:.3f}** |"
-        )
-    md = "\n".join(lines) + "\n"
-    print(md)
-    if out:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "bench_dispatch_instructions.json").write_text(json.dumps(result, indent=1))
-        (out / "bench_dispatch_instructions.md").write_text(md)
+        rows.append([*cells(case, m), f"**{ratio:.3f}**"])
+    title = f"Triton {result['triton']}, Python {result['python']}; instructions per call (callgrind, {calls} calls)"
+    save(out, "bench_dispatch_instructions", result, [title, "", *records.table(COLUMNS, rows)])
 
 
 def main() -> None:
@@ -267,9 +246,7 @@ def main() -> None:
         return count_instructions(ns.calls or 2000, ns.out)
     ns.calls = ns.calls or 100_000
     result: dict = {
-        "triton": triton.__version__,
-        "torch": torch.__version__,
-        "python": sys.version.split()[0],
+        **records.meta(cpu=True),
         "calls": ns.calls,
         "rounds": ns.rounds,
         "block": ns.block,
@@ -301,31 +278,38 @@ def main() -> None:
             "overhead_above_plain_ns": {v: med[v] - med["plain"] for v in med if v not in ("plain", "key")},
             "rounds_cpu": cpu,
         }
-    md = summary(result)
+    save(ns.out, "bench_dispatch", result, summary(result))
+
+
+#: The tables' columns: the case, each variant per call, tunecache over stock.
+COLUMNS = ["case", "stock", "tunecache", "tunecache, Triton's run", "plain @jit", "key alone", "**tunecache / stock**"]
+
+
+def cells(case: str, per_call: dict) -> list[str]:
+    return [case, *(f"{per_call[v]:.0f}" for v in ("stock", "tunecache", "tunecache-triton", "plain", "key"))]
+
+
+def save(out: Path | None, name: str, result: dict, lines: list[str]) -> None:
+    """Print the summary; with ``--out``, the record and the summary into OUT/NAME.json and .md."""
+    md = "\n".join(lines) + "\n"
     print(md)
-    if ns.out:
-        ns.out.mkdir(parents=True, exist_ok=True)
-        (ns.out / "bench_dispatch.json").write_text(json.dumps(result, indent=1))
-        (ns.out / "bench_dispatch.md").write_text(md)
+    if out:
+        records.write(out / f"{name}.json", result, indent=1)
+        (out / f"{name}.md").write_text(md)
 
 
-def summary(r: dict) -> str:
-    lines = [
+def summary(r: dict) -> list[str]:
+    title = (
         f"Triton {r['triton']}, torch {r['torch']}, Python {r['python']}; {r['calls']} calls x {r['rounds']} "
-        f"rounds, interleaved in blocks of {r['block']}, median thread CPU ns per call",
-        "",
-        "| case | stock | tunecache | tunecache, Triton's run | plain @jit | key alone | **tunecache / stock** | "
-        "floor: (plain + key) / stock | overhead above plain: stock / tunecache |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
+        f"rounds, interleaved in blocks of {r['block']}, median thread CPU ns per call"
+    )
+    rows = []
     for case, c in r["cases"].items():
         m, o = c["ns_per_call_cpu"], c["overhead_above_plain_ns"]
-        lines.append(
-            f"| {case} | {m['stock']:.0f} | {m['tunecache']:.0f} | {m['tunecache-triton']:.0f} | {m['plain']:.0f} | "
-            f"{m['key']:.0f} | **{c['ratio_tunecache_vs_stock']:.2f}** | {c['ratio_floor_vs_stock']:.2f} | "
-            f"{o['stock']:.0f} / {o['tunecache']:.0f} |"
-        )
-    return "\n".join(lines) + "\n"
+        rows.append([*cells(case, m), f"**{c['ratio_tunecache_vs_stock']:.2f}**", f"{c['ratio_floor_vs_stock']:.2f}",
+                     f"{o['stock']:.0f} / {o['tunecache']:.0f}"])  # fmt: skip
+    header = [*COLUMNS, "floor: (plain + key) / stock", "overhead above plain: stock / tunecache"]
+    return [title, "", *records.table(header, rows)]
 
 
 if __name__ == "__main__":

@@ -21,8 +21,6 @@ import datetime as dt
 import json
 import os
 import random
-import resource
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,10 +30,10 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
+from benchkit import memory, procs, records, stores
 
 from tunecache.configidentity import config_hash_of, search_space_hash
 from tunecache.identity import canonical_json, problem_digest, sha256_hex
-from tunecache.store.engine import resolve_url
 from tunecache.store.opening import open_store
 from tunecache.store.schema import configs, problems
 from tunecache.target import Target
@@ -226,50 +224,12 @@ def step(op: str, url: str, path: str) -> dict[str, Any]:
     finally:
         store.close()  # on SQLite this checkpoints the WAL: part of the cost
     seconds = time.perf_counter() - t0
-    rss_mb = _peak_rss_mb()
+    rss_mb = memory.peak_rss_mb()
     return {"op": op, "seconds": seconds, "cpu": time.process_time() - cpu0, "peak_rss_mb": rss_mb, "result": res}
 
 
-def _peak_rss_mb() -> float:
-    """This process's peak RSS. Not ``ru_maxrss``: Linux carries it over from the forked parent
-    across exec, so a child of a large parent would report the parent's size."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
 def run_step(op: str, url: str, path: Path) -> dict[str, Any]:
-    out = subprocess.run(
-        [sys.executable, __file__, "--step", op, "--url", url, "--file", str(path)],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-# ---- PostgreSQL databases -------------------------------------------------------------------
-
-
-def pg_database() -> tuple[str, Callable[[], None]]:
-    """A fresh database on the PostgreSQL server of PG_URL, and a function that drops it."""
-    name = f"tc_bench_{uuid.uuid4().hex[:10]}"
-    base = resolve_url(PG_URL)
-    admin = sa.create_engine(base, isolation_level="AUTOCOMMIT")
-    with admin.connect() as c:
-        c.exec_driver_sql(f"CREATE DATABASE {name}")
-
-    def drop() -> None:
-        with admin.connect() as c:
-            c.exec_driver_sql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        admin.dispose()
-
-    return base.set(database=name).render_as_string(hide_password=False), drop
+    return procs.run_json(procs.python(__file__, "--step", op, "--url", url, "--file", path), f"the {op} step")
 
 
 def bench(backend: str, n: int, workdir: Path, gz: bool) -> dict[str, Any]:
@@ -279,9 +239,9 @@ def bench(backend: str, n: int, workdir: Path, gz: bool) -> dict[str, Any]:
             src_url = f"sqlite:///{workdir / 'src.sqlite3'}"
             dst_url = f"sqlite:///{workdir / f'dst-{uuid.uuid4().hex[:6]}.sqlite3'}"
         else:
-            src_url, d1 = pg_database()
+            src_url, d1 = stores.pg_database(PG_URL)
             drops.append(d1)
-            dst_url, d2 = pg_database()
+            dst_url, d2 = stores.pg_database(PG_URL)
             drops.append(d2)
         if backend != "sqlite" or not (workdir / "src.sqlite3").exists():
             t0 = time.perf_counter()
@@ -332,13 +292,13 @@ def main() -> None:
             results.append(bench(backend, args.problems, Path(tmp), gz=False))
             if args.gzip and backend == "sqlite":
                 results.append(bench(backend, args.problems, Path(tmp), gz=True))
-    print("| backend | problems | configs | export s | import s | file MB | peak RSS MB | client CPU s (exp / imp) |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
-    for r in results:
-        print(
-            f"| {r['backend']} | {r['problems']:,} | {r['configs']:,} | {r['export_s']:.1f} | {r['import_s']:.1f} "
-            f"| {r['file_mb']:.0f} | {r['peak_rss_mb']:.0f} | {r['export_cpu']:.1f} / {r['import_cpu']:.1f} |"
-        )
+    header = ["backend", "problems", "configs", "export s", "import s", "file MB", "peak RSS MB"]
+    rows = [
+        [r["backend"], f"{r['problems']:,}", f"{r['configs']:,}", f"{r['export_s']:.1f}", f"{r['import_s']:.1f}",
+         f"{r['file_mb']:.0f}", f"{r['peak_rss_mb']:.0f}", f"{r['export_cpu']:.1f} / {r['import_cpu']:.1f}"]
+        for r in results
+    ]  # fmt: skip
+    print("\n".join(records.table([*header, "client CPU s (exp / imp)"], rows, align="lrrrrrrr")))
 
 
 if __name__ == "__main__":

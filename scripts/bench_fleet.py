@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -42,6 +41,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tests" / "faults"))
+sys.path.insert(0, str(ROOT / "scripts"))  # benchkit, fleet_worker: also where a test imports this module
+
+from benchkit import gates, procs, records  # noqa: E402
+from benchkit.timing import pct  # noqa: E402
+from fleet_worker import child  # noqa: E402
 
 #: The store calls a start makes, recorded by :func:`traced_start` (its schema check is open_store's).
 TRACED = (
@@ -54,31 +58,6 @@ TRACED = (
     "bump_stats",
     "record_miss",
 )
-
-# The autotuner's waiting loop (tunecache/tuner/autotuner.py, _single_flight): first poll, growth, cap.
-POLL_FIRST_S, POLL_GROWTH, POLL_CAP_S = 0.05, 1.5, 0.5
-
-
-# ---- the simulated worker (runs in child processes) -------------------------------------------------
-
-
-def simulated_start(url: str, plan: list[list[Any]], keep: list[Any] | None = None) -> float:
-    """One worker start's store traffic, replaying ``plan`` (the calls a real start made, in order,
-    with their arguments); returns its wall time. ``keep``: leave the store open (a live process
-    keeps its pool: TUNECACHE_POOL_SIZE > 0)."""
-    from tunecache.store.opening import open_store
-
-    t0 = time.perf_counter()
-    store = open_store(url)  # shared_store: connect and check the schema
-    for method, args in plan:
-        getattr(store, method)(*args)
-    elapsed = time.perf_counter() - t0
-    if keep is None:
-        store.engine.dispose()  # a process exits (no SQL)
-    else:
-        keep.append(store)
-    return elapsed
-
 
 TRACER = """
 import json, sys
@@ -106,142 +85,27 @@ print(json.dumps({"start": out, "plan": calls}))
 def traced_start(url: str) -> tuple[dict, list[list[Any]]]:
     """A real warm start of the bundled kernel (``tunecache.cli.demo``'s child, bucket 1) with the store
     calls it makes recorded (wrapping Store methods changes no SQL)."""
-    env = {**os.environ, "TUNECACHE_URL": url, "TRITON_INTERPRET": "1"}
-    r = subprocess.run(
-        [sys.executable, "-c", TRACER, url, ",".join(TRACED)], env=env, capture_output=True, text=True, timeout=600
-    )
-    if r.returncode != 0:
-        raise RuntimeError(f"traced start failed: {r.stderr[-3000:]}")
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    env = procs.child_env(TUNECACHE_URL=url, TRITON_INTERPRET="1")
+    out = procs.run_json(procs.python("-c", TRACER, url, ",".join(TRACED)), "the traced start", env=env, timeout=600)
     return out["start"], out["plan"]
-
-
-def storm_worker(url: str, digest: str, host_lock: threading.Lock, bench_s: float, deadline: float) -> dict:
-    """One worker missing ``digest``: the autotuner's single flight, call for call (host file lock,
-    lease, re-check, benchmark, put, release; or poll with back-off until the result is stored)."""
-    from tunecache.model import ConfigResult
-    from tunecache.store.opening import open_store
-    from tunecache.target import hostname
-
-    store = open_store(url)
-    t0 = time.perf_counter()
-    holder = f"{hostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-    benched = 0
-    poll = POLL_FIRST_S
-    p = store.get(digest)  # the lookup after the prefetch: tuned by another process since?
-    while p is None or p.winner_config_hash is None:
-        if host_lock.acquire(blocking=False):
-            try:
-                if store.try_lease(digest, holder, 30.0):
-                    try:
-                        p = store.get(digest)  # someone may have finished while we took the lease
-                        if p is None or p.winner_config_hash is None:
-                            time.sleep(bench_s)  # the benchmark: no connection held
-                            benched = 1
-                            problem = _storm_problem(digest)
-                            p = store.put(problem, [ConfigResult("c0", {"kwargs": {"B": 1}}, median_ms=1.0)])
-                    finally:
-                        store.release_lease(digest, holder)
-                    break
-            finally:
-                host_lock.release()
-        if time.time() > deadline:
-            raise TimeoutError("storm: the result did not arrive before the deadline")
-        time.sleep(poll)
-        poll = min(poll * POLL_GROWTH, POLL_CAP_S)
-        p = store.get(digest)
-    store.engine.dispose()
-    return {"seconds": time.perf_counter() - t0, "benchmarks": benched}
-
-
-def _storm_problem(digest: str) -> Any:
-    from tunecache.model import Problem
-    from tunecache.target import Target
-
-    t = Target("cuda", "sm90", "NVIDIA H200", 132, 232448, 32, "13100", "590.1", "13.1", "3.6")
-    return Problem(digest, "bench.storm", "f" * 64, t, '[["B", 1]]', batch_bucket=1)
-
-
-def child(args: dict) -> dict:
-    """Run ``args['threads']`` simulated workers in this process; one JSON result."""
-    os.environ["TUNECACHE_POOL_SIZE"] = str(args.get("pool_size", 0))
-    import tunecache.store.store  # noqa: F401 - imported before the start signal, as a worker has it loaded
-
-    times: list[float] = []
-    errors: list[str] = []
-    results: list[dict] = []
-    lock = threading.Lock()
-    keep: list[Any] | None = [] if args.get("pool_size", 0) else None
-    counter = iter(range(args["starts"]))
-    host_locks = [threading.Lock() for _ in range(max(1, args["threads"] // args.get("gpus_per_host", 8)))]
-    stop_at = args["start_at"] + args["max_seconds"]
-
-    def run(i: int) -> None:
-        while time.time() < args["start_at"]:
-            time.sleep(0.002)
-        if args["mode"] == "storm":
-            try:
-                r = storm_worker(args["url"], args["digest"], host_locks[i % len(host_locks)], args["bench_s"], stop_at)
-                with lock:
-                    results.append(r)
-            except Exception as e:  # noqa: BLE001 - counted and reported
-                with lock:
-                    errors.append(f"{type(e).__name__}: {e}"[:300])
-            return
-        while time.time() < stop_at:
-            with lock:
-                n = next(counter, None)
-            if n is None:
-                return
-            try:
-                t = simulated_start(args["url"], args["plan"], keep)
-                with lock:
-                    times.append(t)
-            except Exception as e:  # noqa: BLE001 - counted and reported
-                with lock:
-                    errors.append(f"{type(e).__name__}: {e}"[:300])
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(args["threads"])]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    t_end = time.time()
-    for s in keep or []:
-        s.engine.dispose()
-    return {"times": times, "errors": errors, "results": results, "end": t_end}
 
 
 # ---- the driver --------------------------------------------------------------------------------------
 
 
-def run_children(args: dict, procs: int, timeout: float) -> list[dict]:
-    """``procs`` processes sharing ``args['starts']`` starts (or storm workers) and ``threads``."""
+def run_children(args: dict, n: int, timeout: float) -> list[dict]:
+    """``n`` processes (scripts/fleet_worker.py's :func:`child`) sharing ``args['starts']`` starts (or
+    storm workers) and ``threads``, started together; each one's result."""
+    cmds = []
+    for i in range(n):
+        a = {**args, "threads": args["threads"] // n + (i < args["threads"] % n)}
+        a["starts"] = args["starts"] // n + (i < args["starts"] % n)
+        cmds.append(procs.python(__file__, "--child", json.dumps(a)))
+    env = procs.child_env(PYTHONPATH=str(ROOT / "tests"))
     out = []
-    ps = []
-    for i in range(procs):
-        a = {**args, "threads": args["threads"] // procs + (i < args["threads"] % procs)}
-        a["starts"] = args["starts"] // procs + (i < args["starts"] % procs)
-        env = {**os.environ, "PYTHONPATH": str(ROOT / "tests")}
-        ps.append(
-            subprocess.Popen(
-                [sys.executable, __file__, "--child", json.dumps(a)],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-        )
-    for p in ps:
-        try:
-            so, se = p.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            so, se = p.communicate()
-        if p.returncode != 0:
-            out.append({"times": [], "errors": [f"child exit {p.returncode}: {se[-500:]}"], "results": []})
-            continue
-        out.append(json.loads(so.strip().splitlines()[-1]))
+    for d in procs.run_together(cmds, envs=[env] * n, timeout=timeout):
+        failed = {"times": [], "errors": [f"child exit {d.rc}: {d.stderr[-500:]}"], "results": []}
+        out.append(d.result() if d.ok else failed)
     return out
 
 
@@ -310,13 +174,6 @@ def cluster_cpu_s(postmaster_pid: int | None, extra_pids: tuple[int, ...] = ()) 
     return total / tick
 
 
-def pct(xs: list[float], q: float) -> float:
-    if not xs:
-        return float("nan")
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
-
-
 def statements(admin_url: str, dbname: str) -> dict[str, int]:
     """pg_stat_statements of one database: normalized query -> calls."""
     import sqlalchemy as sa
@@ -346,13 +203,6 @@ def reset_statements(admin_url: str) -> None:
     e.dispose()
 
 
-class ProofFailed(SystemExit):
-    """The simulated start is not the real one: every figure measured with it would be wrong."""
-
-    def __init__(self, why: str) -> None:
-        super().__init__(f"bench_fleet: proof failed, no load measured: {why}")
-
-
 def prove(url: str, admin: str, dbname: str, plan: list[list[Any]]) -> dict[str, Any]:
     """One untraced real start and one simulated start: their statements and call counts."""
     reset_statements(admin)
@@ -373,17 +223,9 @@ def prove(url: str, admin: str, dbname: str, plan: list[list[Any]]) -> dict[str,
 
 
 def real_start(url: str) -> dict:
-    env = {**os.environ, "TUNECACHE_URL": url, "TRITON_INTERPRET": "1"}
-    r = subprocess.run(
-        [sys.executable, "-m", "tunecache.cli.demo", json.dumps({"url": url, "buckets": [1]})],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    if r.returncode != 0:
-        raise RuntimeError(f"real start failed: {r.stderr[-3000:]}")
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    env = procs.child_env(TUNECACHE_URL=url, TRITON_INTERPRET="1")
+    cmd = procs.python("-m", "tunecache.cli.demo", json.dumps({"url": url, "buckets": [1]}))
+    return procs.run_json(cmd, "the real start", env=env, timeout=600)
 
 
 def main() -> None:
@@ -417,6 +259,7 @@ def main() -> None:
     cluster = PgCluster()
     bouncer = None
     report: dict[str, Any] = {"machine": f"{os.cpu_count()} CPUs (load generator, PgBouncer and PostgreSQL share them)"}
+    report.update(records.meta(cpu=True, versions=False))
     try:
         cluster.init()
         with open(cluster.data / "postgresql.conf", "a") as f:
@@ -448,9 +291,12 @@ def main() -> None:
             report["prove"] = prove(url, admin, dbname, plan)
             equal = report["prove"]["equal"]
             print(f"prove: real start == simulated start: {equal}", file=sys.stderr)
-            if not equal:
-                diff = {k: report["prove"][k] for k in ("only_real", "only_simulated")}
-                raise ProofFailed(f"the simulated start does not issue the real start's statements: {json.dumps(diff)}")
+            # The simulated start is not the real one: every figure measured with it would be wrong.
+            diff = {k: report["prove"][k] for k in ("only_real", "only_simulated")}
+            why = f"the simulated start does not issue the real start's statements: {json.dumps(diff)}"
+            proof = gates.Gate("bench_fleet")
+            proof.expect(equal, f"proof failed, no load measured: {why}")
+            proof.enforce()
             if a.prove_only:
                 print(json.dumps(report, indent=2, default=str))
                 return
@@ -539,10 +385,9 @@ def main() -> None:
         if bouncer is not None:
             bouncer.stop()
         cluster.destroy()
-    text = json.dumps(report, indent=2, default=str)
-    print(text)
+    print(json.dumps(report, indent=2, default=str))
     if a.json:
-        Path(a.json).write_text(text + "\n")
+        records.write(Path(a.json), report)
 
 
 def _bouncer_totals(bouncer: Any) -> int:

@@ -6,13 +6,12 @@
 The same rows (576 bytes of an fp8 cache per index, SGLang-style distinct random slots per query),
 the same grid (query x split) and the same masked loads as the split stage, but no math: each
 program only sums its bytes. The fastest (split count, BLOCK_T, warps, stages) per batch size is
-what the kernel could reach if nothing but the gather cost time (docs/benchmarks.md).
+what the kernel could reach if nothing but the gather cost time (docs/benchmarks/sparse-kernel.md).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -22,7 +21,8 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import bench_gpu  # noqa: E402
+from benchkit import records  # noqa: E402
+from gpu_children import inputs  # noqa: E402
 
 # (BLOCK_T, warps, stages) tried for each split count.
 CONFIGS = ((16, 4, 4), (32, 4, 1), (32, 4, 3), (64, 4, 1), (64, 4, 3), (64, 8, 2), (128, 8, 2))
@@ -57,7 +57,7 @@ def main() -> None:
         sys.exit("bench_gather_ceiling.py needs a CUDA GPU")
     batches = [int(b) for b in ns.batches.split(",")]
     topk = 2048
-    kv, data, _, _ = bench_gpu._inputs(batches, 16, topk, "fp8", "cuda")
+    kv, data, _, _ = inputs(batches, 16, topk, "fp8", "cuda")
     kv_bytes = kv.view(torch.uint8)  # the bytes themselves: no fp8 arithmetic in the loop
     rows = []
     for b in batches:
@@ -77,8 +77,7 @@ def main() -> None:
                 ms = triton.testing.do_bench_cudagraph(fn, rep=30)
                 tbps = b * topk * kv.shape[1] / (ms * 1e-3) / 1e12
                 rows.append({"B": b, "splits": splits, "config": [bt, warps, stages], "us": ms * 1e3, "TBps": tbps})
-    ns.out.mkdir(parents=True, exist_ok=True)
-    (ns.out / "gather_ceiling.json").write_text(json.dumps(rows, indent=1))
+    records.write(ns.out / "gather_ceiling.json", rows, indent=1)
     for b in batches:
         best = min((r for r in rows if r["B"] == b), key=lambda r: r["us"])
         print(f"B={b}: {best['us']:.1f} us, {best['TBps']:.2f} TB/s (splits {best['splits']}, {best['config']})")

@@ -36,6 +36,7 @@ behaviour (a miss inside torch.cuda.graph falls back and replays correctly; ever
 and replayed), per-launch cost of a resolved key (a plain @jit launch, a stock autotune hit, a tunecache
 hit; TC_BENCH_PHASES=overhead runs only that), per-bucket kernel time and
 bandwidth on gathered KV bytes, and the OutOfResources row recorded in the store.
+The children live in scripts/gpu_children.py (``bench_gpu.py child KIND ARGS`` runs one).
 """
 
 from __future__ import annotations
@@ -45,438 +46,25 @@ import glob
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-# The fixed config when no tuned winners are known: the most common winner on the H200 (32 of 36
-# buckets in the 2026-12-01 runs).
-DEFAULT_FIXED = {"BLOCK_T": 64, "num_warps": 4, "num_stages": 1}
-ROOT = HERE.parent
-
-
-def _inputs(buckets, heads, topk, kv_dtype, device, seed=0):
-    import torch
-    from tunecache.kernels import sparse_decode as sd
-
-    # Generated on the device: a CPU randn of the 1M x 576 cache took seconds per child process.
-    gen = torch.Generator(device=device).manual_seed(seed)
-    region = 2 * topk
-    slots = max(buckets) * region
-    kv = (torch.randn(slots, sd.D_QK, generator=gen, device=device) * 0.5).to(sd._KV_DTYPES[kv_dtype])
-    out = {}
-    for b in buckets:
-        q = torch.randn(b, heads, sd.D_QK, generator=gen, device=device).to(torch.bfloat16)
-        pick = torch.rand(b, region, generator=gen, device=device).argsort(dim=1)[:, :topk]
-        idx = (pick + (torch.arange(b, device=device) * region)[:, None]).to(torch.int32)
-        out[b] = (q, idx)
-    k_scale = 1.0 / 16 if kv_dtype == "fp8" else 1.0
-    return kv, out, k_scale, 1.0 / (sd.D_QK**0.5)
-
-
-def _shape(args):
-    import torch
-
-    cuda = torch.cuda.is_available()
-    return {
-        "device": "cuda" if cuda else "cpu",
-        "heads": 16,
-        "topk": 2048 if cuda else 64,
-        "kv_dtype": "fp8",
-        "buckets": sorted(args["buckets"], reverse=True),
-    }
-
-
-def _count_compiles() -> dict:
-    """Count Triton's compiles in this process, per kernel name: {"compiles": {...}, "cache_hits": {...}}.
-    Through Triton's own compilation listener (3.4-3.9), installed before any kernel is defined."""
-    from triton import knobs
-
-    seen: dict = {"compiles": {}, "cache_hits": {}}
-
-    def listener(src, metadata, metadata_group, times, cache_hit) -> None:
-        d = seen["cache_hits" if cache_hit else "compiles"]
-        name = str(getattr(src, "name", "?"))
-        d[name] = d.get(name, 0) + 1
-
-    knobs.compilation.listener = listener
-    return seen
-
-
-_T_PROCESS = time.perf_counter()  # the child's own start, for the trace's timestamps
-
-
-def _trace() -> list | None:
-    """With TC_BENCH_TRACE=1: tunecache's debug log of this child, each line with its time since the
-    child started and its thread (where the background prefetch and preload spend their time)."""
-    if os.environ.get("TC_BENCH_TRACE") != "1":
-        return None
-    import logging
-
-    lines: list = []
-
-    class Keep(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            lines.append(f"{time.perf_counter() - _T_PROCESS:8.3f} {record.threadName}: {record.getMessage()}")
-
-    lg = logging.getLogger("tunecache")
-    lg.addHandler(Keep())
-    lg.setLevel(logging.DEBUG)
-    return lines
-
-
-def child_start(args: dict) -> dict:
-    """One server start: launch every bucket once, largest first; time until all are ready."""
-    trace = _trace()
-    compiled = _count_compiles()
-    import torch
-    from tunecache.kernels import sparse_decode as sd
-
-    import tunecache
-
-    s = _shape(args)
-    if trace is not None:
-        trace.append(f"{time.perf_counter() - _T_PROCESS:8.3f} kernels defined")
-    kv, data, k_scale, sm_scale = _inputs(s["buckets"], s["heads"], s["topk"], s["kv_dtype"], s["device"])
-    cfg = args.get("config")
-    if s["device"] == "cuda":
-        torch.cuda.synchronize()
-    if trace is not None:
-        trace.append(f"{time.perf_counter() - _T_PROCESS:8.3f} inputs on the device; pause")
-    # A server loads its weights between importing its kernels and their first launch (seconds to
-    # minutes); tunecache's background prefetch runs in that window. The same pause for every start.
-    time.sleep(float(args.get("pause_s", os.environ.get("TC_BENCH_PAUSE_S", "1.0"))))
-    per_bucket = args.get("per_bucket_config")  # {bucket: config}: the winners, launched without the tuner
-    prof = None
-    if args.get("profile"):
-        import cProfile
-
-        prof = cProfile.Profile()
-    winners = {}
-    preloaded_before = tunecache.stats()["preloaded"]  # binaries loaded before the clock starts
-    t0 = time.perf_counter()
-    if trace is not None:
-        trace.append(f"{t0 - _T_PROCESS:8.3f} first launch")
-    if prof is not None:
-        prof.enable()
-    for b in s["buckets"]:
-        q, idx = data[b]
-        c = per_bucket[str(b)] if per_bucket else cfg
-        sd.sparse_mla_decode(q, kv, idx, sm_scale, k_scale=k_scale, config=c, validate=False)
-        if c is None:
-            best = sd.split_kernel(kv).best_config
-            winners[b] = sd._config_dict(best)
-    if s["device"] == "cuda":
-        torch.cuda.synchronize()
-    ready = time.perf_counter() - t0
-    extra = {}
-    if trace is not None:
-        trace.append(f"{time.perf_counter() - _T_PROCESS:8.3f} all buckets ready")
-        extra["trace"] = trace
-    if prof is not None:
-        import pstats
-
-        prof.disable()
-        st = pstats.Stats(prof)
-        rows = sorted(st.stats.items(), key=lambda kv: -kv[1][3])[:40]
-        extra["profile_top_cumulative"] = [
-            {
-                "fn": f"{k[0].rsplit('/', 2)[-1]}:{k[1]}:{k[2]}",
-                "calls": v[1],
-                "cum_s": round(v[3], 4),
-                "own_s": round(v[2], 4),
-            }
-            for k, v in rows
-        ]
-    if args.get("companions") and cfg is None and not per_bucket:
-        # Keep the merge stage's binaries with the split stage's (a user's choice: see README).
-        from tunecache.binaries import binaries
-
-        extra["companion_binaries"] = binaries.record_companions(sd.split_kernel(kv), sd._merge_stage)
-    tunecache.flush()
-    st = tunecache.stats()
-    return {
-        "seconds_to_ready": ready,
-        "compiles": compiled["compiles"],
-        "cache_hits": compiled["cache_hits"],
-        "stats": st,
-        "preloaded_before_first_launch": preloaded_before,
-        "winners": {str(k): v for k, v in winners.items()},
-        **extra,
-    }
-
-
-def child_overhead(args: dict) -> dict:
-    """Per-launch cost of a resolved key (issue 37), side by side in interleaved rounds: a plain @jit
-    launch (the winner's constexprs only, as code writes it; and with the winner's whole
-    ``all_kwargs()``, exactly what the autotuners pass to JITFunction.run), a stock triton.autotune
-    hit, a tunecache hit (its hit path), and a tunecache hit through Triton's run
-    (TUNECACHE_FAST_LAUNCH=0). Every variant launches the same kernel with the same config. To
-    attribute costs on a GPU: a check for a capture in progress alone, as torch's public function
-    (``capture-check-only``) and as the C function it wraps (``capture-check-c``; the hit path asks
-    neither since 2026-12-06, see tunecache/tuner/fastpath.py); and the tunecache kernel's own
-    ``@jit`` launched as ``plain-all-kwargs`` is (``tunecache-jit-all-kwargs``: anything
-    per-JITFunction shows there)."""
-    import torch
-    import triton
-    import triton.language as tl
-
-    import tunecache
-
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    configs = [triton.Config({"BLOCK": 128}, num_warps=4), triton.Config({"BLOCK": 256}, num_warps=4)]
-
-    def body():
-        @triton.jit
-        def tiny(x, N, BLOCK: tl.constexpr):
-            offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-            tl.store(x + offs, tl.load(x + offs, mask=offs < N) + 1, mask=offs < N)
-
-        return tiny
-
-    from tunecache.tuner.measure import cpu_do_bench
-
-    bench = None if dev == "cuda" else cpu_do_bench  # stock Triton's default needs a GPU (a --quick run on a CPU)
-    plain = body()
-    stock = triton.autotune(configs=configs, key=["N"], do_bench=bench)(body())
-    ours = tunecache.autotune(configs=configs, key=["N"], do_bench=bench)(body())
-    slow = tunecache.autotune(configs=configs, key=["N"], do_bench=bench)(body())
-    x = torch.zeros(1024, device=dev)
-    n = args.get("launches", 10000)
-    grid = (4,)
-    for k in (stock, ours, slow):
-        if k is slow:
-            os.environ["TUNECACHE_FAST_LAUNCH"] = "0"  # read at the kernel's first launch
-        for _ in range(3):
-            k[grid](x, 1024)  # resolve (tune or hit), then hits
-        os.environ.pop("TUNECACHE_FAST_LAUNCH", None)
-    winner = ours.best_config
-    constexprs, full = dict(winner.kwargs), winner.all_kwargs()
-    launch = {
-        "plain": lambda: plain[grid](x, 1024, **constexprs),
-        "plain-all-kwargs": lambda: plain[grid](x, 1024, **full),
-        "stock": lambda: stock[grid](x, 1024),
-        "tunecache": lambda: ours[grid](x, 1024),
-        "tunecache-triton-run": lambda: slow[grid](x, 1024),
-        "tunecache-jit-all-kwargs": lambda: ours.fn[grid](x, 1024, **full),  # its own @jit, as plain-all-kwargs
-    }
-    if dev == "cuda":  # what a check for a capture in progress would cost per launch (the hit path has none)
-        launch["capture-check-only"] = torch.cuda.is_current_stream_capturing
-        launch["capture-check-c"] = torch._C._cuda_isCurrentStreamCapturing
-    for f in launch.values():
-        f()
-    if dev == "cuda":
-        torch.cuda.synchronize()
-    rounds: dict = {k: [] for k in launch}
-    for _ in range(args.get("rounds", 9)):
-        for name, f in launch.items():
-            t0 = time.perf_counter()
-            for _ in range(n):
-                f()
-            if dev == "cuda":
-                torch.cuda.synchronize()
-            rounds[name].append((time.perf_counter() - t0) / n * 1e6)
-    med = {k: statistics.median(v) for k, v in rounds.items()}
-    return {
-        "us_per_launch": med,
-        "ratio": med["tunecache"] / med["stock"],
-        "ratio_vs_plain": {k: med[k] / med["plain"] for k in med if k != "plain" and not k.startswith("capture-check")},
-        "ratio_vs_plain_all_kwargs": {
-            k: med[k] / med["plain-all-kwargs"]
-            for k in (
-                "stock",
-                "tunecache",
-                "tunecache-triton-run",
-                "tunecache-jit-all-kwargs",
-            )
-        },
-        "fast_path": bool(ours._tc_plan),
-        "winner": full,
-        "launches": n,
-        "rounds": rounds,
-    }
-
-
-def child_correctness(args: dict) -> dict:
-    """Every bucket against the fp32 reference (tuned kernel); bf16 KV at a few sizes too."""
-    import torch
-    from tunecache.kernels import sparse_decode as sd
-
-    s = _shape(args)
-    res = {}
-    worst = 0.0
-    for kv_dtype in ("fp8", "bf16"):
-        bks = s["buckets"] if kv_dtype == "fp8" else sorted({s["buckets"][0], s["buckets"][-1]})
-        kv, data, k_scale, sm_scale = _inputs(bks, s["heads"], s["topk"], kv_dtype, s["device"], seed=1)
-        for b in bks:
-            q, idx = data[b]
-            idx = idx.clone()
-            idx[0, s["topk"] // 2 :] = -1  # a ragged tail
-            if b > 1:
-                idx[1, :] = -1  # a fully invalid row
-            out, lse = sd.sparse_mla_decode(q, kv, idx, sm_scale, k_scale=k_scale)
-            ref_o, ref_l = sd.reference(q, kv, idx, sm_scale, k_scale=k_scale)
-            valid = torch.isfinite(ref_l)
-            err = ((out.float() - ref_o).abs().amax() / ref_o.abs().amax().clamp(min=1e-6)).item()
-            lse_err = (lse[valid] - ref_l[valid]).abs().max().item() if valid.any() else 0.0
-            empty_ok = bool((out[~valid] == 0).all()) and bool(torch.isneginf(lse[~valid]).all())
-            res[f"{kv_dtype}:{b}"] = {"rel_err": err, "lse_abs_err": lse_err, "empty_rows_ok": empty_ok}
-            worst = max(worst, err)
-    return {
-        "cases": res,
-        "worst_rel_err": worst,
-        "all_ok": worst <= 1e-2 and all(v["empty_rows_ok"] for v in res.values()),
-    }
-
-
-def child_capture(args: dict) -> dict:
-    """A miss inside torch.cuda.graph falls back (no benchmark) and replays correctly; a hit is
-    captured normally; every bucket captured after warm-up replays correctly."""
-    import torch
-    from tunecache.kernels import sparse_decode as sd
-
-    import tunecache
-
-    s = _shape(args)
-    if s["device"] != "cuda":
-        return {"skipped": "needs CUDA"}
-    kv, data, k_scale, sm_scale = _inputs(s["buckets"], s["heads"], s["topk"], s["kv_dtype"], "cuda", seed=2)
-    out = {}
-    # 1. A miss during capture (this store has never seen the bucket).
-    b_miss = s["buckets"][-1]
-    q, idx = data[b_miss]
-    before = tunecache.stats()["benchmarks"]
-    g = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        sd.sparse_mla_decode(
-            q,
-            kv,
-            idx,
-            sm_scale,
-            k_scale=k_scale,
-            config=DEFAULT_FIXED,  # a config both split stages accept (Triton and the Hopper kernel)
-        )  # warm the merge kernel's compile only
-    torch.cuda.current_stream().wait_stream(stream)
-    with torch.cuda.graph(g):
-        o_g, l_g = sd.sparse_mla_decode(q, kv, idx, sm_scale, k_scale=k_scale, validate=False)
-    g.replay()
-    torch.cuda.synchronize()
-    ref_o, _ = sd.reference(q, kv, idx, sm_scale, k_scale=k_scale)
-    st = tunecache.stats()
-    out["miss_in_capture"] = {
-        "benchmarks_during_capture": st["benchmarks"] - before,
-        "capture_fallbacks": st["capture_fallbacks"],
-        "replay_rel_err": ((o_g.float() - ref_o).abs().amax() / ref_o.abs().amax()).item(),
-    }
-    # 2. Warm every bucket eagerly (as a server does), then capture each and replay.
-    errs = {}
-    for b in s["buckets"]:
-        q, idx = data[b]
-        sd.sparse_mla_decode(q, kv, idx, sm_scale, k_scale=k_scale)
-    torch.cuda.synchronize()
-    before = tunecache.stats()["benchmarks"]
-    for b in s["buckets"]:
-        q, idx = data[b]
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            o_g, l_g = sd.sparse_mla_decode(q, kv, idx, sm_scale, k_scale=k_scale, validate=False)
-        g.replay()
-        torch.cuda.synchronize()
-        ref_o, _ = sd.reference(q, kv, idx, sm_scale, k_scale=k_scale)
-        errs[b] = ((o_g.float() - ref_o).abs().amax() / ref_o.abs().amax()).item()
-    out["captured_buckets"] = {
-        "count": len(errs),
-        "worst_rel_err": max(errs.values()),
-        "benchmarks_during_capture": tunecache.stats()["benchmarks"] - before,
-    }
-    return out
-
-
-def child_bandwidth(args: dict) -> dict:
-    """Per-bucket time of the tuned kernel (split + merge), effective TB/s on gathered KV bytes,
-    and the torch fp32 reference at B=64."""
-    import triton
-    from tunecache.kernels import sparse_decode as sd
-
-    s = _shape(args)
-    if s["device"] != "cuda":
-        return {"skipped": "needs CUDA"}
-    kv, data, k_scale, sm_scale = _inputs(s["buckets"], s["heads"], s["topk"], s["kv_dtype"], "cuda", seed=3)
-    rows = {}
-    for b in s["buckets"]:
-        q, idx = data[b]
-
-        def fn(q=q, idx=idx):
-            return sd.sparse_mla_decode(q, kv, idx, sm_scale, k_scale=k_scale, validate=False)
-
-        fn()
-        ms = triton.testing.do_bench_cudagraph(fn, rep=50)
-        gathered = b * s["topk"] * sd.D_QK * kv.element_size()
-        rows[b] = {
-            "ms": ms,
-            "TBps": gathered / (ms * 1e-3) / 1e12,
-            "winner": sd._config_dict(sd.split_kernel(kv).best_config),
-        }
-    out = {"per_bucket": rows}
-    if 64 in data:
-        q, idx = data[64]
-        ref_ms = triton.testing.do_bench(lambda: sd.reference(q, kv, idx, sm_scale, k_scale=k_scale), rep=200)
-        out["reference_ms_b64"] = ref_ms
-        out["speedup_vs_reference_b64"] = ref_ms / rows[64]["ms"]
-    return out
-
-
-def child_oor(args: dict) -> dict:
-    from tunecache.store.opening import open_store
-
-    s = open_store(args["url"])
-    rows = []
-    for p in s.find_problems(with_configs=True):
-        rows += [
-            dict(bucket=p.batch_bucket, config=r.config, failure=r.failure)
-            for r in p.configs
-            if r.status == "out_of_resources"
-        ]
-    return {
-        "out_of_resources_rows": len(rows),
-        "example": rows[0] if rows else None,
-        "problems": s.counts()["problems"],
-    }
-
-
-CHILDREN = {
-    "start": child_start,
-    "overhead": child_overhead,
-    "correctness": child_correctness,
-    "capture": child_capture,
-    "bandwidth": child_bandwidth,
-    "oor": child_oor,
-}
+from benchkit import procs, records, stores, timing
+from gpu_children import CHILDREN, DEFAULT_FIXED
 
 
 def spawn(kind: str, args: dict, env: dict, log) -> dict:
-    t0 = time.perf_counter()
-    r = subprocess.run(
-        [sys.executable, __file__, "child", kind, json.dumps(args)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=560,
-    )
-    wall = time.perf_counter() - t0
-    log.write(f"--- {kind} {args.get('label', '')} rc={r.returncode} wall={wall:.1f}s\n{r.stderr[-3000:]}\n")
+    """One child (:data:`gpu_children.CHILDREN`), its stderr in the log; its result with its process's
+    wall time, or its error."""
+    r = procs.run(procs.python(__file__, "child", kind, json.dumps(args)), env=env, timeout=560)
+    log.write(f"--- {kind} {args.get('label', '')} rc={r.rc} wall={r.wall_s:.1f}s\n{r.stderr[-3000:]}\n")
     log.flush()
-    if r.returncode != 0:
+    if r.rc != 0:
         print(r.stderr[-3000:], file=sys.stderr)
-        return {"error": r.stderr[-1500:], "process_wall_s": wall}
-    res = json.loads(r.stdout.strip().splitlines()[-1])
-    res["process_wall_s"] = wall
-    return res
+        return {"error": r.stderr[-1500:], "process_wall_s": r.wall_s}
+    return {**r.result(), "process_wall_s": r.wall_s}
 
 
 def cubins(cache_dir: str) -> int:
@@ -499,32 +87,23 @@ def run_all(out_dir: Path, quick: bool) -> dict:
     if not cuda:
         buckets = [1, 2, 4]
     budget = float(os.environ.get("TC_BENCH_BUDGET_S", "1e9"))
-    base_env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    base_env = procs.child_env(PYTHONUNBUFFERED="1")
     if not cuda:
         base_env["TRITON_INTERPRET"] = "1"
     cache1, cache2 = str(work / "triton-cache-1"), str(work / "triton-cache-2")
     url1, url2 = f"sqlite:///{work / 'store1.sqlite3'}", f"sqlite:///{work / 'store2.sqlite3'}"
     # The tuning starts sign what they store, as a fleet's tuning jobs would (README, "Trust model").
-    from tunecache import signing
-
-    key, other_key = work / "signing-key", work / "other-key"
-    signing.keygen(key)
-    signing.keygen(other_key)
-    env1 = {**base_env, "TRITON_CACHE_DIR": cache1, "TUNECACHE_URL": url1, "TUNECACHE_SIGNING_KEY": str(key)}
-    r: dict = {
-        "buckets": len(buckets),
-        "device": torch.cuda.get_device_name() if cuda else "cpu",
-        "triton": __import__("triton").__version__,
-        "torch": torch.__version__,
-        "skipped": [],
-    }
+    key, other_key = stores.key_env(work / "signing-key"), stores.key_env(work / "other-key")
+    env1 = {**base_env, "TRITON_CACHE_DIR": cache1, "TUNECACHE_URL": url1}
+    env1["TUNECACHE_SIGNING_KEY"] = key["TUNECACHE_SIGNING_KEY"]
+    r = records.Record(out_dir / "bench_gpu.json", buckets=len(buckets), **records.meta(), skipped=[])
     a = {"buckets": buckets}
     t_all = time.perf_counter()
     log = open(out_dir / "bench_gpu.log", "w")  # noqa: SIM115 - closed at the end of run_all
 
     def save() -> None:
         r["total_wall_s"] = time.perf_counter() - t_all
-        (out_dir / "bench_gpu.json").write_text(json.dumps(r, indent=2, default=str))
+        r.save()
 
     only = set(filter(None, os.environ.get("TC_BENCH_PHASES", "").split(",")))
 
@@ -546,23 +125,14 @@ def run_all(out_dir: Path, quick: bool) -> dict:
 
     def fresh_host() -> None:
         export = work / "tuned.jsonl.gz"
-        tc = [sys.executable, "-m", "tunecache.cli"]
-        ex = subprocess.run(
-            [*tc, "--url", url1, "export", str(export)], env=base_env, capture_output=True, text=True, cwd=work
-        )
-        im = subprocess.run(
-            [*tc, "--url", url2, "import", str(export), "--launch-specs", "--trust-unsigned"],
-            env=base_env,
-            capture_output=True,
-            text=True,
-            cwd=work,
-        )
+        ex = stores.cli(["--url", url1, "export", export], env=base_env, cwd=work)
+        im = stores.cli(["--url", url2, "import", export, "--launch-specs", "--trust-unsigned"], env=base_env, cwd=work)
         r["exchange"] = {
-            "export_rc": ex.returncode,
-            "import_rc": im.returncode,
+            "export_rc": ex.rc,
+            "import_rc": im.rc,
             "out": (ex.stdout + ex.stderr + im.stdout + im.stderr)[-800:],
         }
-        if im.returncode != 0:  # exchange unavailable: a consistent copy of the file instead
+        if im.rc != 0:  # exchange unavailable: a consistent copy of the file instead
             import sqlite3
 
             with sqlite3.connect(work / "store1.sqlite3") as src, sqlite3.connect(work / "store2.sqlite3") as dst:
@@ -575,21 +145,19 @@ def run_all(out_dir: Path, quick: bool) -> dict:
     def fresh_host_binaries(pause_s: float | None = None) -> None:
         """A fresh host from a signed export with binaries: a new store, an EMPTY Triton cache
         (``pause_s``: another pause before the first launch, in its own store and cache)."""
-        tc = [sys.executable, "-m", "tunecache.cli"]
         plain, signed = work / "results.jsonl.gz", work / "results+binaries.jsonl.gz"
         tag = "" if pause_s is None else f"-{pause_s:g}s"
         url3, cache3 = f"sqlite:///{work / f'store3{tag}.sqlite3'}", str(work / f"triton-cache-3{tag}")
         steps = {}
 
         def run(name: str, argv: list, env: dict = base_env) -> None:
-            t0 = time.perf_counter()
-            # Not from the checkout: `-m tunecache.cli` would import its source tree, not the install.
-            p = subprocess.run([*tc, *argv], env=env, capture_output=True, text=True, cwd=work)
-            steps[name] = {"rc": p.returncode, "wall_s": time.perf_counter() - t0, "out": (p.stdout + p.stderr)[-600:]}
+            p = stores.cli(argv, env=env, cwd=work)  # not from the checkout (its source tree lacks migrations)
+            steps[name] = {"rc": p.rc, "wall_s": p.wall_s, "out": (p.stdout + p.stderr)[-600:]}
 
         run("export-plain", ["--url", url1, "export", str(plain)])
-        run("export-binaries-signed", ["--url", url1, "export", str(signed), "--binaries", "--sign", str(key)])
-        trusted = {**base_env, "TUNECACHE_TRUSTED_KEYS": f"{key}.pub"}
+        signing = ["--sign", key["TUNECACHE_SIGNING_KEY"]]
+        run("export-binaries-signed", ["--url", url1, "export", str(signed), "--binaries", *signing])
+        trusted = {**base_env, "TUNECACHE_TRUSTED_KEYS": key["TUNECACHE_TRUSTED_KEYS"]}
         run("import-dry-run (verify)", ["--url", url3, "import", str(signed), "--binaries", "--dry-run"], trusted)
         run("import-binaries", ["--url", url3, "import", str(signed), "--binaries", "--json"], trusted)
         if steps["import-binaries"]["rc"] != 0:  # the start below would tune from scratch: say so, do not time it
@@ -604,11 +172,11 @@ def run_all(out_dir: Path, quick: bool) -> dict:
         extra = {} if pause_s is None else {"pause_s": pause_s}
         # Every row's signature is checked (a private SQLite file would otherwise be trusted whole).
         env3 = {**base_env, "TRITON_CACHE_DIR": cache3, "TUNECACHE_URL": url3, "TUNECACHE_TRUST_STORE": "no"}
-        start(label, {**env3, "TUNECACHE_TRUSTED_KEYS": f"{key}.pub"}, **extra)
+        start(label, {**env3, "TUNECACHE_TRUSTED_KEYS": key["TUNECACHE_TRUSTED_KEYS"]}, **extra)
         r[label]["split_kernels_compiled"] = cubins(cache3)
         if pause_s is None:  # the same store and an empty cache, the tuning key not trusted
-            cache4 = str(work / "triton-cache-4")
-            untrusted = {**env3, "TRITON_CACHE_DIR": cache4, "TUNECACHE_TRUSTED_KEYS": f"{other_key}.pub"}
+            cache4, other_pub = str(work / "triton-cache-4"), other_key["TUNECACHE_TRUSTED_KEYS"]
+            untrusted = {**env3, "TRITON_CACHE_DIR": cache4, "TUNECACHE_TRUSTED_KEYS": other_pub}
             start("fresh-host-untrusted", untrusted)
             r["fresh-host-untrusted"]["split_kernels_compiled"] = cubins(cache4)
             r["fresh-host-untrusted-correctness"] = spawn("correctness", a, untrusted, log)
@@ -655,8 +223,9 @@ def run_all(out_dir: Path, quick: bool) -> dict:
         wanted = os.environ.get("TC_BENCH_SERIES", ",".join(every)).split(",")
         kinds = {k: v for k, v in every.items() if k in wanted and (not k.startswith("winners-direct") or winners)}
         series: dict = {k: [] for k in kinds}
-        for _ in range(n):
-            for k, (env, extra) in kinds.items():
+        for turn in timing.rounds(list(kinds), n):
+            for k in turn:
+                env, extra = kinds[k]
                 res = spawn("start", {**a, "label": k, **extra}, env, log)
                 series[k].append(res.get("seconds_to_ready"))
                 early = res.get("preloaded_before_first_launch")
@@ -713,12 +282,7 @@ def summary(r: dict) -> str:
         v = r.get(k, {})
         return v.get("seconds_to_ready", float("nan")), v.get("stats", {}).get("benchmarks", "-")
 
-    lines = [
-        f"device: {r['device']}, triton {r['triton']}, torch {r['torch']}, {r['buckets']} buckets",
-        "",
-        "| start | configs benchmarked | time to all buckets ready (s) | process wall (s) |",
-        "|---|---|---|---|",
-    ]
+    rows = []
     for k in (
         "stock-cold",
         "stock-restart",
@@ -735,18 +299,16 @@ def summary(r: dict) -> str:
     ):
         if k in r:
             s, n = t(k)
-            if k.startswith("stock"):
-                n = "all (stock)"
-            lines.append(f"| {k} | {n} | {s:.3f} | {r[k].get('process_wall_s', float('nan')):.1f} |")
+            rows.append([k, "all (stock)" if k.startswith("stock") else n, f"{s:.3f}",
+                         f"{r[k].get('process_wall_s', float('nan')):.1f}"])  # fmt: skip
+    header = ["start", "configs benchmarked", "time to all buckets ready (s)", "process wall (s)"]
+    lines = [f"date {r.get('date')}, device: {r['device']}, triton {r['triton']}, torch {r['torch']}, "
+             f"{r['buckets']} buckets", "", *records.table(header, rows)]  # fmt: skip
     f, tr = t("fixed")[0], t("tunecache-restart")[0]
     fh = r.get("fresh-host", {})
     fb = r.get("fresh-host-binaries", {})
     tuned = ("_split_stage", "split_stage")  # the autotuned kernels (Triton, Gluon): target 0 compiles
-    lines += [
-        "",
-        "| start | Triton compiles (autotuned split) | compiles (all, by kernel) | cache hits |",
-        "|---|---|---|---|",
-    ]
+    rows = []
     for k in (
         "stock-cold",
         "tunecache-first",
@@ -759,10 +321,10 @@ def summary(r: dict) -> str:
     ):
         if k in r and "compiles" in r[k]:
             c = r[k]["compiles"]
-            lines.append(
-                f"| {k} | {sum(v for n, v in c.items() if n in tuned)} | {json.dumps(c)} | "
-                f"{json.dumps(r[k].get('cache_hits'))} |"
-            )
+            split = sum(v for n, v in c.items() if n in tuned)
+            rows.append([k, split, json.dumps(c), json.dumps(r[k].get("cache_hits"))])
+    header = ["start", "Triton compiles (autotuned split)", "compiles (all, by kernel)", "cache hits"]
+    lines += ["", *records.table(header, rows)]
     if fb:
         ratio = fb.get("seconds_to_ready", float("nan")) / tr if tr else float("nan")
         ex = r.get("binaries-exchange", {})
@@ -793,13 +355,12 @@ def summary(r: dict) -> str:
     ]
     bw = r.get("bandwidth", {})
     if "per_bucket" in bw:
-        lines += ["", "| B | ms | TB/s (gathered KV) | winner |", "|---|---|---|---|"]
+        rows = []
         for b, v in sorted(bw["per_bucket"].items(), key=lambda kv: int(kv[0])):
             w = v["winner"]
-            lines.append(
-                f"| {b} | {v['ms']:.4f} | {v['TBps']:.2f} | BLOCK_T={w.get('BLOCK_T')} w{w.get('num_warps')} "
-                f"s{w.get('num_stages')} |"
-            )
+            winner = f"BLOCK_T={w.get('BLOCK_T')} w{w.get('num_warps')} s{w.get('num_stages')}"
+            rows.append([b, f"{v['ms']:.4f}", f"{v['TBps']:.2f}", winner])
+        lines += ["", *records.table(["B", "ms", "TB/s (gathered KV)", "winner"], rows)]
         lines.append(
             f"\nreference at B=64: {bw.get('reference_ms_b64')} ms; speedup {bw.get('speedup_vs_reference_b64')}"
         )

@@ -5,8 +5,8 @@ Two files: a hostile one (:func:`hostile_files.write_spec_bomb`: valid launch-sp
 each that gzip shrinks ~1000:1; 300 of them are a ~1.2 MB ``.jsonl.gz`` holding 1.2 GB of lines)
 and the export of N generated problems (scripts/bench_exchange.py's workload, default 100,000 x 12
 config rows). Each is imported with ``--dry-run`` and for real into a fresh SQLite store (the
-hostile file with ``--launch-specs`` too), by the real command in its own process, which reports
-its own peak RSS (VmHWM) as it exits.
+hostile file with ``--launch-specs --trust-unsigned`` too: it is unsigned), by the real command in
+its own process, which reports its own peak RSS (VmHWM) as it exits.
 
 With ``--before REV`` the same runs use the ``tunecache`` package of git revision REV too (from
 ``git archive``, imported ahead of the installed one), side by side with the working tree's:
@@ -26,31 +26,28 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
-import tarfile
 import tempfile
 import time
-from io import BytesIO
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # hostile_files
-sys.path.insert(0, str(ROOT / "scripts"))  # bench_exchange
+sys.path.insert(0, str(ROOT / "scripts"))  # bench_exchange, benchkit
 
-# The real command; prints the process's own peak RSS as it exits (ru_maxrss of a child would carry
-# over the forking parent's size across exec) and which tunecache it ran.
+from benchkit import SCRIPTS, procs, records, stores  # noqa: E402
+
+# The real command; prints the process's own peak RSS as it exits (benchkit.memory) and which
+# tunecache it ran.
 _WRAPPER = (
     "import atexit, os, sys\n"
     "if os.environ.get('BENCH_TUNECACHE_TREE'):  # before the editable install's finder\n"
     "    sys.meta_path = [f for f in sys.meta_path if 'editable' not in getattr(f, '__module__', '')]\n"
     "    sys.path.insert(0, os.environ['BENCH_TUNECACHE_TREE'])\n"
     "import tunecache\n"
-    "def peak():\n"
-    "    for line in open('/proc/self/status'):\n"
-    "        if line.startswith('VmHWM:'):\n"
-    "            sys.stderr.write('PEAK_KB %s %s\\n' % (line.split()[1], tunecache.__file__))\n"
-    "atexit.register(peak)\n"
+    "sys.path.append(os.environ['BENCH_SCRIPTS'])\n"
+    "from benchkit.memory import peak_rss_mb\n"
+    "atexit.register(lambda: sys.stderr.write('PEAK_MB %f %s\\n' % (peak_rss_mb(), tunecache.__file__)))\n"
     "from tunecache.cli import main\n"
     "main(prog_name='tunecache')\n"
 )
@@ -63,27 +60,22 @@ def run_import(code: Path | None, url: str, path: Path, flags: list[str]) -> tup
 
 def run_cli(code: Path | None, url: str, argv: list[str]) -> tuple[float, float, str]:
     """(peak RSS MB, seconds, output) of one ``tunecache ARGV``; ``code`` is a tree holding tunecache."""
-    env = dict(os.environ)
+    env = procs.child_env(BENCH_SCRIPTS=str(SCRIPTS))
     if code is not None:
         env["BENCH_TUNECACHE_TREE"] = str(code)
-    args = [sys.executable, "-c", _WRAPPER, "--url", url, *argv]
-    t0 = time.perf_counter()
-    r = subprocess.run(args, env=env, capture_output=True, text=True)
-    seconds = time.perf_counter() - t0
-    if r.returncode != 0:
-        raise SystemExit(f"{argv[0]} failed ({code or 'working tree'}):\n{r.stderr[-3000:]}")
-    kb, used = next(line.split()[1:3] for line in r.stderr.splitlines() if line.startswith("PEAK_KB "))
+    done = procs.run(procs.python("-c", _WRAPPER, "--url", url, *argv), env=env)
+    done.check(f"tunecache {argv[0]} ({code or 'working tree'})")
+    mb, used = next(line.split()[1:3] for line in done.stderr.splitlines() if line.startswith("PEAK_MB "))
     expected = str(code) if code is not None else str(ROOT)
     if not used.startswith(expected):
         raise SystemExit(f"ran {used}, not the tunecache of {expected}")
-    return int(kb) / 1024, seconds, r.stdout.strip()
+    return float(mb), done.wall_s, done.stdout.strip()
 
 
-def checkout(rev: str, dest: Path) -> Path:
-    data = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "tunecache"], check=True, capture_output=True)
-    with tarfile.open(fileobj=BytesIO(data.stdout)) as tar:
-        tar.extractall(dest, filter="data")
-    return dest
+def print_table(first: list[str], names: list[str], rows: list[list[str]]) -> None:
+    """The side-by-side table: ``first`` columns, then one per code tree."""
+    align = "l" + "r" * (len(first) - 2) + "l" + "r" * len(names)
+    print("\n".join(records.table([*first, *names], rows, align=align)))
 
 
 def main() -> None:
@@ -107,11 +99,13 @@ def main() -> None:
         work = Path(tmp)
         codes: list[tuple[str, Path | None]] = []
         if args.before:
-            codes.append((f"before ({args.before})", checkout(args.before, work / "before")))
+            codes.append((f"before ({args.before})", stores.package_of(args.before, work / "before")))
         codes.append(("after (working tree)", None))
         bomb = work / "hostile.jsonl.gz"
         raw = write_spec_bomb(bomb, args.specs)
-        spec_modes = [["--dry-run"], [], ["--launch-specs"]]
+        # The file is unsigned: its launch specs are imported only with --trust-unsigned (since the
+        # trust layer; a --before revision older than that flag refuses it).
+        spec_modes = [["--dry-run"], [], ["--launch-specs", "--trust-unsigned"]]
         files = [(f"hostile: {args.specs} spec lines", bomb, raw, spec_modes)]
         src = f"sqlite:///{work / 'src.sqlite3'}"
         t0 = time.perf_counter()
@@ -131,11 +125,7 @@ def main() -> None:
                     print(f"{label} | {row[2]} | {name}: {mb:.0f} MB, {s:.1f}s: {out}", file=sys.stderr)
                     row.append(f"{mb:.0f} MB ({s:.1f} s)")
                 rows.append(row)
-        names = [n for n, _ in codes]
-        print(f"| file | file MB (gz / lines) | command | {' | '.join(names)} |")
-        print(f"|---|---:|---|{'---:|' * len(names)}")
-        for row in rows:
-            print("| " + " | ".join(row) + " |")
+        print_table(["file", "file MB (gz / lines)", "command"], [n for n, _ in codes], rows)
 
 
 def fill_inductor(url: str, mib: int) -> None:
@@ -155,7 +145,7 @@ def fill_inductor(url: str, mib: int) -> None:
 
 def inductor_export(mib: int, before: str | None) -> None:
     """Peak RSS of ``export --inductor`` of ``mib`` MiB of entries, SQLite and PostgreSQL, before/after."""
-    from bench_exchange import pg_database
+    from bench_exchange import PG_URL
 
     from tunecache.store.opening import open_store
 
@@ -164,9 +154,9 @@ def inductor_export(mib: int, before: str | None) -> None:
         work = Path(tmp)
         codes: list[tuple[str, Path | None]] = []
         if before:
-            codes.append((f"before ({before})", checkout(before, work / "before")))
+            codes.append((f"before ({before})", stores.package_of(before, work / "before")))
         codes.append(("after (working tree)", None))
-        pg, drop = pg_database()
+        pg, drop = stores.pg_database(PG_URL)
         try:
             rows = []
             for backend, url in (("SQLite", f"sqlite:///{work / 'src.sqlite3'}"), ("PostgreSQL", pg)):
@@ -185,11 +175,7 @@ def inductor_export(mib: int, before: str | None) -> None:
                     rows.append(row)
         finally:
             drop()
-        names = [n for n, _ in codes]
-        print(f"| store | entries | command | {' | '.join(names)} |")
-        print(f"|---|---:|---|{'---:|' * len(names)}")
-        for row in rows:
-            print("| " + " | ".join(row) + " |")
+        print_table(["store", "entries", "command"], [n for n, _ in codes], rows)
 
 
 if __name__ == "__main__":

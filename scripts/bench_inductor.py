@@ -24,7 +24,8 @@ in every process of the start: Inductor's compile workers too), FX graph cache h
 the store entries served (hits the store recorded, all processes), and whether the outputs equal
 stock's (cold, else warm). Writes DIR/bench_inductor.json and DIR/bench_inductor.md.
 
-Every child gets a ``sitecustomize.py`` (DIR/hook) on its PYTHONPATH: it installs the compile
+The child is scripts/inductor_child.py, run as ``bench_inductor.py --child SPEC_JSON``. Every child
+gets a ``sitecustomize.py`` (DIR/hook, scripts/benchkit/compiles.py) on its PYTHONPATH: it installs the compile
 listener and, where TUNECACHE_INSTALL is set, imports tunecache's start-up hook, as the .pth of a
 ``pip install tunecache`` would (``PYTHONPATH=/tmp/site`` processes no .pth file). It shadows a
 distribution's own sitecustomize, in stock and tunecache starts alike.
@@ -43,262 +44,16 @@ against stock cold and warm starts of the same invocation) is scripts/bench_roll
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
-import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-HOOK = r"""
-# Written by scripts/bench_inductor.py: counts Triton compiles in every process of a start.
-import os, sys
-
-def _listener(*, src=None, metadata=None, metadata_group=None, times=None, cache_hit=False, **_):
-    path = os.environ.get("BENCH_COMPILE_LOG")
-    if path:
-        md = metadata if isinstance(metadata, dict) else {}
-        with open(path, "a") as f:  # pid, compile or hit, the kernel's name and its Triton key
-            f.write(f"{os.getpid()} {'hit' if cache_hit else 'compile'} {md.get('name', '?')} {md.get('hash', '?')}\n")
-
-class _Loader:
-    def __init__(self, loader):
-        self._loader = loader
-    def create_module(self, spec):
-        return self._loader.create_module(spec)
-    def exec_module(self, module):
-        module.__loader__ = module.__spec__.loader = self._loader
-        self._loader.exec_module(module)
-        try:
-            import triton.knobs
-            triton.knobs.compilation.listener = _listener
-        except Exception as e:
-            sys.stderr.write(f"bench hook: no compile listener: {e!r}\n")
-
-class _Finder:
-    def find_spec(self, name, path=None, target=None):
-        if name != "triton":
-            return None
-        sys.meta_path.remove(self)
-        for finder in sys.meta_path:
-            find = getattr(finder, "find_spec", None)
-            spec = find(name, path, target) if find else None
-            if spec is not None:
-                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _Loader(spec.loader)
-                return spec
-        return None
-
-if os.environ.get("BENCH_COMPILE_LOG"):
-    sys.meta_path.insert(0, _Finder())
-if os.environ.get("BENCH_TUNECACHE_LOG"):  # tunecache's debug lines of every process (leases: who waits on what)
-    import logging
-    _h = logging.FileHandler(os.environ["BENCH_TUNECACHE_LOG"])
-    _h.setFormatter(logging.Formatter("%(created).3f %(process)d %(message)s"))
-    logging.getLogger("tunecache").addHandler(_h)
-    logging.getLogger("tunecache").setLevel(logging.DEBUG)
-if os.environ.get("TUNECACHE_INSTALL"):  # what tunecache-install.pth does in site-packages
-    try:
-        __import__("_tunecache_startup")
-    except ImportError as e:
-        sys.stderr.write(f"bench hook: tunecache start-up hook not importable: {e!r}\n")
-"""
-
-DEFAULT_SEQ = (512, 1024, 2048)
-MODES = ("default", "max-autotune-no-cudagraphs")
-
-
-def counting_put(put: Any, by_kind: dict[str, int], put_keys: list[str]) -> Any:
-    """``InductorStore.put`` counted into ``by_kind`` (per kind; Triton's host modules apart: every
-    cold host builds them, with no lease) and ``put_keys`` (the entries this process computed), every
-    argument passed on (runs BB-BD: a wrapper that dropped a host module's target failed its put)."""
-    from tunecache.binaries.hostmodules import NAMES as HOST_MODULES
-
-    def counted_put(self: Any, kind: str, key: str, data: bytes, *args: Any, **kwargs: Any) -> None:
-        try:
-            module = kind == "triton_kernel" and json.loads(data).get("name") in HOST_MODULES
-        except (ValueError, AttributeError):
-            module = False
-        if not module:
-            put_keys.append(f"{kind}:{hashlib.sha256(key.encode()).hexdigest()[:16]}")
-        tag = "host_module" if module else kind
-        by_kind[f"{tag}_put"] = by_kind.get(f"{tag}_put", 0) + 1
-        put(self, kind, key, data, *args, **kwargs)
-
-    return counted_put
-
-
-# ---- one start (the child process) ---------------------------------------------------------------
-
-
-def child_spec(*, cpu: bool, d: int, heads: int, seq: list[int], mode: str, outputs: Path) -> dict[str, Any]:
-    """What one start of the block is told (``--child``): float32 on the CPU, bf16 on the GPU."""
-    return {
-        "device": "cpu" if cpu else "cuda",
-        "dtype": "float32" if cpu else "bfloat16",
-        "d": d,
-        "heads": heads,
-        "seq": seq,
-        "mode": mode,
-        "outputs": str(outputs),
-    }
-
-
-def child(spec: dict[str, Any]) -> dict[str, Any]:
-    """One fresh start: compile the block, run every length once, report what it took."""
-    t_proc = time.perf_counter()
-    import torch
-    import torch.nn.functional as F
-    from torch import nn
-
-    device, dtype = spec["device"], getattr(torch, spec["dtype"])
-    d, heads = spec["d"], spec["heads"]
-
-    class Block(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.norm1, self.norm2 = nn.RMSNorm(d), nn.RMSNorm(d)
-            self.qkv, self.proj = nn.Linear(d, 3 * d, bias=False), nn.Linear(d, d, bias=False)
-            self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            b, s, _ = x.shape
-            q, k, v = self.qkv(self.norm1(x)).view(b, s, 3, heads, d // heads).permute(2, 0, 3, 1, 4)
-            a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, d)
-            x = x + self.proj(a)
-            return x + self.fc2(F.gelu(self.fc1(self.norm2(x)), approximate="tanh"))
-
-    # Autotuning that really ran in this process, counted where it runs: Inductor's counters are no
-    # measure of it, since an FX graph cache hit replays the compile's counter deltas
-    # (select_algorithm_autotune and the rest) into counters["inductor"] without running anything.
-    ran: dict[str, Any] = {"benchmark_all_configs": 0, "select_algorithm": 0, "coordesc": 0, "coordesc_kernels": []}
-    traced_once: set[str] = set()
-
-    def trace(what: str) -> None:
-        """BENCH_TRACE_AUTOTUNE=1: the stack of the first autotune of each kind, on stderr."""
-        if os.environ.get("BENCH_TRACE_AUTOTUNE") and what not in traced_once:
-            import traceback
-
-            traced_once.add(what)
-            sys.stderr.write(f"bench: first {what} from:\n{''.join(traceback.format_stack(limit=60))}\n")
-
-    def counting(cls: Any, method: str, what: str) -> None:
-        original = getattr(cls, method)
-
-        def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
-            ran[what] += 1
-            if what == "coordesc":
-                ran["coordesc_kernels"].append(getattr(self, "inductor_meta", {}).get("kernel_name", "?"))
-            trace(what)
-            return original(self, *args, **kwargs)
-
-        setattr(cls, method, counted)
-
-    try:
-        from torch._inductor.runtime.triton_heuristics import CachingAutotuner
-        from torch._inductor.select_algorithm import AlgorithmSelectorCache
-
-        counting(CachingAutotuner, "benchmark_all_configs", "benchmark_all_configs")  # a kernel's configs
-        # max-autotune's search at a kernel's first launch; the public method also runs (and returns at
-        # once) on every launch of a kernel it does not apply to: count the search itself where it is apart.
-        has_inner = hasattr(CachingAutotuner, "_coordinate_descent_tuning")
-        counting(
-            CachingAutotuner, "_coordinate_descent_tuning" if has_inner else "coordinate_descent_tuning", "coordesc"
-        )
-        counting(AlgorithmSelectorCache, "benchmark", "select_algorithm")  # max-autotune's GEMM choices
-    except Exception as e:  # noqa: BLE001 - report without the counts
-        ran["error"] = repr(e)
-
-    by_kind: dict[str, int] = {}  # the store's answers per Inductor cache (main process)
-    put_keys: list[str] = []  # the entries this process computed and put (kind:key hash)
-    waits: dict[str, float] = {"seconds": 0.0, "in_vain": 0}  # lease waits (main process)
-    if os.environ.get("TUNECACHE_INSTALL"):
-        from tunecache.inductor.entries import InductorStore
-
-        get, put = InductorStore.get, InductorStore.put
-
-        def counted_get(self: Any, kind: str, key: str) -> bytes | None:
-            value = get(self, kind, key)
-            tag = f"{kind}_{'hit' if value is not None else 'miss'}"
-            by_kind[tag] = by_kind.get(tag, 0) + 1
-            return value
-
-        counted_put = counting_put(put, by_kind, put_keys)
-        InductorStore.get, InductorStore.put = counted_get, counted_put  # type: ignore[method-assign]
-
-        from tunecache import counters as tc_counters
-        from tunecache.inductor import leases
-
-        on_miss = leases.on_miss
-
-        def timed_on_miss(*args: Any, **kwargs: Any) -> Any:
-            """A lease wait: how long, and whether the entry it waited for landed (a fleet's defect
-            when not: the host waited on a holder that never put it)."""
-            before, t = tc_counters.stats()["inductor_lease_waits"], time.perf_counter()
-            entry = on_miss(*args, **kwargs)
-            if tc_counters.stats()["inductor_lease_waits"] > before:
-                waits["seconds"] += time.perf_counter() - t
-                waits["in_vain"] += entry is None
-            return entry
-
-        leases.on_miss = timed_on_miss
-
-    torch.manual_seed(0)
-    model = Block().to(device=device, dtype=dtype).eval()
-    mode = None if spec["mode"] == "default" else spec["mode"]
-    compiled = torch.compile(model, mode=mode, dynamic=False)
-    xs = [torch.randn(1, s, d, device=device, dtype=dtype) for s in spec["seq"]]
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    sync()
-    per_seq = []
-    outs = []
-    t0 = time.perf_counter()
-    with torch.no_grad():
-        for x in xs:
-            t = time.perf_counter()
-            outs.append(compiled(x))
-            sync()
-            per_seq.append(round(time.perf_counter() - t, 3))
-    first_output = time.perf_counter() - t0
-    torch.save([o.float().cpu() for o in outs], spec["outputs"])
-
-    from torch._dynamo.utils import counters
-
-    inductor = dict(counters["inductor"])
-    stats: dict[str, Any] = {}
-    backend = None
-    if "tunecache" in sys.modules:
-        from torch._inductor.remote_cache import RemoteFxGraphCache
-
-        from tunecache.inductor import entries
-
-        stats = entries.stats()
-        backend = getattr(RemoteFxGraphCache.backend_override_cls, "__name__", None)
-    return {
-        "first_output_s": round(first_output, 3),
-        "per_seq_s": per_seq,
-        "process_s": round(time.perf_counter() - t_proc, 3),
-        "autotune_benchmarks": ran["benchmark_all_configs"] + ran["select_algorithm"],
-        "benchmark_all_configs": ran["benchmark_all_configs"],
-        "select_algorithm_autotune": ran["select_algorithm"],
-        "coordesc_tunings": ran["coordesc"],
-        "coordesc_kernels": sorted(set(ran["coordesc_kernels"])),
-        "fxgraph_cache_hit": inductor.get("fxgraph_cache_hit", 0),
-        "fxgraph_cache_miss": inductor.get("fxgraph_cache_miss", 0),
-        "inductor_counters": {k: v for k, v in sorted(inductor.items()) if v},
-        "tunecache": stats,
-        "tunecache_by_kind": by_kind,
-        "put_keys": put_keys,
-        "lease_wait_s": round(waits["seconds"], 3),
-        "lease_waits_in_vain": int(waits["in_vain"]),
-        "fx_backend": backend,
-        **({"benchmark_count_error": ran["error"]} if "error" in ran else {}),
-    }
-
+from benchkit import compiles, procs, records, stores
+from inductor_child import DEFAULT_SEQ, MODES, child, child_spec
 
 # ---- the driver -----------------------------------------------------------------------------------
 
@@ -306,9 +61,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
 class Bench:
     def __init__(self, out: Path, args: argparse.Namespace) -> None:
         self.out, self.args = out, args
-        self.hook = out / "hook"
-        self.hook.mkdir(parents=True, exist_ok=True)
-        (self.hook / "sitecustomize.py").write_text(HOOK)
+        self.hook = compiles.write_hook(out / "hook")  # the compile listener in every process of a start
         self.runs: list[dict[str, Any]] = []
         self.exchanges: dict[str, dict[str, Any]] = {}  # per mode: the export/import of the entries
         self.n = 0
@@ -328,29 +81,23 @@ class Bench:
         log.unlink(missing_ok=True)
         outputs = self.out / "logs" / f"{mode}-{name}.pt"
         spec = child_spec(cpu=a.smoke, d=a.d, heads=a.heads, seq=a.seq, mode=mode, outputs=outputs)
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("TUNECACHE_", "TORCHINDUCTOR_"))}
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(self.hook), os.environ.get("PYTHONPATH")) if p)
-        env["BENCH_COMPILE_LOG"] = str(log)
+        env = procs.child_env(drop=("TUNECACHE_", "TORCHINDUCTOR_"), before=[self.hook], BENCH_COMPILE_LOG=str(log))
         env.update(dirs)
         env.update(tunecache_env or {})
         store_hits = self.store_hits(tunecache_env)
-        t = time.perf_counter()
-        r = subprocess.run(
-            [sys.executable, __file__, "--child", json.dumps(spec)], env=env, capture_output=True, text=True
-        )
-        wall = time.perf_counter() - t
+        r = procs.run(procs.python(__file__, "--child", json.dumps(spec)), env=env)
         (self.out / "logs" / f"{mode}-{name}.stderr").write_text(r.stderr)
-        if r.returncode != 0:
+        if r.rc != 0:
             raise SystemExit(f"{mode} {name} failed:\n{r.stderr[-4000:]}")
-        res = json.loads(r.stdout.strip().splitlines()[-1])
-        events = [ln.split() for ln in (log.read_text().splitlines() if log.exists() else [])]
+        res = r.result()
+        events = compiles.tally(compiles.events(log))
         res.update(
             start=name,
             mode=mode,
-            wall_s=round(wall, 3),
-            triton_compiles=sum(e[1] == "compile" for e in events),
-            triton_cache_hits=sum(e[1] == "hit" for e in events),
-            compiling_processes=len({e[0] for e in events if e[1] == "compile"}),
+            wall_s=round(r.wall_s, 3),
+            triton_compiles=events["compiles"],
+            triton_cache_hits=events["hits"],
+            compiling_processes=events["compiling_processes"],
             entries_served=None if tunecache_env is None else self.store_hits(tunecache_env) - store_hits,
             outputs=str(outputs),
         )
@@ -378,10 +125,8 @@ class Bench:
 
     def cli(self, *args: str, env: dict[str, str]) -> dict[str, Any]:
         """``tunecache ARGS --json``; its JSON summary."""
-        full = {**os.environ, **env}
-        cmd = [sys.executable, "-m", "tunecache.cli", *args, "--json"]
-        r = subprocess.run(cmd, env=full, capture_output=True, text=True)
-        if r.returncode != 0:
+        r = stores.cli([*args, "--json"], env=procs.child_env(**env))
+        if r.rc != 0:
             raise SystemExit(f"tunecache {' '.join(args)} failed:\n{r.stderr[-3000:]}")
         return json.loads(r.stdout)
 
@@ -437,13 +182,10 @@ class Bench:
         """A fresh key pair: the first start signs, the others trust it (the fleet's setting). Without
         the cryptography package: TUNECACHE_TRUST_STORE=yes (the bench's own store)."""
         try:
-            from tunecache import signing
-
-            made = signing.keygen(self.out / "bench-key", overwrite=True)
+            return stores.key_env(self.out / "bench-key")
         except Exception as e:  # noqa: BLE001
             print(f"no signing ({e}); the stores are trusted as a whole", flush=True)
             return {"TUNECACHE_TRUST_STORE": "yes"}
-        return {"TUNECACHE_SIGNING_KEY": made["private_key"], "TUNECACHE_TRUSTED_KEYS": made["public_key"]}
 
     def compare_outputs(self) -> None:
         import torch
@@ -461,21 +203,8 @@ class Bench:
             r["same_outputs"] = all(torch.equal(a, b) for a, b in zip(ref, outs))
 
     def write(self) -> None:
-        import platform
-
-        meta: dict[str, Any] = {"python": platform.python_version(), "seq": self.args.seq, "d": self.args.d}
-        try:
-            import torch
-            import triton
-
-            meta.update(torch=torch.__version__, triton=triton.__version__)
-            if torch.cuda.is_available():
-                meta["device"] = torch.cuda.get_device_name()
-        except Exception:  # noqa: BLE001
-            pass
-        (self.out / "bench_inductor.json").write_text(
-            json.dumps({"meta": meta, "runs": self.runs, "exchange": self.exchanges}, indent=2)
-        )
+        meta: dict[str, Any] = {**records.meta(cpu=self.args.smoke), "seq": self.args.seq, "d": self.args.d}
+        records.write(self.out / "bench_inductor.json", {"meta": meta, "runs": self.runs, "exchange": self.exchanges})
         cols = (
             "mode",
             "start",
@@ -490,8 +219,7 @@ class Bench:
             "same_outputs",
         )
         md = [f"# bench_inductor ({', '.join(f'{k} {v}' for k, v in meta.items())})", ""]
-        md += ["| " + " | ".join(cols) + " |", "|" + " --- |" * len(cols)]
-        md += ["| " + " | ".join(str(r.get(c)) for c in cols) + " |" for r in self.runs]
+        md += records.table(cols, [[r.get(c) for c in cols] for r in self.runs])
         md += ["", "Fresh host vs stock warm (first output):", ""]
         for mode in {r["mode"] for r in self.runs}:
             by = {r["start"]: r for r in self.runs if r["mode"] == mode}

@@ -50,272 +50,18 @@ import os
 import shutil
 import site
 import statistics
-import subprocess
 import sys
 import sysconfig
 import tempfile
-import textwrap
-import time
 from pathlib import Path
+
+import library_child
+from benchkit import procs, records, stores, timing
 
 ROOT = Path(__file__).resolve().parent.parent
 PTH = ROOT / "tunecache-install.pth"
 STARTUP = ROOT / "_tunecache_startup.py"
-SEQ_LENS = (256, 1024, 4096)
-OPS = ("chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "chunk_gla")
-
-CHILD = r"""
-import json, os, sys, time
-T_PROCESS = time.perf_counter()
-trace = []
-if os.environ.get("TC_BENCH_TRACE") == "1":  # tunecache's debug log, timed from the child's start
-    import logging
-
-    class Keep(logging.Handler):
-        def emit(self, record):
-            trace.append(f"{time.perf_counter() - T_PROCESS:8.3f} {record.threadName}: {record.getMessage()}")
-
-    logging.getLogger("tunecache").addHandler(Keep())
-    logging.getLogger("tunecache").setLevel(logging.DEBUG)
-if os.environ.get("BENCH_ADDSITEDIR"):
-    import site
-    site.addsitedir(os.environ["BENCH_ADDSITEDIR"])  # runs tunecache-install.pth, as interpreter start does
-import torch, triton
-import torch.nn.functional as F
-from triton.runtime.autotuner import Autotuner
-
-counts = {}
-base_bench = Autotuner._bench
-
-def counting(self, *args, **kwargs):
-    cls = type(self)
-    tc = any(c.__name__ == "TunecacheAutotuner" for c in cls.__mro__)
-    name = cls.__name__ + ("+tunecache" if tc else "")
-    counts[name] = counts.get(name, 0) + 1
-    return base_bench(self, *args, **kwargs)
-
-Autotuner._bench = counting
-WORKLOAD
-if os.environ.get("BENCH_TORCH_FILL", "1") == "1":
-    # A server fills buffers (its KV cache) while it loads: torch's fill kernel is loaded (CUDA lazy
-    # loading) before the first pass, as it is there. Without it the first torch.zeros of the first
-    # pass loads it: 7.7 ms there and not in the second call (run X's profile; phase
-    # tunecache-restart-no-fill keeps the earlier setup, as runs R-W measured).
-    torch.zeros(1, device=dev)
-torch.cuda.synchronize()
-# A server loads its weights between importing its kernels and their first launch; the same pause
-# for every start (BENCH_PAUSE_S, as bench_gpu.py's TC_BENCH_PAUSE_S).
-time.sleep(float(os.environ.get("BENCH_PAUSE_S", "1.0")))
-loads = {"compiles": {}, "cache_hits": {}}
-
-def listener(src, metadata, metadata_group, times, cache_hit):
-    d = loads["cache_hits" if cache_hit else "compiles"]
-    name = str(getattr(src, "name", "?"))
-    d[name] = d.get(name, 0) + 1
-
-triton.knobs.compilation.listener = listener
-
-
-def _autotuners():  # every Autotuner object of the process
-    import gc
-    return [obj for obj in gc.get_objects() if isinstance(obj, Autotuner)]
-
-
-def _tuners():  # every autotuner of the process by its kernel's module.qualname (a name two share: left out)
-    found = {}
-    for obj in _autotuners():
-        fn = getattr(obj, "base_fn", None)
-        name = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}"
-        found[name] = None if name in found else obj
-    return {k: v for k, v in found.items() if v is not None}
-
-
-injected = None
-if os.environ.get("BENCH_INJECT_WINNERS"):
-    # The floor (phase tunecache-restart-floor): every winner put into its autotuner's in-process
-    # cache before the first pass, as if this process had already resolved every key. No cache can
-    # do better; what its first pass still pays over the second call is not tuning.
-    import pickle
-    with open(os.environ["BENCH_INJECT_WINNERS"], "rb") as f:
-        recorded = pickle.load(f)
-    injected = 0
-    for name, tuner in _tuners().items():
-        by_str = {str(c): c for c in tuner.configs}
-        for key, cfg in recorded.get(name, []):
-            if cfg in by_str:
-                tuner.cache[key] = by_str[cfg]
-                injected += 1
-cdc_times = []  # tunecache's own share of a first pass: each check_disk_cache (a key's first launch)
-if "tunecache" in sys.modules:
-    from tunecache.tuner.autotuner import TunecacheAutotuner
-
-    _cdc = TunecacheAutotuner.check_disk_cache
-
-    def _timed_cdc(self, *a, **kw):
-        t = time.perf_counter()
-        try:
-            return _cdc(self, *a, **kw)
-        finally:
-            cdc_times.append(time.perf_counter() - t)
-
-    TunecacheAutotuner.check_disk_cache = _timed_cdc
-preloaded_before = None
-if "tunecache" in sys.modules:
-    preloaded_before = sys.modules["tunecache"].stats()["preloaded"]
-prof = None
-if os.environ.get("BENCH_PROFILE") == "1":
-    import cProfile
-
-    prof = cProfile.Profile()
-    prof.enable()
-trace.append(f"{time.perf_counter() - T_PROCESS:8.3f} first pass")
-modules_before = set(sys.modules)
-t0 = time.perf_counter()
-first = passes()
-t_first = time.perf_counter() - t0
-trace.append(f"{time.perf_counter() - T_PROCESS:8.3f} first pass done")
-if prof is not None:
-    import pstats
-
-    prof.disable()
-    rows = sorted(pstats.Stats(prof).stats.items(), key=lambda kv: -kv[1][3])[:45]
-    profile = [f"{v[3]:8.4f} {v[1]:6d} {k[0].rsplit('/', 2)[-1]}:{k[1]}:{k[2]}" for k, v in rows]
-triton.knobs.compilation.listener = None
-imported_in_first_pass = sorted(set(sys.modules) - modules_before)
-benched_first = dict(counts)
-cdc_first = list(cdc_times)
-if prof is not None:  # the second call profiled too: the difference is what only a first pass pays
-    prof2 = cProfile.Profile()
-    prof2.enable()
-    passes()
-    prof2.disable()
-    s1, s2 = pstats.Stats(prof).stats, pstats.Stats(prof2).stats
-    extra = {k: v[2] - s2.get(k, (0, 0, 0.0))[2] for k, v in s1.items()}  # own time, first minus second
-    top = sorted(extra.items(), key=lambda kv: -kv[1])[:40]
-
-    def package(k):
-        path, name = k[0], k[2]
-        for p in ("tunecache", "triton", "torch", "fla"):
-            if f"/{p}/" in path or (path == "~" and p in name):
-                return p
-        return "import" if "importlib" in path else "python/builtins"
-
-    by_package = {}
-    for k, d in extra.items():
-        by_package[package(k)] = by_package.get(package(k), 0.0) + d
-    profile_extra = [f"{d:8.4f} {s1[k][1]:6d} {k[0].rsplit('/', 2)[-1]}:{k[1]}:{k[2]}" for k, d in top]
-t0 = time.perf_counter()
-second = passes()
-t_second = time.perf_counter() - t0
-# The second call again after the same pause as the first pass had: an idle GPU and a cold CPU
-# cost a first pass something that no cache can take away; this shows how much.
-time.sleep(float(os.environ.get("BENCH_PAUSE_S", "1.0")))
-t0 = time.perf_counter()
-passes()
-t_second_paused = time.perf_counter() - t0
-if os.environ.get("BENCH_RECORD_WINNERS"):
-    import pickle
-    with open(os.environ["BENCH_RECORD_WINNERS"], "wb") as f:
-        pickle.dump({n: [(k, str(c)) for k, c in t.cache.items()] for n, t in _tuners().items()}, f)
-same = all(torch.equal(a, b) for T in first for a, b in zip(first[T], second[T]))
-finite = all(bool(torch.isfinite(o.float()).all()) for T in first for o in first[T])
-classes = {}
-for obj in _autotuners():
-    cls = type(obj)
-    tc = any(c.__name__ == "TunecacheAutotuner" for c in cls.__mro__)
-    n = cls.__name__ + ("+tunecache" if tc else "")
-    classes[n] = classes.get(n, 0) + 1
-out = {
-    "first_s": t_first,
-    "second_s": t_second,
-    "second_after_pause_s": t_second_paused,
-    "winners_injected": injected,
-    "check_disk_cache_first_pass_s": [sum(cdc_first), len(cdc_first)],
-    "benchmarks_by_class": benched_first,
-    "benchmarks": sum(benched_first.values()),
-    "benchmarks_second_call": sum(counts.values()) - sum(benched_first.values()),
-    "autotuners_by_class": classes,
-    "outputs_finite": finite,
-    "second_call_same_outputs": same,
-    "tunecache_imported": "tunecache" in sys.modules,
-    "first_pass_loads": loads,
-    "preloaded_before_first_pass": preloaded_before,
-    "imported_in_first_pass": imported_in_first_pass,
-}
-if trace:
-    out["trace"] = trace[-400:]
-if prof is not None:
-    out["profile_first_pass"] = profile
-    out["profile_first_minus_second_own_time"] = profile_extra
-    out["profile_first_minus_second_by_package"] = {k: round(v, 5) for k, v in sorted(by_package.items())}
-if "tunecache" in sys.modules:
-    import tunecache
-    from tunecache.tuner import decorator
-    tunecache.flush()
-    out["tunecache_installed"] = decorator.installed()
-    out["tunecache_stats"] = tunecache.stats()
-    cov = tunecache.coverage()
-    out["kernels_covered"] = sum(c["covered"] for c in cov.values())
-    out["kernels_uncovered"] = {k: c["why"] for k, c in cov.items() if not c["covered"]}
-    out["preload_skip_reasons"] = tunecache.preload_skips()
-print("RESULT " + json.dumps(out))
-"""
-
-
-#: Each library's part of the child: import it (its autotuners are built there), make the inputs,
-#: and ``passes()``: one pass over its calls, returning {shape: tuple of outputs}.
-WORKLOADS = {
-    "fla": """import fla.ops as ops  # builds its autotuners (CachedAutotuner, triton.autotune) here
-
-B, H, K, V = 1, 16, 128, 128
-dev, dt = "cuda", torch.bfloat16
-gen = torch.Generator(device=dev).manual_seed(0)
-inputs = {}
-for T in SEQ_LENS:
-    r = lambda *s: torch.randn(*s, device=dev, generator=gen)
-    q = F.normalize(r(B, T, H, K), dim=-1).to(dt)
-    k = F.normalize(r(B, T, H, K), dim=-1).to(dt)
-    v = r(B, T, H, V).to(dt)
-    g = F.logsigmoid(r(B, T, H)).float()
-    gk = F.logsigmoid(r(B, T, H, K)).to(dt)
-    beta = torch.sigmoid(r(B, T, H)).to(dt)
-    inputs[T] = (q, k, v, g, gk, beta)
-
-def passes():
-    outs = {}
-    with torch.no_grad():
-        for T, (q, k, v, g, gk, beta) in inputs.items():
-            o1, _ = ops.chunk_gated_delta_rule(q, k, v, g, beta)
-            o2, _ = ops.fused_recurrent_gated_delta_rule(q, k, v, g=g, beta=beta)
-            o3, _ = ops.chunk_gla(q, k, v, gk)
-            outs[T] = (o1, o2, o3)
-    torch.cuda.synchronize()
-    return outs
-
-""",
-    # gemlite 0.6 (mobiusml): int8/fp8 GEMM and GEMV kernels under triton.autotune whose constexpr
-    # arguments are Triton dtypes (input_dtype=tl.float16, ...), strings and enum values: the launch
-    # keys issue 27 found unparseable. Its per-GPU default configs (configs/*.json) match no H200.
-    "gemlite": """
-import gemlite
-from gemlite.helper import A8W8_int8_dynamic, A8W8_fp8_dynamic, A16W8_INT8
-
-dev, dt = "cuda", torch.float16
-torch.manual_seed(0)
-layers = []
-procs = (A8W8_int8_dynamic, A8W8_fp8_dynamic, A16W8_INT8)
-for proc in (P(device=dev, dtype=dt) for P in procs):
-    for n in (4096, 11008):
-        layers.append(proc.from_linear(torch.nn.Linear(4096, n, bias=False, dtype=dt, device=dev)))
-inputs = {M: torch.randn(M, 4096, dtype=dt, device=dev) / 100 for M in (1, 16, 64, 256)}
-
-def passes():
-    with torch.no_grad():
-        outs = {M: tuple(layer(x) for layer in layers) for M, x in inputs.items()}
-    torch.cuda.synchronize()
-    return outs
-""",
-}
+WORKLOADS = library_child.WORKLOADS
 
 
 def _pth_in_site() -> bool:
@@ -325,37 +71,31 @@ def _pth_in_site() -> bool:
 
 
 def _child(env: dict[str, str], timeout: float, library: str = "fla") -> dict:
-    code = CHILD.replace("WORKLOAD", textwrap.dedent(WORKLOADS[library])).replace("SEQ_LENS", repr(SEQ_LENS))
-    r = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        env={**os.environ, **env},
-        capture_output=True,
-        text=True,
+    """One start (scripts/library_child.py) with ``env`` over this process's; its result and wall time."""
+    r = procs.run(
+        procs.python("-c", library_child.code(library)),
+        env=procs.child_env(**env),
         timeout=timeout,
         cwd=tempfile.gettempdir(),  # not the checkout: python -c puts its cwd first on sys.path
     )
-    line = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
-    if r.returncode != 0 or not line:
-        return {"error": f"exit {r.returncode}", "stderr": r.stderr[-4000:]}
-    out = json.loads(line[-1][7:])
+    out = r.result("RESULT ")
+    if r.rc != 0 or out is None:
+        return {"error": f"exit {r.rc}", "stderr": r.stderr[-4000:], "process_s": r.wall_s}
     warned = [ln for ln in r.stderr.splitlines() if "tunecache" in ln]
-    out["tunecache_log"] = warned[-20:]
-    return out
+    return {**out, "tunecache_log": warned[-20:], "process_s": r.wall_s}
 
 
 def gpu_phases(out_dir: Path, timeout: float, only: set[str], profile: bool, repeat: int, library: str = "fla") -> dict:
-    store = out_dir / "store.sqlite3"
-    for p in (store, Path(f"{store}-wal"), Path(f"{store}-shm")):
-        p.unlink(missing_ok=True)
+    url = stores.sqlite_url(out_dir / "store.sqlite3", fresh=True)
     triton_cache = out_dir / "triton-cache"
     shutil.rmtree(triton_cache, ignore_errors=True)
     base = {
         "FLA_CACHE_RESULTS": "0",
         "TRITON_CACHE_DIR": str(triton_cache),
-        "TUNECACHE_URL": f"sqlite:///{store}",
+        "TUNECACHE_URL": url,
         # The checkout last: where tunecache is installed (the GPU host's --target dir) that copy is
         # used, with its tunecache.migrations and tunecache.kernels packages.
-        "PYTHONPATH": os.pathsep.join(p for p in (os.environ.get("PYTHONPATH", ""), str(ROOT)) if p),
+        "PYTHONPATH": procs.child_env(after=[ROOT])["PYTHONPATH"],
         "TUNECACHE_INSTALL": "",
     }
     tc = {**base, "TUNECACHE_INSTALL": "1"}
@@ -392,13 +132,11 @@ def gpu_phases(out_dir: Path, timeout: float, only: set[str], profile: bool, rep
     # order reversed every other round.
     again = [(n, e) for n, e in starts if n.startswith(("tunecache-restart", "stock-pinned")) and "profiled" not in n]
     profiled = [(n, e) for n, e in starts if n.endswith("profiled")]
-    rounds = [again if i % 2 else again[::-1] for i in range(1, repeat)]  # every other round reversed
+    rounds = timing.rounds(again, repeat - 1, "alternate")  # every other round reversed
     order = [x for x in starts if x not in profiled] + [x for r in rounds for x in r] + profiled
     runs: dict[str, list[dict]] = {}
     for name, env in order:
-        t0 = time.perf_counter()
         run = _child(env, timeout, library)
-        run["process_s"] = time.perf_counter() - t0
         runs.setdefault(name, []).append(run)
         keys = ("benchmarks", "benchmarks_by_class", "first_s", "second_s", "second_after_pause_s")
         keys += ("winners_injected", "check_disk_cache_first_pass_s", "preloaded_before_first_pass")
@@ -448,14 +186,10 @@ def gpu_phases(out_dir: Path, timeout: float, only: set[str], profile: bool, rep
 
 
 def _venv(where: Path, hooked: bool) -> Path:
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(where)], check=True)
+    procs.run(procs.python("-m", "venv", "--without-pip", where)).check("python -m venv")
     py = where / "bin" / "python"
-    purelib = subprocess.run(
-        [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
+    code = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    purelib = procs.run([py, "-c", code]).check("the venv's python").stdout.strip()
     # Lends this interpreter's packages (triton, torch, sqlalchemy...) and the checkout's tunecache
     # to both venvs alike; .pth files inside the lent directories are not run.
     # PYTHONPATH's entries too: on the GPU host tunecache's dependencies lie there (a --target dir).
@@ -469,20 +203,18 @@ def _venv(where: Path, hooked: bool) -> Path:
 
 
 def _timed(py: Path, code: str, env: dict[str, str]) -> float:
-    t0 = time.perf_counter()
-    subprocess.run([str(py), "-c", code], env=env, check=True, capture_output=True)
-    return time.perf_counter() - t0
+    return procs.run([py, "-c", code], env=env).check(f"{py} -c {code!r}").wall_s
 
 
 def pth_cost(reps: int, triton_reps: int) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="tc-pth-"))
     try:
         bare, hooked = _venv(tmp / "bare", False), _venv(tmp / "hooked", True)
-        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TUNECACHE_INSTALL")}
+        env = {k: v for k, v in procs.child_env().items() if k not in ("PYTHONPATH", "TUNECACHE_INSTALL")}
         env.setdefault("TRITON_INTERPRET", "1")  # import triton needs no GPU either way
         on = {**env, "TUNECACHE_INSTALL": "1"}
         check = "import sys, triton.runtime.autotuner as a; assert hasattr(a.Autotuner.__init__, '__wrapped__')"
-        subprocess.run([str(hooked), "-c", check], env=on, check=True)  # the hook really installs
+        procs.run([hooked, "-c", check], env=on).check("the hooked venv's install check")  # the hook installs
         variants = {
             "bare: python -c pass": (bare, "pass", env),
             "hook, TUNECACHE_INSTALL unset": (hooked, "pass", env),
@@ -498,22 +230,13 @@ def pth_cost(reps: int, triton_reps: int) -> dict:
             times: dict[str, list[float]] = {k: [] for k in group}
             for py, code, e in group.values():  # warm the page cache
                 _timed(py, code, e)
-            for i in range(n):
-                names = list(group)
-                names = names[i % len(names) :] + names[: i % len(names)]  # rotate: side by side
+            for names in timing.rounds(list(group), n, "rotate"):  # side by side
                 for name in names:
                     py, code, e = group[name]
                     times[name].append(_timed(py, code, e))
             first = statistics.median(times[next(iter(group))])
             for name, ts in times.items():
-                med = statistics.median(ts)
-                out[name] = {
-                    "median_ms": round(med * 1e3, 2),
-                    "p10_ms": round(sorted(ts)[len(ts) // 10] * 1e3, 2),
-                    "p90_ms": round(sorted(ts)[(len(ts) * 9) // 10] * 1e3, 2),
-                    "runs": len(ts),
-                    "ratio_to_bare": round(med / first, 3),
-                }
+                out[name] = {**timing.spread_ms(ts), "ratio_to_bare": round(statistics.median(ts) / first, 3)}
         return out
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -523,33 +246,30 @@ TIMES = ("first_s", "second_s", "second_after_pause_s")
 
 
 def markdown(result: dict) -> str:
-    lines = ["# bench_library", ""]
+    lines = [f"# bench_library ({result.get('date')}, {result.get('device', 'start-up only')})", ""]
     g = result.get("gpu")
     if g:
-        lines += [
-            f"activation: {g['activation']}",
-            "",
-            "| start | configs benchmarked | by autotuner class | passes (first) | passes (second call) "
-            "| second call after the pause | preloaded / skipped | tunecache log lines |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- |",
-        ]
+        rows = []
         for name, p in g["phases"].items():
             if "error" in p:
-                lines.append(f"| {name} | error: {p['error']} | | | | |")
+                rows.append([name, f"error: {p['error']}", "", "", "", ""])
                 continue
             by = ", ".join(f"`{k}` {v}" for k, v in sorted(p["benchmarks_by_class"].items())) or "-"
             ms = {k: " / ".join(f"{t * 1e3:.1f}" for t in p.get(f"{k}_runs", [p[k]])) + " ms" for k in TIMES}
             st = p.get("tunecache_stats") or {}
             pre = f"{st.get('preloaded', '-')} / {st.get('preload_skipped', '-')}" if st else "-"
             logged = len(p.get("tunecache_log", [])) if p.get("tunecache_imported") else "-"
-            lines.append(
-                f"| {name} | {p['benchmarks']} | {by} | " + " | ".join(ms[k] for k in TIMES) + f" | {pre} | {logged} |"
-            )
+            rows.append([name, p["benchmarks"], by, *(ms[k] for k in TIMES), pre, logged])
+        header = ["start", "configs benchmarked", "by autotuner class", "passes (first)", "passes (second call)"]
+        header += ["second call after the pause", "preloaded / skipped", "tunecache log lines"]
+        lines += [f"activation: {g['activation']}", "", *records.table(header, rows)]
         lines += ["", "(each run's figure where a start ran more than once: --repeat)", ""]
         lines += [f"targets: {json.dumps(g['targets'])}", ""]
-    lines += ["| start-up | median | p10-p90 | ratio to bare |", "| --- | --- | --- | --- |"]
-    for name, s in result["pth"].items():
-        lines.append(f"| {name} | {s['median_ms']} ms | {s['p10_ms']}-{s['p90_ms']} ms | {s['ratio_to_bare']} |")
+    rows = [
+        [name, f"{s['median_ms']} ms", f"{s['p10_ms']}-{s['p90_ms']} ms", s["ratio_to_bare"]]
+        for name, s in result["pth"].items()
+    ]
+    lines += records.table(["start-up", "median", "p10-p90", "ratio to bare"], rows)
     return "\n".join(lines) + "\n"
 
 
@@ -567,7 +287,7 @@ def main() -> None:
     ap.add_argument("--library", choices=sorted(WORKLOADS), default="fla", help="the library whose kernels run")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
-    result: dict = {"python": sys.version.split()[0]}
+    result: dict = records.meta(versions=False)
     if not a.pth_only:
         import torch
         import triton
@@ -583,7 +303,7 @@ def main() -> None:
         only = set(filter(None, a.phases.split(",")))
         result["gpu"] = gpu_phases(a.out, a.timeout, only, a.profile, a.repeat, a.library)
     result["pth"] = {} if a.no_pth else pth_cost(a.reps, a.triton_reps)
-    (a.out / "bench_library.json").write_text(json.dumps(result, indent=2))
+    records.write(a.out / "bench_library.json", result)
     (a.out / "bench_library.md").write_text(markdown(result))
     print(markdown(result))
 

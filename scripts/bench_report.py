@@ -23,7 +23,6 @@ import os
 import random
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,10 +30,12 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from benchkit import memory, procs, timing  # noqa: E402
 
 
 def generate(url: str, n: int) -> None:
-    sys.path.insert(0, str(HERE))
     from bench_exchange import KERNELS, TARGETS
 
     from tunecache.configidentity import config_hash_of, search_space_hash
@@ -160,16 +161,14 @@ def generate(url: str, n: int) -> None:
 
 
 def child(url: str, out: str) -> None:
-    """One report, in this process: its wall time and this process's peak RSS (VmHWM, not ru_maxrss:
-    Linux carries that over from the forked parent across exec)."""
+    """One report, in this process: its wall time and this process's own peak RSS."""
     from tunecache.report.report import write_report
     from tunecache.store.opening import open_store
 
     t0, cpu0 = time.perf_counter(), time.process_time()
     res = write_report(open_store(url), out)
     seconds, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-    status = Path("/proc/self/status").read_text().splitlines()
-    rss = next(int(x.split()[1]) / 1024 for x in status if x.startswith("VmHWM:"))
+    rss = memory.peak_rss_mb()
     page_mb = round(res["bytes"] / 1e6, 2)
     print(
         json.dumps(
@@ -225,17 +224,11 @@ def main() -> None:
                 command.downgrade(alembic_config(conn), revision)
             store.close()
         runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in trees}
-        for _ in range(a.rounds):  # in turn: a load that changes over the run hits every tree alike
-            for name, tree in trees:
-                env = {**os.environ, "PYTHONPATH": os.pathsep.join([tree, os.environ.get("PYTHONPATH", "")])}
-                out = subprocess.run(
-                    [sys.executable, __file__, "--child", urls[name], str(Path(tmp) / f"{name}.html")],
-                    env=env,
-                    check=True,
-                    capture_output=True,
-                    text=True,
-                )
-                runs[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
+        for turn in timing.rounds(trees, a.rounds):  # in turn: a load that changes over the run hits every tree alike
+            for name, tree in turn:
+                page = Path(tmp) / f"{name}.html"
+                cmd = procs.python(__file__, "--child", urls[name], page)
+                runs[name].append(procs.run_json(cmd, f"the report of tree {name}", env=procs.child_env(before=[tree])))
                 print(f"{name}: {runs[name][-1]} (load average {os.getloadavg()[0]:.1f})", file=sys.stderr)
         results = {
             name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} | {"runs": rs} for name, rs in runs.items()

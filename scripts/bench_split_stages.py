@@ -4,7 +4,7 @@ each result checked against the fp32 reference first, then timed (split + merge,
 
     python scripts/bench_split_stages.py --batches 64:4,256:1 --out split-stages.json
 
-The sweeps behind the Hopper kernel's config list (docs/benchmarks.md, sweeps H-J) were made with an
+The sweeps behind the Hopper kernel's config list (docs/benchmarks/sparse-kernel.md, sweeps H-J) were made with an
 earlier form of this script. ``B:S`` pairs fix the batch and the split count (S=0: the heuristic).
 The Triton stage runs its configs that fit; on an sm90 GPU the Hopper (Gluon) stage runs its own.
 fp8 KV, H=16, topk=2048, each query gathering its own region of distinct slots.
@@ -17,6 +17,8 @@ import json
 import math
 import sys
 from pathlib import Path
+
+from benchkit import gates, records
 
 
 def main() -> None:
@@ -75,12 +77,14 @@ def main() -> None:
                 row["TBps"] = b * topk * sd.D_QK / (ms * 1e-3) / 1e12
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-    ns.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "triton": triton.__version__, "rows": rows}))
+    device = torch.cuda.get_device_name()
+    records.write(ns.out, {"device": device, "triton": triton.__version__, "rows": rows}, indent=None)
     for b, _ in pairs:
         best = sorted((r for r in rows if r["B"] == b), key=lambda r: r["us"])[:3]
         print(f"B={b}: " + "; ".join(f"{r['stage']} {r['config']} {r['us']:.1f} us" for r in best))
-    if any(r["rel_err"] > 1e-2 for r in rows):
-        sys.exit("some config does not match the reference (rel_err > 1e-2)")
+    gate = gates.Gate("bench_split_stages")
+    gate.expect(all(r["rel_err"] <= 1e-2 for r in rows), "some config does not match the reference (rel_err > 1e-2)")
+    gate.enforce()
 
 
 if __name__ == "__main__":

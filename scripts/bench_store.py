@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import statistics
 import sys
 import tempfile
 import time
@@ -22,7 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_exchange import fill, generate, pg_database  # noqa: E402
+from bench_exchange import PG_URL, fill, generate  # noqa: E402
+from benchkit import records, stores, timing  # noqa: E402
 
 from tunecache.identity import problem_digest  # noqa: E402
 from tunecache.model import ConfigResult, Problem
@@ -39,10 +39,6 @@ def add_kernel(store, source: str = "f" * 64) -> None:
         store.put(
             p, [ConfigResult(f"{j:032x}", {"kwargs": {"BLOCK_T": j}}, median_ms=0.1 + j / 100) for j in range(12)]
         )
-
-
-def pct(xs: list[float], q: float) -> float:
-    return statistics.quantiles(xs, n=100, method="inclusive")[q - 1] if len(xs) > 1 else xs[0]
 
 
 def measure(url: str, n: int, reps: int) -> dict:
@@ -74,10 +70,10 @@ def measure(url: str, n: int, reps: int) -> dict:
         "problems": counts["problems"],
         "configs": counts["configs"],
         "fill_s": round(fill_s, 1),
-        "get_p50_ms": pct(gets, 50),
-        "get_p99_ms": pct(gets, 99),
-        "bulk36x12_p50_ms": pct(bulk, 50),
-        "bulk36x12_p99_ms": pct(bulk, 99),
+        "get_p50_ms": timing.quantile(gets, 50),
+        "get_p99_ms": timing.quantile(gets, 99),
+        "bulk36x12_p50_ms": timing.quantile(bulk, 50),
+        "bulk36x12_p99_ms": timing.quantile(bulk, 99),
     }
 
 
@@ -89,18 +85,18 @@ def main() -> None:
     rows = {}
     with tempfile.TemporaryDirectory() as d:
         rows["sqlite"] = measure(f"sqlite:///{Path(d) / 'bench.sqlite3'}", ns.problems, ns.reps)
-    url, drop = pg_database()
+    url, drop = stores.pg_database(PG_URL)
     try:
         rows["postgresql"] = measure(url, ns.problems, ns.reps)
     finally:
         drop()
-    print("| backend | problems | config rows | get p50 (ms) | get p99 (ms) | bulk 36x12 p50 (ms) | bulk p99 (ms) |")
-    print("|---|---|---|---|---|---|---|")
-    for name, r in rows.items():
-        print(
-            f"| {name} | {r['problems']} | {r['configs']} | {r['get_p50_ms']:.3f} | {r['get_p99_ms']:.3f} | "
-            f"{r['bulk36x12_p50_ms']:.2f} | {r['bulk36x12_p99_ms']:.2f} |"
-        )
+    header = ["backend", "problems", "config rows", "get p50 (ms)", "get p99 (ms)", "bulk 36x12 p50 (ms)"]
+    table = [
+        [name, r["problems"], r["configs"], f"{r['get_p50_ms']:.3f}", f"{r['get_p99_ms']:.3f}",
+         f"{r['bulk36x12_p50_ms']:.2f}", f"{r['bulk36x12_p99_ms']:.2f}"]
+        for name, r in rows.items()
+    ]  # fmt: skip
+    print("\n".join(records.table([*header, "bulk p99 (ms)"], table)))
     print(json.dumps(rows))
 
 

@@ -18,8 +18,9 @@
 # pycparser (the wheels into .whl/), and for `launch` .upstream/test_autotuner.py (where it comes from:
 # scripts/run_upstream_autotuner_tests.sh). Each part writes one log per step and a tarball of the raw
 # outputs to $OUT (the device tool brings back at most 8 files); record them in docs/gpu-runs and
-# the figures in docs/benchmarks.md. Each step has its own time limit, so a slow one cannot eat the
-# call's 10 minutes; a step's exit code is the last line of its log.
+# the figures in docs/benchmarks/ (the page of their subject, and a row of the index's table). Each
+# step has its own time limit, so a slow one cannot eat the call's 10 minutes; a step's exit code is
+# the last line of its log.
 set -uo pipefail
 
 part=${1:?usage: scripts/gpu_verify.sh launch|max-autotune|one-host-per-gpu}

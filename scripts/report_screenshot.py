@@ -18,6 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
+from benchkit import gates  # noqa: E402
 from chromium import Chromium  # noqa: E402
 
 from tunecache.exchange import import_  # noqa: E402
@@ -51,10 +52,11 @@ def main() -> int:
     outside = [u for u in got["requests"] if u != got["url"] and not u.startswith("data:")]
     empty = [s for s in got["plot_sizes"] if not (s[0] > 0 and s[1] > 0)]
     print(f"wrote {args.output} ({summary['bytes']} bytes, {summary['plots']} plots) and {args.png}")
+    gate = gates.Gate("FAIL")
     for what, bad in (("console errors", got["console_errors"]), ("requests outside", outside), ("empty plots", empty)):
-        if bad:
-            print(f"FAIL: {what}: {bad}", file=sys.stderr)
-    return 1 if got["console_errors"] or outside or empty else 0
+        gate.expect(not bad, f"{what}: {bad}")
+    gate.enforce()
+    return 0
 
 
 if __name__ == "__main__":

@@ -13,6 +13,8 @@ import json
 import statistics
 from typing import Any
 
+from benchkit import records
+
 
 def per_key(hosts: list[dict[str, Any]]) -> dict[str, int]:
     """How many hosts benchmarked (or computed and put) each key, over the fleet."""
@@ -183,14 +185,14 @@ def markdown(results: dict[str, Any]) -> str:
             parts = [(name, rec)] if "hosts" in rec else [(f"{name} {p}", rec[p]) for p in ("restart", "down")]
             for title, r in parts:
                 md += [f"### {title}", "", f"fleet: {json.dumps(r['fleet'])}", ""]
-                md += ["| " + " | ".join(COLS) + " |", "|" + " --- |" * len(COLS)]
+                rows = []
                 for h in r["hosts"]:
                     row = dict(h)
                     fo = h.get("first_output_s")
                     row["x_stock_warm"] = round(fo / sw, 2) if fo and sw else None
                     row["x_stock_cold"] = round(fo / sc, 2) if fo and sc else None
-                    md.append("| " + " | ".join(str(row.get(c, "")) for c in COLS) + " |")
-                md.append("")
+                    rows.append([row.get(c, "") for c in COLS])
+                md += [*records.table(COLS, rows), ""]
             extra = {k: v for k, v in rec.items() if k not in ("hosts", "fleet", "restart", "down")}
             if extra:
                 md += [f"{name}: {json.dumps(extra)}", ""]

@@ -6,7 +6,8 @@
 Warms the bundled sparse MLA decode kernel over the spec's buckets (an edited copy of its source for
 a rolling upgrade: ``edited_source``), counting benchmarks, the keys this host led and its waits on
 other hosts' benchmarks, and prints its result as one JSON line. A file of its own so that a host
-starts without the harness (bench_rollout builds the command; ``--profile`` runs it under cProfile).
+starts without bench_rollout's driver (rollout_fleet.py builds the command; ``--profile`` runs it under
+cProfile); of the harness it uses only ``benchkit.calls``, to count benchmarks.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchkit import calls
+
 
 def sparse_child(spec: dict[str, Any]) -> dict[str, Any]:
     """One host's start of the bundled kernel: every bucket once, as a server warms before capture."""
@@ -27,13 +30,7 @@ def sparse_child(spec: dict[str, Any]) -> dict[str, Any]:
     from triton.runtime.autotuner import Autotuner
 
     ran = {"benchmarks": 0}
-    bench = Autotuner._bench
-
-    def counted_bench(self: Any, *args: Any, **kwargs: Any) -> Any:  # every class, tunecache or not
-        ran["benchmarks"] += 1
-        return bench(self, *args, **kwargs)
-
-    Autotuner._bench = counted_bench  # type: ignore[method-assign]
+    calls.count_calls(Autotuner, "_bench", lambda self: ran.update(benchmarks=ran["benchmarks"] + 1))  # every class
     if spec.get("sources"):  # an edited kernel (a rolling upgrade): the same module names, another text
         import tunecache.kernels
 

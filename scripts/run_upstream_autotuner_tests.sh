@@ -34,7 +34,7 @@
 # hooked run processes that folder with site.addsitedir before pytest starts: the .pth line the
 # interpreter runs at start in a real install (a folder on PYTHONPATH never runs its .pth files).
 # Dependencies missing from the interpreter (sqlalchemy, alembic, mako, orjson, platformdirs) are
-# installed from the carried .whl/ folder, as for the other GPU runs (docs/benchmarks.md).
+# installed from the carried .whl/ folder, as for the other GPU runs (docs/benchmarks/).
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)

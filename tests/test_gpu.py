@@ -360,18 +360,14 @@ def test_hopper_fp8_kernel_matches_the_reference_for_every_config_and_records_it
 
 
 def _bench_inductor_hook(tmp_path: Path) -> Path:
-    """A folder with scripts/bench_inductor.py's sitecustomize.py: tunecache's start-up hook and its
-    compile counter in a child, as the .pth of an install would run it."""
-    import importlib.util
+    """A folder with the benches' sitecustomize.py (scripts/benchkit/compiles.py): tunecache's start-up
+    hook and its compile counter in a child, as the .pth of an install would run it."""
+    import sys
 
-    root = Path(__file__).resolve().parent.parent
-    spec_ = importlib.util.spec_from_file_location("bench_inductor", root / "scripts" / "bench_inductor.py")
-    bench = importlib.util.module_from_spec(spec_)
-    spec_.loader.exec_module(bench)
-    hook = tmp_path / "hook"
-    hook.mkdir()
-    (hook / "sitecustomize.py").write_text(bench.HOOK)
-    return hook
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    from benchkit import compiles
+
+    return compiles.write_hook(tmp_path / "hook")
 
 
 def test_torch_compile_on_a_fresh_host_with_the_store_warm_runs_no_autotune_benchmarks(tmp_path):
@@ -381,7 +377,7 @@ def test_torch_compile_on_a_fresh_host_with_the_store_warm_runs_no_autotune_benc
     not from Inductor's counters, which a cache hit replays) and no more coordinate-descent tunings than
     stock restarting on its own warm caches (torch 2.11 re-runs those at every warm start), no more
     Triton compiles than that warm start (the search's variants are Triton cache hits in stock's warm
-    cache, and come from the store's Triton kernels on a fresh host: docs/benchmarks.md), serves
+    cache, and come from the store's Triton kernels on a fresh host: docs/benchmarks/torch-compile.md), serves
     entries from the store, and computes what the filling start did (bit for bit: the same kernels
     and configs) and what stock torch.compile does (to bf16 tolerance: stock's own autotuning may pick other GEMMs)."""
     import json

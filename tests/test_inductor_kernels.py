@@ -3,7 +3,7 @@
 Triton cannot compile on this CPU machine, so each test drives the cache manager exactly as
 ``triton.compile`` does (``get_cache_manager(key).get_group(name.json)``; on a miss, ``put`` of each
 file and ``put_group``; on a hit, it loads the group's files): one Triton cache directory per host,
-one store between them. The GPU bench and test run the real thing (docs/benchmarks.md).
+one store between them. The GPU bench and test run the real thing (docs/benchmarks/torch-compile.md).
 """
 
 from __future__ import annotations

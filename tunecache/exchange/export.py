@@ -3,7 +3,7 @@
 The format is :mod:`tunecache.exchange.format`'s; each line is :mod:`tunecache.model`'s JSON shape,
 built here straight from the rows (by named offsets into the model's column lists) rather than
 through :class:`~tunecache.model.Problem` objects: an export of 100k problems, 1.2M config rows,
-spends most of its time in exactly this loop (docs/benchmarks.md).
+spends most of its time in exactly this loop (docs/benchmarks/store.md).
 """
 
 from __future__ import annotations

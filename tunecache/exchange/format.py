@@ -213,7 +213,7 @@ While pass 2 runs, other writers wait: SQLite's write lock (up to ``TUNECACHE_SQ
 so a 100k-problem import, ~20 s here, is best run when the fleet is not tuning), PostgreSQL's
 ``LOCK TABLE problems``. Readers carry on, except that a large PostgreSQL import also makes
 readers of ``configs`` wait (see :class:`tunecache.store.bulk.PgBulkWriter`). Timing on 100k problems:
-docs/benchmarks.md.
+docs/benchmarks/store.md.
 """
 
 from __future__ import annotations

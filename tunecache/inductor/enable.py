@@ -35,7 +35,7 @@ SWITCHES = {
 #: The caches enable() turns on where unset. Not the bundled autotune cache: Inductor puts a graph's
 #: bundle when the graph is compiled, before coordinate-descent tuning at the first launch changes
 #: some kernels' best configs, and a bundle hit then hands a fresh host the pre-search configs (so it
-#: searches again: run AS, docs/benchmarks.md); the per-kernel autotune entries are put after that
+#: searches again: run AS, docs/benchmarks/torch-compile.md); the per-kernel autotune entries are put after that
 #: search. Its switch is also part of Inductor's FX graph key, which then differs from stock's. A
 #: user who turns it on gets it backed by the store all the same.
 SWITCHED_ON = ("autotune", "fx_graph", "aot_autograd")

@@ -5,7 +5,7 @@ Reached through :meth:`tunecache.store.store.Store.bulk_load`, which opens the w
 hands over a :class:`BulkWriter`. Rows are tuples in the order of
 :data:`tunecache.model.PROBLEM_COLUMNS` and :data:`tunecache.model.CONFIG_COLUMNS`, the tables'
 own order; timestamps are passed through :attr:`BulkWriter.timestamp` (ISO 8601 text in, what the
-driver takes out) so that the common case is never parsed. Timing: docs/benchmarks.md.
+driver takes out) so that the common case is never parsed. Timing: docs/benchmarks/store.md.
 """
 
 from __future__ import annotations
