@@ -6,6 +6,11 @@ restart has). With ``PORT`` it first serves prometheus_client's default registry
 itself, as an inference server does. It prints ``RESULT {json}`` (its counters), then waits for a
 line on stdin before it ends, so that its ``/metrics`` can be scraped while it lives.
 
+``late PORT DIR``: as ``zero``, and only then, as SGLang's launcher does, sets
+``PROMETHEUS_MULTIPROC_DIR=DIR``, imports prometheus_client, counts a metric of its own and serves
+the directory's sum on 127.0.0.1:PORT; ``RESULT`` also says whether prometheus_client runs in its
+multiprocess mode (it would not, had tunecache imported it first).
+
 ``worker URL START_AT [fork|live]``: one of several processes tuning one kernel on one store at
 once (prometheus_client's multiprocess mode: ``PROMETHEUS_MULTIPROC_DIR``). ``fork``: it then forks
 a child that tunes one more key and ends through ``sys.exit``; ``live``: it syncs every 0.2 s and
@@ -25,8 +30,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 SIZES = (16, 40)
 
 
-def zero(port: int | None) -> None:
-    if port is not None:
+def zero(port: int | None, late_dir: str | None = None) -> None:
+    if port is not None and late_dir is None:
         import prometheus_client
 
         prometheus_client.start_http_server(port, addr="127.0.0.1")
@@ -50,7 +55,18 @@ def zero(port: int | None) -> None:
             kernel[lambda meta, n=n: (triton.cdiv(n, meta["BLOCK"]),)](x, x, out, n)
             assert torch.equal(out, 2 * x)
     stats = sys.modules["tunecache"].stats()  # imported by the start-up hook alone
-    print("RESULT " + json.dumps({"pid": os.getpid(), "stats": stats}), flush=True)
+    out = {"pid": os.getpid(), "stats": stats, "imported": "prometheus_client" in sys.modules}
+    if late_dir is not None:
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = late_dir
+        import prometheus_client
+        from prometheus_client import multiprocess, values
+
+        prometheus_client.Counter("server_requests", "the server's own metric").inc()
+        registry = prometheus_client.CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        prometheus_client.start_http_server(port, addr="127.0.0.1", registry=registry)
+        out["multiprocess"] = values.ValueClass is not values.MutexValue
+    print("RESULT " + json.dumps(out), flush=True)
     sys.stdin.readline()
 
 
@@ -94,5 +110,7 @@ if __name__ == "__main__":
     mode, args = sys.argv[1], sys.argv[2:]
     if mode == "zero":
         zero(int(args[0]) if args else None)
+    elif mode == "late":
+        zero(int(args[0]), args[1])
     else:
         worker(args[0], float(args[1]), args[2] if len(args) > 2 else None)

@@ -238,18 +238,25 @@ def test_a_spooled_miss_is_counted(tmp_path, make_readonly, monkeypatch):
     assert parse(exposition()[0])[("tunecache_spooled_misses_total", ())] == 1
 
 
-def test_import_costs_nothing_and_metrics_off_imports_no_prometheus_client(sqlite_url):
-    code = (
-        "import sys, tunecache, tinykernels\n"
-        "assert 'prometheus_client' not in sys.modules, 'import tunecache imported it'\n"
-        "tinykernels.launch(tinykernels.make_add(configs=tinykernels.CONFIGS[:2], store=sys.argv[1]), 16)\n"
-        "print('prometheus_client' in sys.modules)\n"
-    )
-    env = {**os.environ, "TUNECACHE_METRICS": "0"}
+NEVER_FIRST = """
+import sys, tunecache, tinykernels
+assert "prometheus_client" not in sys.modules, "import tunecache imported it"
+tinykernels.launch(tinykernels.make_add(configs=tinykernels.CONFIGS[:2], store=sys.argv[1]), 16)
+first = "prometheus_client" in sys.modules
+import prometheus_client
+names = {m.name for m in prometheus_client.REGISTRY.collect()}
+print(first, "tunecache_hits" in names)
+"""
+
+
+@pytest.mark.parametrize("metrics", ["1", "0"])
+def test_tunecache_never_imports_prometheus_client_first_and_registers_once_the_program_does(sqlite_url, metrics):
+    env = {**os.environ, "TUNECACHE_METRICS": metrics}
     r = subprocess.run(
-        [sys.executable, "-c", code, sqlite_url], env=env, cwd=HERE, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", NEVER_FIRST, sqlite_url], env=env, cwd=HERE, capture_output=True, text=True, timeout=300
     )
-    assert r.returncode == 0 and r.stdout.split() == ["False"], r.stderr[-2000:]
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["False", str(metrics == "1")]
 
 
 # ---- a zero-code process, the multiprocess mode, a real Prometheus ---------------------------------
@@ -325,6 +332,24 @@ def test_a_zero_code_process_shows_its_counters_on_metrics_matching_tunecache_st
     assert got[("tunecache_kernels_covered", ())] == 1
     if server != "TUNECACHE_METRICS_PORT":
         assert ("process_cpu_seconds_total", ()) in got  # the server's own metrics, beside tunecache's
+
+
+def test_a_server_that_sets_its_multiprocess_directory_after_defining_kernels_keeps_its_mode(tmp_path, sqlite_url):
+    """SGLang's launcher: kernels defined (tunecache starts), then PROMETHEUS_MULTIPROC_DIR set, then
+    prometheus_client imported. Had tunecache imported it first, it would run without the directory,
+    and the server's own metrics with it."""
+    port, directory = free_port(), tmp_path / "prometheus"
+    directory.mkdir()
+    prog = Prog(["late", str(port), str(directory)], {"TUNECACHE_URL": sqlite_url, "TUNECACHE_INSTALL": "1"})
+    try:
+        got = prog.result()
+        scraped = parse(scrape(port))
+    finally:
+        prog.end()
+    assert got["imported"] is False and got["multiprocess"] is True
+    assert scraped[("server_requests_total", ())] == 1  # the server's own metric, summed from the directory
+    assert scraped[("tunecache_benchmarks_total", ())] == got["stats"]["benchmarks"] == 4
+    assert scraped[("tunecache_hits_total", ())] == got["stats"]["hits"] == 2
 
 
 def test_the_multiprocess_mode_sums_every_worker_a_forked_child_and_a_live_one(tmp_path, sqlite_url):

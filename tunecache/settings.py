@@ -267,8 +267,9 @@ SETTINGS: dict[str, Setting] = {
             "1",
             _switch,
             "where prometheus_client is installed, a process that opens a store shows tunecache's counters in"
-            " prometheus_client's default registry (the /metrics its server already serves), or, under"
-            " PROMETHEUS_MULTIPROC_DIR, in that directory for the server's multiprocess collector to sum",
+            " prometheus_client's default registry (the /metrics its server already serves, once the program"
+            " imports it), or, under PROMETHEUS_MULTIPROC_DIR, in that directory for the server's multiprocess"
+            " collector to sum",
         ),
         Setting(
             "TUNECACHE_METRICS_PORT",

@@ -1,11 +1,11 @@
 """Where tunecache's metrics show: the server's own ``/metrics``, with no code (issue 47).
 
-Inference servers export Prometheus metrics from prometheus_client's default registry (SGLang, vLLM
-with one API server) or, under ``PROMETHEUS_MULTIPROC_DIR``, from the files its multiprocess mode
-writes per process (vLLM with several). The first time a process opens a store (a kernel's
-background prefetch, torch.compile's first lookup), :func:`start` puts tunecache's metrics
-(:mod:`tunecache.metrics.families`) where that server looks, if prometheus_client is installed and
-``TUNECACHE_METRICS`` is not 0:
+Inference servers export Prometheus metrics from prometheus_client's default registry or, under
+``PROMETHEUS_MULTIPROC_DIR``, from the files its multiprocess mode writes per process (SGLang with
+``--enable-metrics``; vLLM with several API servers, or whenever the variable is set). The first time
+a process opens a store (a kernel's background prefetch, torch.compile's first lookup), :func:`start`
+puts tunecache's metrics (:mod:`tunecache.metrics.families`) where that server looks, if
+prometheus_client is installed and ``TUNECACHE_METRICS`` is not 0:
 
 - single process: one :class:`Collector` in the default registry, which reads the counters when
   Prometheus scrapes, and only then;
@@ -13,18 +13,22 @@ background prefetch, torch.compile's first lookup), :func:`start` puts tunecache
   was imported): a custom collector is not summed across processes, so the values are mirrored into
   prometheus_client counters of this process's files (:mod:`tunecache.metrics.mirror`).
 
-``TUNECACHE_METRICS_PORT`` makes the first process that gets the port serve ``/metrics`` itself
-(the default registry, or in multiprocess mode the sum of the directory), for a program that
-serves none. Nothing here is imported by ``import tunecache``, and prometheus_client is imported by
-the first :func:`start` only (some 20-50 ms beside torch and Triton, off the main thread where a
-kernel's prefetch opens the store): never on the launch path. A failure is one warning, never an
-exception into the caller.
+tunecache never imports prometheus_client first, unless it is asked to serve
+(``TUNECACHE_METRICS_PORT``) or the multiprocess directory was set before the process started:
+prometheus_client decides its mode once, at its first import, and SGLang's launcher defines its
+kernels, then sets the directory, then imports it (the mode would have been decided without the
+directory, SGLang's own metrics lost with tunecache's). Otherwise a finder waits for the program's
+own import of prometheus_client and exports right after it. ``TUNECACHE_METRICS_PORT`` makes the
+first process that gets the port serve ``/metrics`` itself (the default registry, or in
+multiprocess mode the sum of the directory). Nothing here is imported by ``import tunecache``;
+nothing runs on the launch path. A failure is one warning, never an exception into the caller.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -35,8 +39,9 @@ from tunecache.metrics import families
 
 log = logging.getLogger("tunecache")
 
-_lock = threading.Lock()
+_lock = threading.Lock()  # start()'s decision, and the export itself; never held while importing
 _started: int | None = None  # the pid that ran start() (a forked child starts again: its mirror thread)
+_exported: int | None = None  # the pid whose metrics are registered or mirrored
 _registered: Any = None  # the registry our Collector is in (inherited across fork, as the registry is)
 _served: tuple[str, int] | None = None  # the address this process tree serves /metrics on
 
@@ -52,32 +57,105 @@ def start() -> None:
             return
         _started = os.getpid()
         try:
-            _start()
+            now, listen = _decide()
         except Exception as e:  # noqa: BLE001 - metrics never break a kernel or a compile
             log.warning("tunecache: metrics not exported: %r", e)
+            return
+    if now:
+        _export(listen)
 
 
-def _start() -> None:
+def _decide() -> tuple[bool, tuple[str, int] | None]:
+    """Whether to export now, and where to serve. Now where prometheus_client is imported already,
+    its multiprocess directory was set before this process started, or ``TUNECACHE_METRICS_PORT``
+    asks for a server; else as soon as the program imports prometheus_client (a finder watches for
+    it), never before: its mode is decided by its first import, and a server that sets
+    ``PROMETHEUS_MULTIPROC_DIR`` after defining its kernels (SGLang's launcher sets it just before
+    it imports prometheus_client) would find it decided without."""
     try:
         if not settings.get("TUNECACHE_METRICS"):
-            return
+            return False, None
         listen = settings.get("TUNECACHE_METRICS_PORT")
     except ConfigurationError:
         settings.usable()  # its one warning names the bad value
-        return
+        return False, None
+    if "prometheus_client" in sys.modules:
+        return True, listen
     import importlib.util
 
     if importlib.util.find_spec("prometheus_client") is None:
-        log.debug("tunecache: prometheus_client is not installed: no metrics (pip install 'tunecache[metrics]')")
-        return
-    if multiprocess():
-        from tunecache.metrics import mirror
+        if listen is not None:
+            log.warning("tunecache: TUNECACHE_METRICS_PORT is set but prometheus_client is not installed: "
+                        "pip install 'tunecache[metrics]'")  # fmt: skip
+        return False, None
+    if listen is not None or os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        return True, listen
+    if _finder not in sys.meta_path:
+        sys.meta_path.insert(0, _finder)
+    return False, None
 
-        mirror.begin()
-    else:
-        register()
-    if listen is not None:
-        serve(*listen)
+
+def _export(listen: tuple[str, int] | None) -> None:
+    """Register (or mirror) the metrics in this process, once, and serve them where ``listen`` says.
+    Never raises. prometheus_client is imported before the lock is taken: a thread that imports it
+    meanwhile holds its module's import lock and exports from there (:class:`_Loader`)."""
+    global _exported
+    try:
+        import prometheus_client.multiprocess  # noqa: F401 - imported (or waited for) outside the lock
+
+        with _lock:
+            if _exported != os.getpid():
+                if multiprocess():
+                    from tunecache.metrics import mirror
+
+                    mirror.begin()
+                else:
+                    register()
+                _exported = os.getpid()
+            if listen is not None:
+                serve(*listen)
+    except Exception as e:  # noqa: BLE001 - metrics never break a kernel, a compile or an import
+        log.warning("tunecache: metrics not exported: %r", e)
+
+
+class _Loader:
+    """prometheus_client's own loader, then :func:`_export`; every other attribute is the loader's."""
+
+    def __init__(self, loader: Any) -> None:
+        self._loader = loader
+
+    def create_module(self, spec: Any) -> Any:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        module.__loader__ = module.__spec__.loader = self._loader  # the module keeps its own loader
+        self._loader.exec_module(module)
+        if _finder in sys.meta_path:
+            sys.meta_path.remove(_finder)
+        _export(None)  # the program imported it: its mode is its own (a forked child's: the child's)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)
+
+
+class _Finder:
+    """Finds nothing itself: wraps the loader that the other finders find for prometheus_client (as
+    the start-up hook, ``_tunecache_startup``, does for Triton)."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != "prometheus_client":
+            return None
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None) if finder is not self else None
+            spec = find(name, path, target) if find is not None else None
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _Loader(spec.loader)
+                return spec
+        return None
+
+
+_finder = _Finder()
 
 
 def multiprocess() -> bool:
