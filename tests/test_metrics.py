@@ -200,8 +200,9 @@ def test_every_refusal_of_the_trust_layer_is_counted_by_row_and_a_reason_of_its_
 
     def entry(key: str, value: bytes, signer: signing.Signer | None = None, **kw) -> InductorEntry:
         e = InductorEntry("fx_graph", key, target, value, {}, **kw)
-        return e if signer is None else InductorEntry("fx_graph", key, target, value, {}, signer.sign_row(
-            trust.inductor_message(e)))  # fmt: skip
+        if signer is None:
+            return e
+        return InductorEntry("fx_graph", key, target, value, {}, signer.sign_row(trust.inductor_message(e)))
 
     entries = {
         "unsigned": entry("k-unsigned", b"a"),

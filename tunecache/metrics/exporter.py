@@ -33,7 +33,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from tunecache import counters, forks, settings
+from tunecache import counters, extras, forks, settings
 from tunecache.errors import ConfigurationError
 from tunecache.metrics import families
 
@@ -85,8 +85,8 @@ def _decide() -> tuple[bool, tuple[str, int] | None]:
 
     if importlib.util.find_spec("prometheus_client") is None:
         if listen is not None:
-            log.warning("tunecache: TUNECACHE_METRICS_PORT is set but prometheus_client is not installed: "
-                        "pip install 'tunecache[metrics]'")  # fmt: skip
+            missing = extras.missing(ModuleNotFoundError(name="prometheus_client"))
+            log.warning("tunecache: TUNECACHE_METRICS_PORT is set, but %s", missing)
         return False, None
     if listen is not None or os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         return True, listen
