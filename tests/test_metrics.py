@@ -5,6 +5,7 @@ docs, dashboard and alert rules naming exactly what is exported."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -202,32 +203,35 @@ def test_every_refusal_of_the_trust_layer_is_counted_by_row_and_a_reason_of_its_
         e = InductorEntry("fx_graph", key, target, value, {}, **kw)
         if signer is None:
             return e
-        return InductorEntry("fx_graph", key, target, value, {}, signer.sign_row(trust.inductor_message(e)))
+        return replace(e, signature=signer.sign_row(trust.inductor_message(e)))
 
     entries = {
         "unsigned": entry("k-unsigned", b"a"),
         "malformed_signature": entry("k-malformed", b"b", signature="ed25519:x:y"),
         "unknown_key": entry("k-unknown", b"c", stranger),  # signed by a key this host does not trust
         "bad_signature": replace(entry("k-bad", b"d", fleet), value=b"D", sha256=""),  # the fleet's key, other bytes
-        "bytes_mismatch": entry("k-bytes", b"e", sha256="0" * 64),  # bytes that are not its sha256's
+        "content_mismatch": entry("k-bytes", b"e", fleet, sha256="0" * 64),  # the fleet's, bytes not its sha256
     }
     for e in entries.values():
-        assert store.put_inductor(e) is None
+        store.put_inductor(e)
     inductor = InductorStore(store)
     for e in entries.values():
         assert inductor.lookup("fx_graph", e.key, target) == (None, True)  # refused: Inductor computes it
-    spec = LaunchSpec("s" * 64, "c" * 64, "h" * 64, "{}", "3.9.0")
-    trust.policy(store).specs("src", {target: [spec]})  # an unsigned launch spec
+    text = '{"key": "k"}'
+    spec = LaunchSpec(hashlib.sha256(text.encode()).hexdigest(), "c" * 64, "h" * 64, text, "3.9.0")
+    moved = replace(spec, spec_hash="s" * 64)  # filed under another text's hash
+    trust.policy(store).specs("src", {target: [spec, moved]})  # refused: unsigned, and not its hash
     store.close()
 
     got = parse(exposition()[0])
     for reason in entries:
         assert got[("tunecache_refused_untrusted_total", (("reason", reason), ("row", "torch_compile")))] == 1, reason
-    assert got[("tunecache_refused_untrusted_total", (("reason", "unsigned"), ("row", "launch_spec")))] == 1
+    for reason in ("unsigned", "content_mismatch"):
+        assert got[("tunecache_refused_untrusted_total", (("reason", reason), ("row", "launch_spec")))] == 1, reason
     assert not [k for k in got if k[0] == "tunecache_refused_untrusted_total" and ("reason", "other") in k[1]]
     assert got[("tunecache_torch_compile_untrusted_total", ())] == len(entries)
     assert got[("tunecache_torch_compile_computed_total", ())] == len(entries)
-    assert sum(counters.refusals().values()) == tunecache.stats()["untrusted"] == len(entries) + 1
+    assert sum(counters.refusals().values()) == tunecache.stats()["untrusted"] == len(entries) + 2
 
 
 def test_a_spooled_miss_is_counted(tmp_path, make_readonly, monkeypatch):

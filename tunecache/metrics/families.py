@@ -34,14 +34,16 @@ WORK = {
 }
 #: The rows refused as untrusted, from the ``what`` of :func:`tunecache.trust.refused` (its prefix).
 ROWS = (("torch.compile", "torch_compile"), ("launch spec", "launch_spec"), ("binary", "binary"))
-#: Why a row was refused, from :func:`tunecache.signing.verify_row`'s and
-#: :meth:`tunecache.trust.Policy.inductor`'s words (a text in the reason); "other" for none of these.
+#: Why a row was refused, from :func:`tunecache.signing.verify_row`'s and :class:`tunecache.trust.Policy`'s
+#: words (a text in the reason, first match); "other" for none of these.
 REFUSALS = (
     ("unsigned", "is unsigned"),
     ("malformed_signature", "signature is malformed"),
     ("unknown_key", "not in TUNECACHE_TRUSTED_KEYS"),
     ("bad_signature", "does not verify"),
-    ("bytes_mismatch", "do not match its sha256"),
+    ("content_mismatch", "do not match its sha256"),  # a torch.compile entry's bytes
+    ("content_mismatch", "spec hash is not that of its text"),  # a launch spec's text
+    ("wrong_slot", "not in its signer's slot"),
 )
 
 Labels = tuple[str, ...]
@@ -199,12 +201,6 @@ FAMILIES: tuple[Family, ...] = (
     ),
     Family(
         "tunecache_torch_compile_puts_total", COUNTER, "torch.compile cache entries stored.", _stat("inductor_puts")
-    ),
-    Family(
-        "tunecache_torch_compile_not_stored_total",
-        COUNTER,
-        "torch.compile cache entries not stored: the store holds them signed by another key.",
-        _stat("inductor_not_stored"),
     ),
     Family(
         "tunecache_torch_compile_untrusted_total",
