@@ -104,6 +104,7 @@ def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("TUNECACHE_CPU_BENCH_REPS", "1")
     import tunecache
     from tunecache import counters, writeback
+    from tunecache.store import breaker
     from tunecache.store.opening import reset_shared_stores
 
     tunecache.reset_stats()
@@ -111,6 +112,7 @@ def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     yield
     writeback.flush()
     reset_shared_stores()
+    breaker.reset()  # a hung server's breaker stays open otherwise (tunecache_store_breaker_open)
     tunecache.uninstall()
 
 

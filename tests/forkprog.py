@@ -26,6 +26,7 @@ import tinykernels  # noqa: E402
 
 import tunecache  # noqa: E402
 from tunecache import counters, writeback  # noqa: E402
+from tunecache.metrics import exporter, families, mirror  # noqa: E402
 from tunecache.store import breaker, migrate, opening  # noqa: E402
 from tunecache.store.opening import open_store  # noqa: E402
 from tunecache.tuner import background, companions  # noqa: E402
@@ -160,6 +161,9 @@ def locks(url: str) -> dict:
         "writeback.flush_lock": lambda: writeback.fork_locks()["writeback.flush_lock"],
         "companions.lock": lambda: companions.fork_locks()["companions.lock"],
         "breaker.lock": lambda: breaker.fork_locks()["breaker.lock"],
+        "metrics.start_lock": lambda: exporter.fork_locks()["metrics.start_lock"],
+        "metrics.since_lock": lambda: families.fork_locks()["metrics.since_lock"],
+        "metrics.sync_lock": lambda: mirror.fork_locks()["metrics.sync_lock"],  # the fork waits 2 s for it
         "tuner.identity_lock": lambda: k.fork_locks()["tuner.identity_lock"],
         "tuner.lock": lambda: k.fork_locks()["tuner.lock"],
     }

@@ -206,6 +206,7 @@ LAYERS = {
     CORE: 0,
     "tunecache.store": 1,
     "tunecache.binaries": 2,
+    "tunecache.metrics": 2,  # the counters as Prometheus metrics: read by the tuner and inductor's first store open
     "tunecache.tuner": 3,
     "tunecache.inductor": 3,  # torch.compile's remote caches on the store: beside the tuner, not on it
     "tunecache.exchange": 4,

@@ -64,11 +64,15 @@ RESETTING_MODULES = {
     "tunecache.tuner.background",
     "tunecache.tuner.companions",
     "tunecache.writeback",
+    "tunecache.metrics.families",
+    "tunecache.metrics.exporter",
+    "tunecache.metrics.mirror",
 }
 
 FORK_PROGRAM = """
 import json, os
 import tunecache.tuner.decorator, tunecache.tuner.companions  # everything that registers a reset
+import tunecache.metrics.exporter, tunecache.metrics.mirror  # (imported at a process's first store open)
 from tunecache import forks
 
 hooks = forks.registered()

@@ -91,6 +91,7 @@ def test_a_host_that_misses_what_another_computes_waits_and_is_served_its_put(st
     before = waits()
     assert InductorStore(store).get("fx_graph", "graph-1") == GRAPH  # served, not compiled
     assert waits() == before + 1 and len(slept) == 3
+    assert counters.stats()["inductor_waits_in_vain"] == 0  # the wait served it
     assert leases.held() == held  # the put released the lease
     assert store.lease_of(leases.lease_digest("fx_graph", "graph-1", _digest())) is None
 
@@ -106,6 +107,7 @@ def test_a_lease_released_without_a_put_or_lapsed_ends_the_wait_and_the_waiter_c
     assert 0.5 < time.monotonic() - t < 3
     row = store.lease_of(digest)
     assert row is not None and row["holder"] != "inductor:killed"  # the waiter holds it now
+    assert counters.stats()["inductor_waits_in_vain"] == 1  # waited, and computes it all the same
 
     # Released without a put (Inductor decided not to cache it): the waiter stops at the next look.
     other = leases.lease_digest("autotune", "kernel-2", _digest())
@@ -118,7 +120,7 @@ def test_a_lease_released_without_a_put_or_lapsed_ends_the_wait_and_the_waiter_c
 
     waiter_sleep(monkeypatch, sleep)
     assert InductorStore(store).get("autotune", "kernel-2") is None
-    assert len(looks) == 1
+    assert len(looks) == 1 and counters.stats()["inductor_waits_in_vain"] == 2
 
 
 def test_processes_of_one_host_never_wait_on_each_other(store, monkeypatch):

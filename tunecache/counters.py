@@ -27,6 +27,8 @@ COUNTERS = (
     "capture_fallbacks",
     "offline_fallbacks",
     "waits",
+    "wait_seconds",
+    "waits_in_vain",
     "bench_seconds",
     "saved_seconds",
     "lease_takeovers",
@@ -42,7 +44,10 @@ COUNTERS = (
     "inductor_puts",
     "inductor_lease_waits",
     "inductor_wait_seconds",
+    "inductor_waits_in_vain",
     "inductor_untrusted",
+    "breaker_opened",
+    "spooled_misses",
 )
 
 #: The counters a store keeps per kernel (table ``kernel_stats``).
@@ -54,6 +59,7 @@ _warned: set[tuple[str, str]] = set()
 _warned_lock = threading.Lock()
 _coverage: dict[str, dict[str, Any]] = {}  # kernel -> its class, covered, why not (see coverage())
 _skips: Counter[str] = Counter()  # why launch specs were not preloaded (see preload_skips())
+_refusals: Counter[tuple[str, str]] = Counter()  # (what, why) of the rows not used as untrusted (see refusals())
 #: Where the persisted counters go: (store, kernel, deltas); set by tunecache.writeback at import.
 _persist: Callable[[Any, str, Mapping[str, float]], None] | None = None
 
@@ -76,6 +82,7 @@ def reset_stats() -> None:
         _counters.clear()
         _coverage.clear()
         _skips.clear()
+        _refusals.clear()
 
 
 def count(kernel: str | None, store: Any, **deltas: float) -> None:
@@ -121,6 +128,22 @@ def preload_skips() -> dict[str, int]:
     least once; the counts sum to ``stats()["preload_skipped"]``)."""
     with _lock:
         return dict(_skips)
+
+
+def refused(what: str, why: str, n: int = 1) -> None:
+    """``n`` stored rows of code not used because nothing this process trusts vouches for them (see
+    :func:`tunecache.trust.refused`): counted in ``untrusted`` and by (``what``, ``why``)."""
+    with _lock:
+        _counters["untrusted"] += n
+        _refusals[(what, why)] += n
+
+
+def refusals() -> dict[tuple[str, str], int]:
+    """The rows this process refused as untrusted: ``{(what, why): count}``, in :func:`tunecache.trust.refused`'s
+    words (a few kinds of row and reasons, and the key ids that signed them; the counts sum to
+    ``stats()["untrusted"]``)."""
+    with _lock:
+        return dict(_refusals)
 
 
 def warn_once(kernel: str, what: str, msg: str, *args: Any) -> None:

@@ -20,6 +20,7 @@ EXTRAS = {
     "pymysql": ("mysql", "MySQL and MariaDB stores"),
     "matplotlib": ("report", "the plots of tunecache report"),
     "cryptography": ("sign", "signatures: keygen, signed exports and rows"),
+    "prometheus_client": ("metrics", "TUNECACHE_METRICS_PORT, tunecache's metrics"),
 }
 #: Top-level module -> what needs it, for dependencies every install brings.
 REQUIRED = {"numpy": "the Triton interpreter (TRITON_INTERPRET=1: kernels on a machine without a GPU)"}

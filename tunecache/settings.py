@@ -135,6 +135,18 @@ def _trust_store(raw: str) -> str:
     raise _Bad("is not auto, yes (1) or no (0)")
 
 
+def _listen(raw: str) -> tuple[str, int]:
+    """``PORT`` (every interface, as prometheus_client's own server) or ``HOST:PORT``.
+
+    >>> _listen("9400"), _listen("127.0.0.1:9400")
+    (('0.0.0.0', 9400), ('127.0.0.1', 9400))
+    """
+    host, _, port = raw.strip().rpartition(":")
+    if not port.isdigit() or not 1 <= int(port) <= 65535 or not re.fullmatch(r"[\w.\-\[\]:]*", host):
+        raise _Bad("must be a port (1-65535) or HOST:PORT, like 9400 or 127.0.0.1:9400")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
 def _json_object(raw: str) -> dict[str, Any]:
     try:
         v = json.loads(raw)
@@ -249,6 +261,22 @@ SETTINGS: dict[str, Setting] = {
             "each process that used tunecache writes one line on stderr as it ends: kernels covered, hits,"
             " benchmarks, preloaded and skipped, seconds saved and spent benchmarking; and one for torch.compile's"
             " store: served, computed, put, lease waits and their seconds, untrusted",
+        ),
+        Setting(
+            "TUNECACHE_METRICS",
+            "1",
+            _switch,
+            "where prometheus_client is installed, a process that opens a store shows tunecache's counters in"
+            " prometheus_client's default registry (the /metrics its server already serves, once the program"
+            " imports it), or, under PROMETHEUS_MULTIPROC_DIR, in that directory for the server's multiprocess"
+            " collector to sum",
+        ),
+        Setting(
+            "TUNECACHE_METRICS_PORT",
+            None,
+            _listen,
+            "[HOST:]PORT: the first process that opens a store also serves /metrics there (every interface when"
+            " only a port is given), for a program that serves no metrics of its own; unset: none",
         ),
         Setting("TUNECACHE_CPU_BENCH_REPS", "3", _count(1), "repetitions of the CPU timer under TRITON_INTERPRET=1"),
         Setting(

@@ -365,7 +365,7 @@ def refused(what: str, name: str, why: str, store: str, n: int = 1) -> None:
     """Count a row (``n`` rows like it) that was not placed or loaded; one warning per process, a
     debug line per call."""
     global _refused_warned
-    counters.count(None, None, untrusted=n)
+    counters.refused(what, why, n)  # untrusted, and by what and why (tunecache.metrics)
     log.debug("tunecache: %s %s from %s not used: %s", what, name, store, why)
     with _refused_lock:
         if _refused_warned:

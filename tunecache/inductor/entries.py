@@ -87,6 +87,9 @@ class InductorStore:
     def _open(self) -> Store | None:
         if settings.current_mode() in ("offline", "off"):
             return None
+        from tunecache.metrics import exporter  # imported at the first open (warm(), off the compile)
+
+        exporter.start()  # the server's /metrics shows tunecache's counters
         return self.store if self.store is not None else shared_store()
 
     def _policy(self, store: Store) -> trust.Policy:

@@ -148,6 +148,7 @@ def on_miss(
                 break  # released without a put, lapsed (holder killed), or its host's now: compute
         else:
             log.debug("tunecache: torch.compile %s: waited TUNECACHE_WAIT_SECONDS: computing", _named(kind, key))
+        counters.count(None, None, inductor_waits_in_vain=1)  # waited, and computes it all the same
         _take(store, digest, kind, ttl)
         return None
     finally:

@@ -28,7 +28,7 @@ from typing import Any
 
 from sqlalchemy.engine import URL
 
-from tunecache import forks, settings
+from tunecache import counters, forks, settings
 from tunecache.errors import StoreOfflineError, driver_message
 from tunecache.store.engine import scrub
 
@@ -109,7 +109,15 @@ def _failed(key: str, url: URL, e: Exception, waited: float) -> None:
             return
         reason = f"no answer within {waited:.1f} s ({scrub(driver_message(e), url)})"
         _open[key] = _Open(time.monotonic() + BACKOFF_S, reason)
+    counters.count(None, None, breaker_opened=1)
     log.info("tunecache: store %s: %s; not tried again for %.0f s", key, reason, BACKOFF_S)
+
+
+def open_now() -> int:
+    """How many servers' breakers are open in this process now (half-open included: closed only by
+    a connection), for the ``tunecache_store_breaker_open`` gauge (:mod:`tunecache.metrics`)."""
+    with _lock:
+        return len(_open)
 
 
 def _offline(key: str, st: _Open) -> StoreOfflineError:
@@ -118,6 +126,12 @@ def _offline(key: str, st: _Open) -> StoreOfflineError:
         f"store {key} is offline: {st.reason}; {when}. Meanwhile kernels are tuned in this process and "
         "their results are written once it answers; check the server or TUNECACHE_URL"
     )
+
+
+def reset() -> None:
+    """Close every breaker of this process (tests: each starts with none open)."""
+    with _lock:
+        _open.clear()
 
 
 def fork_locks() -> dict[str, Any]:

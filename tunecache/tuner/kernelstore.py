@@ -72,6 +72,7 @@ class KernelStore:
         target needs CUDA, which must not be touched before a server forks), and its launch specs
         if ``source_hash()`` (which hashes the source only where that is safe now) gives the hash."""
         t0 = time.perf_counter()
+        _export_metrics()
         with contextlib.suppress(Exception):
             store = self.arg if isinstance(self.arg, Store) else shared_store(self.arg)
             if self.kernel[:255] not in store.kernel_names():
@@ -161,6 +162,7 @@ class KernelStore:
                     fut.result(timeout=60)
         if time.monotonic() < self.retry_at:
             return None
+        _export_metrics()  # where the prefetch did not run (TUNECACHE_PREFETCH=0, a forked child)
         try:
             self.store = self.arg if isinstance(self.arg, Store) else shared_store(self.arg)
         except StoreError as e:
@@ -383,6 +385,14 @@ class KernelStore:
         except StoreError as e:
             self.trouble("read", e)
             return None
+
+
+def _export_metrics() -> None:
+    """The server's /metrics shows tunecache's counters from the first store open on (imported
+    here, not with this module: ``tunecache.metrics`` and prometheus_client cost nothing until then)."""
+    from tunecache.metrics import exporter
+
+    exporter.start()
 
 
 def read_only_cause(store: Store) -> str:

@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from tunecache import settings
+from tunecache import counters, settings
 from tunecache.model import Problem, miss_fields, utcnow
 from tunecache.target import hostname
 
@@ -64,6 +64,7 @@ def append(problem: Problem, reason: str, store: str) -> bool:
     except OSError as e:
         log.debug("tunecache: miss spool %s not writable: %s", p, e)
         return False
+    counters.count(None, None, spooled_misses=1)
     return True
 
 

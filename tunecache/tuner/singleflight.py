@@ -120,7 +120,7 @@ def run(
     ttl = lease_seconds()
     deadline = time.monotonic() + wait_seconds()
     flock = host_lock(store, digest)
-    waited = False
+    waiting: list[float] = []  # when this process began waiting for another's benchmark, once it did
     poll = 0.0
     started = time.monotonic()
     while True:
@@ -128,20 +128,22 @@ def run(
         if got_host:
             try:
                 if store.try_lease(digest, holder, ttl):
+                    _waited(waiting, served=False)  # the holder went without storing it: benchmarked here
                     try:
                         return lead(Lease(store, digest, holder, ttl, kernel))
                     finally:
                         with contextlib.suppress(StoreError):
                             store.release_lease(digest, holder)
             except StoreError as e:
+                _waited(waiting, served=False)
                 return trouble("lease", e)
             finally:
                 if flock is not None:
                     flock.release()
         if busy is not None:
             return busy()
-        if not waited:
-            waited = True
+        if not waiting:
+            waiting.append(time.monotonic())
             counters.count(None, None, waits=1)
             log.info("tunecache: %s: another process is benchmarking %s; waiting", kernel, what)
         poll = next_poll(poll, time.monotonic() - started)
@@ -149,10 +151,13 @@ def run(
         try:
             done = settled()
         except StoreError as e:
+            _waited(waiting, served=False)
             return trouble("read", e)
         if done is not None:
+            _waited(waiting, served=True)
             return done
         if time.monotonic() > deadline:
+            _waited(waiting, served=False)
             counters.warn_once(
                 kernel,
                 "wait-timeout",
@@ -162,6 +167,13 @@ def run(
                 what,
             )
             return lead(Lease(store, digest, None, ttl, kernel))
+
+
+def _waited(waiting: list[float], *, served: bool) -> None:
+    """The end of a wait for another process's benchmark (none if ``waiting`` is empty): its seconds,
+    and whether it was in vain (this process benchmarks, or gives up, after all). Counted once."""
+    if waiting:
+        counters.count(None, None, wait_seconds=time.monotonic() - waiting.pop(), waits_in_vain=int(not served))
 
 
 def next_poll(poll: float, waited: float) -> float:
