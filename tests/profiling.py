@@ -43,6 +43,13 @@ class Profiler:
         self.path = path
         self.worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
         subprocess.Popen.__init__ = _counting_init(subprocess.Popen.__init__)
+        self.outcome: dict[str, str] = {}
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.failed:
+            self.outcome[report.nodeid] = "failed" if report.when == "call" else "error"
+        elif report.skipped:
+            self.outcome.setdefault(report.nodeid, "skipped")
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None):
@@ -58,6 +65,7 @@ class Profiler:
             test = test[: -len(group.args[0]) - 1]
         row = {
             "test": test,
+            "outcome": self.outcome.pop(item.nodeid, "passed"),
             "worker": self.worker,
             "wall": round(wall, 3),
             "cpu": round(me2.ru_utime + me2.ru_stime - me.ru_utime - me.ru_stime, 3),

@@ -8,7 +8,7 @@ child is forked from it and runs its program exactly as ``python ARGV`` would, i
 environment, working directory and stdio. What a child gets from the server and a fresh ``exec``
 would not: those libraries already imported, Python's hash seed (every child shares one).
 
-``Popen``-compatible: :func:`popen` starts ``python -S tests/warmpool.py launch SOCK ARGV...`` (a
+``Popen``-compatible: :func:`popen` starts ``python -S tests/warmpool.py launch SOCK PID ARGV...`` (a
 20 ms interpreter with no site, no torch) that hands its stdin/stdout/stderr, environment, working
 directory and argv to the server, forwards the signals it gets to the child, and exits with the
 child's status, so ``subprocess.run``'s capture, timeouts and return codes work unchanged. When the
@@ -91,10 +91,11 @@ def popen(argv: list[str], env: dict[str, str], **kw):  # noqa: ANN003, ANN201
         return subprocess.Popen([sys.executable, *argv], env=env, **kw)
     if _server is None or _server.proc.poll() is not None:
         _server = _Server()
-    return subprocess.Popen([sys.executable, "-S", __file__, "launch", _server.path, *argv], env=env, **kw)
+    launcher = [sys.executable, "-S", __file__, "launch", _server.path, str(_server.proc.pid)]
+    return subprocess.Popen([*launcher, *argv], env=env, **kw)
 
 
-# ---- the launcher (python -S warmpool.py launch SOCK ARGV...) ---------------------------------
+# ---- the launcher (python -S warmpool.py launch SOCK PID ARGV...) -----------------------------
 
 
 def _readline(s: socket.socket) -> str:
@@ -107,16 +108,18 @@ def _readline(s: socket.socket) -> str:
     return buf.decode()
 
 
-def launch(path: str, argv: list[str]) -> None:
+def launch(path: str, server: int, argv: list[str]) -> None:
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    for _ in range(600):  # the server imports torch first: up to a minute on a busy machine
+    while True:  # the server imports torch first: minutes on a busy machine
         try:
             s.connect(path)
             break
         except (FileNotFoundError, ConnectionRefusedError):
-            select.select([], [], [], 0.1)
-    else:
-        sys.exit(f"warmpool: no server at {path}")
+            try:
+                os.kill(server, 0)
+            except ProcessLookupError:
+                sys.exit(f"warmpool: the server ({server}) ended before it listened at {path}")
+            select.select([], [], [], 0.05)
     msg = json.dumps({"argv": argv, "env": dict(os.environ), "cwd": os.getcwd()}).encode()
     socket.send_fds(s, [len(msg).to_bytes(8, "big") + msg], [0, 1, 2])
     int(_readline(s))  # the child's pid: it runs
@@ -309,7 +312,7 @@ def _run_program() -> None:
 
 if __name__ == "__main__":
     if sys.argv[1] == "launch":
-        launch(sys.argv[2], sys.argv[3:])
+        launch(sys.argv[2], int(sys.argv[3]), sys.argv[4:])
     else:
         serve(sys.argv[2], int(sys.argv[3]))
         if _program is not None:  # this is a child: run its program, at top level
