@@ -56,6 +56,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     scheduling.arrange(config, items, parallel=_WORKER != "main")
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    return scheduling.scheduler(config, log)
+
+
 class _Counter:
     """Prints how many tests ran (one line, read by scripts/test to check no segment shrank)."""
 

@@ -1,6 +1,6 @@
 """Fresh Python processes for the tests: a "restart" that reports one JSON object, and N copies of
 the tests/procs.py worker started at once. Both start from the warm pool (tests/warmpool.py): a
-process with no tunecache state, forked from one that already imported torch and Triton."""
+process with no tunecache state, forked from one that already imported torch."""
 
 from __future__ import annotations
 

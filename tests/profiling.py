@@ -59,12 +59,8 @@ class Profiler:
         yield
         wall = time.monotonic() - t0
         me2, kids2 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-        test = item.nodeid
-        group = item.get_closest_marker("xdist_group")
-        if group and test.endswith(f"@{group.args[0]}"):  # xdist's suffix for --dist loadgroup
-            test = test[: -len(group.args[0]) - 1]
         row = {
-            "test": test,
+            "test": item.nodeid,
             "outcome": self.outcome.pop(item.nodeid, "passed"),
             "worker": self.worker,
             "wall": round(wall, 3),

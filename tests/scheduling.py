@@ -1,8 +1,8 @@
 """How the suite is split between xdist workers, in what order, and what the quick tier leaves out.
 
-- The tests of a module that share a module-scoped fixture (one expensive build, several tests that
-  read it) are one xdist group: they run on one worker, in file order, and the fixture is built once,
-  as in a serial run. Every other test may run on any worker.
+- A test file that defines a module-scoped fixture (one expensive build, several tests that read
+  it) is one unit: its tests run on one worker, in file order, and the fixture is built once, as in
+  a serial run. Every other test is a unit of its own, which any worker may run.
 - Under xdist, the longest work goes first (longest-processing-time-first), so no worker starts a
   three-minute test while the others are idle at the end. The weights are the measured seconds in
   tests/durations.json (``python tests/profiling.py --durations FILE...`` rewrites it); a test
@@ -13,14 +13,18 @@
 
 from __future__ import annotations
 
+import functools
 import json
+import re
 import statistics
 from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
 
+ROOT = Path(__file__).resolve().parent.parent
 DURATIONS = Path(__file__).with_name("durations.json")
+_MODULE_FIXTURE = re.compile(r"""@pytest\.fixture\([^)]*scope=["']module["']""")
 QUICK_SECONDS = 2.0
 
 
@@ -31,30 +35,42 @@ def load_durations() -> dict[str, float]:
         return {}
 
 
-def module_group(item: pytest.Item) -> str | None:
-    """The module and the module-scoped fixtures the test uses, if any: the tests that share these
-    run together, and each fixture is built once for them."""
-    info = getattr(item, "_fixtureinfo", None)
-    if info is None:
-        return None
-    shared = sorted(name for name, defs in info.name2fixturedefs.items() if defs and defs[-1].scope == "module")
-    return f"{item.nodeid.split('::')[0]}:{','.join(shared)}" if shared else None
+@functools.cache
+def grouped(path: str) -> bool:
+    """Whether the test file defines a module-scoped fixture: then all its tests are one unit."""
+    try:
+        return _MODULE_FIXTURE.search((ROOT / path).read_text()) is not None
+    except OSError:
+        return False
+
+
+def scope(nodeid: str) -> str:
+    """The scheduling unit of a test: its file where :func:`grouped`, else the test itself."""
+    path = nodeid.split("::")[0]
+    return path if grouped(path) else nodeid
 
 
 def units(items: Iterable[pytest.Item]) -> list[list[pytest.Item]]:
-    """The items as scheduling units, in collection order: one per group, one per other test."""
-    out: list[list[pytest.Item]] = []
-    groups: dict[str, list[pytest.Item]] = {}
+    """The items as scheduling units, in collection order."""
+    out: dict[str, list[pytest.Item]] = {}
     for item in items:
-        g = module_group(item)
-        if g is None:
-            out.append([item])
-        elif g in groups:
-            groups[g].append(item)
-        else:
-            groups[g] = [item]
-            out.append(groups[g])
-    return out
+        out.setdefault(scope(item.nodeid), []).append(item)
+    return list(out.values())
+
+
+def scheduler(config: pytest.Config, log: object) -> object | None:
+    """xdist's scheduler for ``-n N`` (its default ``--dist load``): each unit of :func:`scope` goes
+    to one worker, whole; any other ``--dist`` is left to xdist. (xdist's own ``loadgroup`` cannot
+    group under pytest 9.2: it renames ``item._nodeid``, which pytest no longer reads.)"""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Units(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return scope(nodeid)
+
+    return Units(config, log)
 
 
 def arrange(config: pytest.Config, items: list[pytest.Item], parallel: bool) -> None:
@@ -75,9 +91,5 @@ def arrange(config: pytest.Config, items: list[pytest.Item], parallel: bool) -> 
             config.hook.pytest_deselected(items=[i for u in drop for i in u])
         us = keep
     if parallel:
-        for u in us:
-            if len(u) > 1:
-                for i in u:
-                    i.add_marker(pytest.mark.xdist_group(module_group(i)))
-        us.sort(key=weight, reverse=True)  # stable: a group keeps its file order
+        us.sort(key=weight, reverse=True)  # stable: a unit keeps its file order
     items[:] = [i for u in us for i in u]

@@ -3,7 +3,7 @@
 Most of the suite's CPU went into child processes importing torch and Triton again (1.6 s of CPU
 each, 4 s of wall on a busy 2-core machine), for tests whose point is a *restart* (a process with
 no tunecache state), not the interpreter's own start-up. Here a server per pytest process (one per
-xdist worker) imports torch, Triton and the other third-party libraries once, never tunecache; each
+xdist worker) imports torch and other third-party libraries once, never tunecache nor Triton; each
 child is forked from it and runs its program exactly as ``python ARGV`` would, in the caller's
 environment, working directory and stdio. What a child gets from the server and a fresh ``exec``
 would not: those libraries already imported, Python's hash seed (every child shares one).
@@ -28,7 +28,9 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # Imported by the server, once: what the children import anyway, and keep no state of tunecache's.
-PRELOAD = ("torch", "triton", "triton.language", "numpy", "sqlalchemy", "click", "orjson", "filelock")
+# Not Triton: what triton.language builds at import depends on TRITON_INTERPRET, which a child
+# program may change before its own import (binaries_roundtrip.py compiles for sm90 for real).
+PRELOAD = ("torch", "numpy", "sqlalchemy", "click", "orjson", "filelock")
 # Variables read when those libraries are imported or Python starts: a child with another value
 # for one of them (or with tunecache's start-up hook asked for) starts fresh.
 _AT_START = ("PYTHON", "TORCH", "OMP_", "MKL_", "TUNECACHE_INSTALL", "LD_")
