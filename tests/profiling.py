@@ -62,6 +62,7 @@ class Profiler:
         row = {
             "test": item.nodeid,
             "outcome": self.outcome.pop(item.nodeid, "passed"),
+            "venv": os.path.basename(sys.prefix),
             "worker": self.worker,
             "wall": round(wall, 3),
             "cpu": round(me2.ru_utime + me2.ru_stime - me.ru_utime - me.ru_stime, 3),
