@@ -8,9 +8,17 @@ tests FAIL: ``scripts/test`` starts the local server first.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import uuid
 from pathlib import Path
+
+# Ctrl-C as in a terminal, for this process and the children it starts: an xdist worker, and any
+# command that a non-interactive shell runs in the background (scripts/test's older-Triton
+# segments), begin with SIGINT ignored, which every child inherits, so a test of what a process
+# does on Ctrl-C saw it run on (test_new_user's interrupted import exited 0, not 130).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # Kernels run under the Triton interpreter on a CPU machine; this must precede any triton import.
 if os.environ.get("TUNECACHE_TEST_GPU") != "1":
