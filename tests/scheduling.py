@@ -8,7 +8,7 @@
   tests/durations.json (``python tests/profiling.py --durations FILE...`` rewrites it); a test
   missing there (a new one) weighs the median.
 - ``--quick`` (scripts/test --quick) keeps the tests whose unit weighs at most ``QUICK_SECONDS`` and
-  are not marked slow: the edit-run loop. CI runs everything.
+  are not marked slow (a test not measured yet is kept): the edit-run loop. CI runs everything.
 """
 
 from __future__ import annotations
@@ -86,7 +86,8 @@ def arrange(config: pytest.Config, items: list[pytest.Item], parallel: bool) -> 
         keep, drop = [], []
         for u in us:
             slow = any(i.get_closest_marker("slow") for i in u)
-            (drop if slow or weight(u) > QUICK_SECONDS else keep).append(u)
+            measured = sum(durations.get(i.nodeid, 0.0) for i in u)  # a new test is quick until measured
+            (drop if slow or measured > QUICK_SECONDS else keep).append(u)
         if drop:
             config.hook.pytest_deselected(items=[i for u in drop for i in u])
         us = keep
