@@ -14,7 +14,8 @@ directory and argv to the server, forwards the signals it gets to the child, and
 child's status, so ``subprocess.run``'s capture, timeouts and return codes work unchanged. When the
 launcher dies (``kill()``, a timeout), the child is killed. A program the server could change
 runs as a fresh ``exec`` instead (:func:`warm_enough`), and ``TUNECACHE_TEST_FRESH=1`` makes every
-child fresh (to check that the pool hides nothing). See docs/testing.md.
+child fresh (to check that the pool hides nothing), or, in the child's env, that child. See
+docs/testing.md.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def _start_env(env: dict[str, str]) -> dict[str, str]:
 def warm_enough(argv: list[str], env: dict[str, str]) -> bool:
     """Whether ``python ARGV`` in ``env`` behaves the same forked from the server: a script, ``-c`` or
     ``-m`` (no interpreter flags), and the server's values for what is read at start-up."""
-    if os.environ.get("TUNECACHE_TEST_FRESH") == "1" or not argv:
+    if "1" in (os.environ.get("TUNECACHE_TEST_FRESH"), env.get("TUNECACHE_TEST_FRESH")) or not argv:
         return False
     if argv[0].startswith("-") and argv[0] not in ("-c", "-m"):
         return False
@@ -275,41 +276,17 @@ _program: tuple | None = None
 
 
 def _run_program() -> None:
-    """Run the child's program, then end as Python's own exit would, less the teardown of every
-    module: that teardown writes to each of the server's objects, which copies the whole forked
-    heap (5 s for torch's, more than the import it saves) and prints nanobind's leak notes."""
-    import atexit
+    """Run the child's program at top level: its exit, exception or end is Python's own, teardown
+    included (SQLite closes its connections and checkpoints its WAL there: a child that skipped
+    it left a store a read-only reader could not open)."""
     import runpy
-    import threading
 
     main, code, argv = _program
-    status = 0
-    try:
-        if code is None:
-            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
-        else:
-            sys.modules["__main__"] = main
-            exec(code, main.__dict__)
-    except SystemExit as e:
-        if e.code is None or isinstance(e.code, int):
-            status = e.code or 0
-        else:
-            print(e.code, file=sys.stderr)
-            status = 1
-    except BaseException as e:  # noqa: BLE001
-        sys.excepthook(type(e), e, e.__traceback__)
-        status = -signal.SIGINT if isinstance(e, KeyboardInterrupt) else 1
-    threading._shutdown()  # what Python's exit does, in its order: threads, atexit, stdio
-    atexit._run_exitfuncs()
-    for f in (sys.stdout, sys.stderr):
-        try:
-            f.flush()
-        except (OSError, ValueError):
-            pass
-    if status < 0:  # died of SIGINT, as Python does on an uncaught KeyboardInterrupt
-        signal.signal(-status, signal.SIG_DFL)
-        os.kill(os.getpid(), -status)
-    os._exit(status & 0xFF)
+    if code is None:
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    else:
+        sys.modules["__main__"] = main
+        exec(code, main.__dict__)
 
 
 if __name__ == "__main__":
