@@ -22,18 +22,27 @@ if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
   fi
 fi
 extras=${TUNECACHE_EXTRAS:-test}
+# The stamp names what was installed (the extras and the pinned Triton): a venv already holding it
+# is not reinstalled at every start (a no-op pip install takes 15-50 s on a busy 2-core machine).
 stamp="$VENV/.tunecache-installed"
 # The .pth start-up hook is copied into site-packages at install: a change to it (or to setup.py,
 # which ships it) needs a reinstall as much as a change of pyproject.toml does.
+want="extras=$extras triton=${TRITON_VERSION:-any}"
 stale=""
 for f in pyproject.toml setup.py tunecache-install.pth; do [ "$f" -nt "$stamp" ] && stale=1; done
-if [ ! -f "$stamp" ] || [ -n "$stale" ] || [ -n "${TRITON_VERSION:-}" ]; then
+if [ ! -f "$stamp" ] || [ -n "$stale" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  # One editable install at a time in this checkout: scripts/test makes its three venvs at once, and
+  # each install writes tunecache.egg-info here.
+  exec 9>"$ROOT/.venv-install.lock"
+  flock 9
   echo "==> installing tunecache[$extras] (editable)" >&2
   if [ -n "${TRITON_VERSION:-}" ]; then
     "${PIP[@]}" install -e ".[$extras]" "triton==$TRITON_VERSION"
   else
     "${PIP[@]}" install -e ".[$extras]"
   fi
-  touch "$stamp"
+  echo "$want" >"$stamp"
+  flock -u 9
+  exec 9>&-
 fi
 export PATH="$VENV/bin:$PATH"

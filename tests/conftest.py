@@ -8,18 +8,30 @@ tests FAIL: ``scripts/test`` starts the local server first.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import uuid
 from pathlib import Path
 
+# Ctrl-C as in a terminal, for this process and the children it starts: an xdist worker, and any
+# command that a non-interactive shell runs in the background (scripts/test's older-Triton
+# segments), begin with SIGINT ignored, which every child inherits, so a test of what a process
+# does on Ctrl-C saw it run on (test_new_user's interrupted import exited 0, not 130).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 # Kernels run under the Triton interpreter on a CPU machine; this must precede any triton import.
 if os.environ.get("TUNECACHE_TEST_GPU") != "1":
     os.environ["TRITON_INTERPRET"] = "1"
-# Kernels defined at import (collection) time open their store in the background: keep that away
-# from the user's real default store. Each test then gets its own (see _isolated).
-_COLLECT_DIR = __import__("tempfile").mkdtemp(prefix="tc-collect-")
+# This process's own directory (one per xdist worker; see docs/testing.md): kernels defined at
+# import (collection) time open their store in the background there, away from the user's real
+# default store (each test then gets its own, see _isolated), and Triton's cache lives there, so no
+# worker, no other run and no user shares the compiles and launchers one of them is checking.
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "main")
+_COLLECT_DIR = __import__("tempfile").mkdtemp(prefix=f"tc-{_WORKER}-")
 __import__("atexit").register(__import__("shutil").rmtree, _COLLECT_DIR, ignore_errors=True)
 os.environ["TUNECACHE_URL"] = f"sqlite:///{_COLLECT_DIR}/s.sqlite3"
+os.environ["TRITON_CACHE_DIR"] = f"{_COLLECT_DIR}/triton"
 
 import pytest  # noqa: E402
 import sqlalchemy as sa  # noqa: E402
@@ -27,7 +39,48 @@ import sqlalchemy as sa  # noqa: E402
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))  # tests/tinykernels.py, tests/procs.py, tests/servers.py
 
+import scheduling  # noqa: E402
 from servers import PG_URL, make_database  # noqa: E402
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--quick",
+        action="store_true",
+        help=f"the quick tier: no slow-marked test, none over {scheduling.QUICK_SECONDS:g} s (tests/scheduling.py)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    profile = os.environ.get("TUNECACHE_TEST_PROFILE")
+    if profile:
+        from profiling import Profiler
+
+        config.pluginmanager.register(Profiler(profile), "tunecache-profile")
+    config.pluginmanager.register(_Counter(), "tunecache-count")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    scheduling.arrange(config, items, parallel=_WORKER != "main")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    return scheduling.scheduler(config, log)
+
+
+class _Counter:
+    """Prints how many tests ran (one line, read by scripts/test to check no segment shrank)."""
+
+    def __init__(self) -> None:
+        self.seen: set[str] = set()
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.seen.add(report.nodeid)
+
+    def pytest_terminal_summary(self, terminalreporter, exitstatus, config) -> None:  # noqa: ANN001
+        if _WORKER == "main":
+            terminalreporter.write_line(f"tunecache: {len(self.seen)} tests ran")
 
 
 @pytest.fixture

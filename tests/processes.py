@@ -1,14 +1,16 @@
 """Fresh Python processes for the tests: a "restart" that reports one JSON object, and N copies of
-the tests/procs.py worker started at once."""
+the tests/procs.py worker started at once. Both start from the warm pool (tests/warmpool.py): a
+process with no tunecache state, forked from one that already imported torch."""
 
 from __future__ import annotations
 
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
+
+import warmpool
 
 HERE = Path(__file__).parent
 
@@ -21,16 +23,22 @@ def run_json(argv: list[str], env: dict | None = None, timeout: float = 300) -> 
 
 def run_json_stderr(argv: list[str], env: dict | None = None, timeout: float = 300) -> tuple[dict, str]:
     """:func:`run_json`, and what the process wrote on stderr."""
-    r = subprocess.run(
-        [sys.executable, *argv],
-        env={**os.environ, **(env or {})},
-        capture_output=True,
+    p = warmpool.popen(
+        argv,
+        {**os.environ, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
         cwd=str(HERE),
-        timeout=timeout,
     )
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1]), r.stderr
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.communicate()
+        raise
+    assert p.returncode == 0, err[-3000:]
+    return json.loads(out.strip().splitlines()[-1]), err
 
 
 def run_procs(cmd: str, nprocs: int, env: dict | None = None, timeout: float = 300, **args) -> list[dict]:
@@ -38,9 +46,9 @@ def run_procs(cmd: str, nprocs: int, env: dict | None = None, timeout: float = 3
     args.setdefault("start_at", time.time() + 3.0)
     full_env = {**os.environ, **(env or {})}
     procs = [
-        subprocess.Popen(
-            [sys.executable, str(HERE / "procs.py"), cmd, json.dumps(args)],
-            env=full_env,
+        warmpool.popen(
+            [str(HERE / "procs.py"), cmd, json.dumps(args)],
+            full_env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import signal
 import subprocess
 import sys
@@ -85,6 +86,26 @@ def test_every_command_exits_141_quietly_on_a_closed_pipe(sqlite_url):
         assert _closed_stdout("--url", sqlite_url, *args) == (141, ""), args
 
 
+def _wait_reading_stdin(pid: int, limit: float = 120.0) -> None:
+    """Until the process is blocked reading its stdin (Linux: its main thread's read(0, ...) in
+    /proc): it has imported, opened the store and waits for the import's bytes. A fixed 4 s sleep
+    was too short for a busy machine (SIGINT then came during the imports)."""
+    read = {"x86_64": "0", "aarch64": "63"}.get(platform.machine())
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        try:
+            call = Path(f"/proc/{pid}/syscall").read_text().split()
+        except OSError:
+            call = []
+        if read is None:  # another architecture: the old fixed wait
+            time.sleep(4)
+            return
+        if call[:2] == [read, "0x0"]:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"the command did not wait on stdin within {limit:g} s")
+
+
 def _interrupt(args: list[str], stdin: Any = subprocess.PIPE) -> subprocess.CompletedProcess:
     """Start ``tunecache ARGS`` with stdin held open, send SIGINT once it waits, return what it did."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
@@ -95,7 +116,7 @@ def _interrupt(args: list[str], stdin: Any = subprocess.PIPE) -> subprocess.Comp
         stderr=subprocess.PIPE,
         env=env,
     )
-    time.sleep(4)  # imported and waiting on stdin
+    _wait_reading_stdin(p.pid)
     t0 = time.monotonic()
     p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=60)

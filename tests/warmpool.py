@@ -1,0 +1,298 @@
+"""A warm start for the tests' child Python processes: forked from one that already imported torch.
+
+Most of the suite's CPU went into child processes importing torch and Triton again (1.6 s of CPU
+each, 4 s of wall on a busy 2-core machine), for tests whose point is a *restart* (a process with
+no tunecache state), not the interpreter's own start-up. Here a server per pytest process (one per
+xdist worker) imports torch and other third-party libraries once, never tunecache nor Triton; each
+child is forked from it and runs its program exactly as ``python ARGV`` would, in the caller's
+environment, working directory and stdio. What a child gets from the server and a fresh ``exec``
+would not: those libraries already imported, Python's hash seed (every child shares one).
+
+``Popen``-compatible: :func:`popen` starts ``python -S tests/warmpool.py launch SOCK PID ARGV...`` (a
+20 ms interpreter with no site, no torch) that hands its stdin/stdout/stderr, environment, working
+directory and argv to the server, forwards the signals it gets to the child, and exits with the
+child's status, so ``subprocess.run``'s capture, timeouts and return codes work unchanged. When the
+launcher dies (``kill()``, a timeout), the child is killed. A program the server could change
+runs as a fresh ``exec`` instead (:func:`warm_enough`), and ``TUNECACHE_TEST_FRESH=1`` makes every
+child fresh (to check that the pool hides nothing), or, in the child's env, that child. See
+docs/testing.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+# Imported by the server, once: what the children import anyway, and keep no state of tunecache's.
+# Not Triton: what triton.language builds at import depends on TRITON_INTERPRET, which a child
+# program may change before its own import (binaries_roundtrip.py compiles for sm90 for real).
+PRELOAD = ("torch", "numpy", "sqlalchemy", "click", "orjson", "filelock")
+# Variables read when those libraries are imported or Python starts: a child with another value
+# for one of them (or with tunecache's start-up hook asked for) starts fresh.
+_AT_START = ("PYTHON", "TORCH", "OMP_", "MKL_", "TUNECACHE_INSTALL", "LD_")
+_SAME_ANYWHERE = ("PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "PYTHONIOENCODING")
+_FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def _start_env(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k.startswith(_AT_START) and k not in _SAME_ANYWHERE}
+
+
+def warm_enough(argv: list[str], env: dict[str, str]) -> bool:
+    """Whether ``python ARGV`` in ``env`` behaves the same forked from the server: a script, ``-c`` or
+    ``-m`` (no interpreter flags), and the server's values for what is read at start-up."""
+    if "1" in (os.environ.get("TUNECACHE_TEST_FRESH"), env.get("TUNECACHE_TEST_FRESH")) or not argv:
+        return False
+    if argv[0].startswith("-") and argv[0] not in ("-c", "-m"):
+        return False
+    return _start_env(env) == _start_env(dict(os.environ))
+
+
+class _Server:
+    """This process's server: started at first use, ended with this process."""
+
+    def __init__(self) -> None:
+        import subprocess
+        import tempfile
+
+        self.dir = tempfile.mkdtemp(prefix="tc-warm-")
+        self.path = os.path.join(self.dir, "s")
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "serve", self.path, str(os.getpid())],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=open(os.path.join(self.dir, "log"), "w"),  # noqa: SIM115
+        )
+        import atexit
+
+        atexit.register(self.stop)
+
+    def stop(self) -> None:
+        import shutil
+
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+_server: _Server | None = None
+
+
+def popen(argv: list[str], env: dict[str, str], **kw):  # noqa: ANN003, ANN201
+    """``subprocess.Popen([python, *argv], env=env, **kw)``, forked from the warm server when
+    :func:`warm_enough`, else a fresh interpreter."""
+    import subprocess
+
+    global _server
+    if not warm_enough(argv, env):
+        return subprocess.Popen([sys.executable, *argv], env=env, **kw)
+    if _server is None or _server.proc.poll() is not None:
+        _server = _Server()
+    launcher = [sys.executable, "-S", __file__, "launch", _server.path, str(_server.proc.pid)]
+    return subprocess.Popen([*launcher, *argv], env=env, **kw)
+
+
+# ---- the launcher (python -S warmpool.py launch SOCK PID ARGV...) -----------------------------
+
+
+def _readline(s: socket.socket) -> str:
+    buf = b""
+    while not buf.endswith(b"\n"):
+        chunk = s.recv(1)
+        if not chunk:
+            raise EOFError
+        buf += chunk
+    return buf.decode()
+
+
+def launch(path: str, server: int, argv: list[str]) -> None:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    while True:  # the server imports torch first: minutes on a busy machine
+        try:
+            s.connect(path)
+            break
+        except (FileNotFoundError, ConnectionRefusedError):
+            try:
+                os.kill(server, 0)
+            except ProcessLookupError:
+                sys.exit(f"warmpool: the server ({server}) ended before it listened at {path}")
+            select.select([], [], [], 0.05)
+    msg = json.dumps({"argv": argv, "env": dict(os.environ), "cwd": os.getcwd()}).encode()
+    socket.send_fds(s, [len(msg).to_bytes(8, "big") + msg], [0, 1, 2])
+    int(_readline(s))  # the child's pid: it runs
+    for sig in _FORWARDED:
+        signal.signal(sig, lambda n, _f: s.sendall(f"{n}\n".encode()))
+    while True:
+        try:
+            status = int(_readline(s))
+            break
+        except InterruptedError:
+            continue
+        except EOFError:
+            sys.exit("warmpool: the server ended before the child")
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
+    os._exit(os.waitstatus_to_exitcode(status))
+
+
+# ---- the server (python warmpool.py serve SOCK PARENT_PID) --------------------------------------
+
+
+def serve(path: str, parent: int) -> None:
+    import importlib
+
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
+    import gc
+
+    gc.freeze()  # the children's collections never touch (and so never copy) these objects
+    base_env = dict(os.environ)
+    base_path = list(sys.path[1:])  # without this file's directory
+    for p in filter(None, base_env.get("PYTHONPATH", "").split(os.pathsep)):
+        if p in base_path:
+            base_path.remove(p)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # supervisors are reaped by the kernel
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path + ".tmp")
+    os.rename(path + ".tmp", path)  # launchers connect only once it listens
+    srv.listen(64)
+    while True:
+        if not select.select([srv], [], [], 1.0)[0]:
+            if os.getppid() != parent:
+                os._exit(0)  # the pytest process is gone
+            continue
+        conn, _ = srv.accept()
+        data, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+        size = int.from_bytes(data[:8], "big")
+        data = data[8:]
+        while len(data) < size:
+            data += conn.recv(size - len(data))
+        if os.fork() == 0:
+            srv.close()
+            _supervise(conn, json.loads(data), fds, base_path)  # returns only in the child program
+            return
+        conn.close()
+        for fd in fds:
+            os.close(fd)
+
+
+def _supervise(conn: socket.socket, msg: dict, fds: list[int], base_path: list[str]) -> None:
+    """In a fork of the server: fork the child, tell the launcher its pid, forward its signals, kill
+    the child if the launcher dies, and send its wait status."""
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    pid = os.fork()
+    if pid == 0:
+        conn.close()
+        _become(msg, fds, base_path)
+        return
+    for fd in fds:
+        os.close(fd)
+    pidfd = os.pidfd_open(pid)
+    try:
+        conn.sendall(f"{pid}\n".encode())
+        buf = b""
+        while True:
+            ready = select.select([conn, pidfd], [], [])[0]
+            if pidfd in ready:
+                break
+            chunk = conn.recv(64)
+            if not chunk:  # the launcher died: so does its child
+                os.kill(pid, signal.SIGKILL)
+                break
+            buf += chunk
+            *sigs, buf = buf.split(b"\n")
+            for sig in sigs:
+                os.kill(pid, int(sig))
+    except OSError:
+        os.kill(pid, signal.SIGKILL)
+    _, status = os.waitpid(pid, 0)
+    try:
+        conn.sendall(f"{status}\n".encode())
+    except OSError:
+        pass
+    os._exit(0)
+
+
+def _become(msg: dict, fds: list[int], base_path: list[str]) -> None:
+    """Turn this fork into ``python ARGV`` as the launcher would have run it; returns to run it at
+    top level, so that an exception or ``sys.exit`` ends the process as Python's own start would."""
+    import random
+    import types
+
+    for i, fd in enumerate(fds):
+        os.dup2(fd, i)
+        os.close(fd)
+    os.chdir(msg["cwd"])
+    os.environ.clear()
+    os.environ.update(msg["env"])
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    random.seed()  # as a fresh interpreter's
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed()
+    if os.environ.get("PYTHONUNBUFFERED"):
+        sys.stdout.reconfigure(write_through=True)
+        sys.stderr.reconfigure(write_through=True)
+    argv = msg["argv"]
+    extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    main = types.ModuleType("__main__")
+    main.__dict__["__builtins__"] = __builtins__
+    if argv[0] == "-c":
+        first, sys.argv = "", ["-c", *argv[2:]]
+        code = compile(argv[1], "<string>", "exec")
+    elif argv[0] == "-m":
+        first, sys.argv = os.getcwd(), argv[1:]
+        code = None
+    else:
+        script = os.path.abspath(argv[0])
+        first, sys.argv = os.path.dirname(script), argv
+        main.__file__ = script  # absolute, as Python (3.9+) sets it
+        main.__cached__ = None
+        try:
+            with open(script, "rb") as f:
+                source = f.read()
+        except OSError as e:
+            print(f"{sys.executable}: can't open file {script!r}: [Errno {e.errno}] {e.strerror}", file=sys.stderr)
+            os._exit(2)
+        code = compile(source, argv[0], "exec")
+    sys.path[:] = [first, *extra, *base_path]
+    if "multiprocessing.process" in sys.modules:  # imported by the server, in its directory
+        sys.modules["multiprocessing.process"].ORIGINAL_DIR = os.getcwd()
+    global _program
+    _program = (main, code, argv)
+
+
+_program: tuple | None = None
+
+
+def _run_program() -> None:
+    """Run the child's program at top level: its exit, exception or end is Python's own, teardown
+    included (SQLite closes its connections and checkpoints its WAL there: a child that skipped
+    it left a store a read-only reader could not open)."""
+    import runpy
+
+    main, code, argv = _program
+    if code is None:
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    else:
+        sys.modules["__main__"] = main
+        exec(code, main.__dict__)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "launch":
+        launch(sys.argv[2], int(sys.argv[3]), sys.argv[4:])
+    else:
+        serve(sys.argv[2], int(sys.argv[3]))
+        if _program is not None:  # this is a child: run its program, at top level
+            _run_program()
