@@ -89,6 +89,9 @@ def test_inductor_caches_get_miss_then_what_was_put_for_every_kind(store, monkey
 
 
 def test_the_backend_keeps_bytes_as_given_and_binds_them_to_the_target(store, monkeypatch):
+    # Recorded under a driver (a CPU host has none, and a row bound to no driver is no driver's to delete).
+    monkeypatch.setenv("TUNECACHE_TARGET_OVERRIDE", '{"driver_version": "13000"}')
+    inductor_entries.inductor_target.cache_clear()
     backend = backend_cls("fx_graph", InductorStore(store))()
     blob = bytes(range(256)) * 3  # not UTF-8, not JSON
     backend.put("pt2:fx-graph-v1::k:c1", blob)
