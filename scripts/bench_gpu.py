@@ -92,7 +92,7 @@ def run_all(out_dir: Path, quick: bool) -> dict:
         base_env["TRITON_INTERPRET"] = "1"
     cache1, cache2 = str(work / "triton-cache-1"), str(work / "triton-cache-2")
     url1, url2 = f"sqlite:///{work / 'store1.sqlite3'}", f"sqlite:///{work / 'store2.sqlite3'}"
-    # The tuning starts sign what they store, as a fleet's tuning jobs would (README, "Trust model").
+    # The tuning starts sign what they store, as a fleet's tuning jobs would (docs/trust.md).
     key, other_key = stores.key_env(work / "signing-key"), stores.key_env(work / "other-key")
     env1 = {**base_env, "TRITON_CACHE_DIR": cache1, "TUNECACHE_URL": url1}
     env1["TUNECACHE_SIGNING_KEY"] = key["TUNECACHE_SIGNING_KEY"]

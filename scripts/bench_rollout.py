@@ -43,7 +43,7 @@ for the ratios (``--no-stock`` skips them). Writes DIR/bench_rollout.json and DI
 scenarios: scripts/rollout_scenarios.py); ``--check`` exits 1 when a target on
 counts is missed (times are reported, never checked).
 
-On the H200: the commands of the README, "Rolling out" (one per mode, each inside 10 minutes).
+On the H200: the commands of docs/rolling-out.md (one per mode, each inside 10 minutes).
 """
 
 from __future__ import annotations

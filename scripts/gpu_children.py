@@ -120,7 +120,7 @@ def child_start(args: dict) -> dict:
             for fn, calls, cum, own in tracing.top(pstats.Stats(prof).stats, 40)
         ]
     if args.get("companions") and cfg is None and not per_bucket:
-        # Keep the merge stage's binaries with the split stage's (a user's choice: see README).
+        # Keep the merge stage's binaries with the split stage's (a user's choice: see docs/binaries.md).
         from tunecache.binaries import binaries
 
         extra["companion_binaries"] = binaries.record_companions(sd.split_kernel(kv), sd._merge_stage)

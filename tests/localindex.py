@@ -1,5 +1,5 @@
 """Stand-ins for PyPI and for PyTorch's CPU index, made of the packages on this machine's disk, so
-that a test can run the README's install lines in a fresh venv with no network.
+that a test can run the documented install lines in a fresh venv with no network.
 
 Where the packages are is pip's own configuration (``pip config list``): its find-links directories
 and its ``file://`` indexes; a remote index named there is left out. ``pypi`` lists every project found

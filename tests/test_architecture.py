@@ -10,7 +10,7 @@ mode puts tests/ on ``sys.path`` (not under ``--import-mode=importlib``), and a 
 test file ties every importer to that file and its fixtures. Shared helpers are fixtures in
 conftest.py or plain modules beside the tests (tests/builders.py, tests/processes.py, ...).
 
-Layers (issue 26, README "Layout"): a module imports only its own package, the core and lower
+Layers (issue 26, docs/architecture.md): a module imports only its own package, the core and lower
 layers, and only tunecache/store/ writes SQL.
 """
 
@@ -266,7 +266,7 @@ def layering_violations() -> list[str]:
 
 def test_layers_import_only_downwards_and_only_the_store_writes_sql():
     found = layering_violations()
-    assert not found, "see README, Layout:\n" + "\n".join(found)
+    assert not found, "see docs/architecture.md:\n" + "\n".join(found)
 
 
 def test_the_layer_check_sees_upward_imports_and_stray_sql(tmp_path, monkeypatch):

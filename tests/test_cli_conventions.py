@@ -277,7 +277,7 @@ def test_driver_not_current_uses_the_target_override(store, request):
 # ---- 7. help that says what the command does -------------------------------------------------
 
 
-def test_help_texts_agree_with_the_commands_and_the_readme():
+def test_help_texts_agree_with_the_commands_and_the_docs():
     keygen = tc("keygen", "--help").stdout
     assert "--url" not in keygen, keygen  # it opens no store
     demo = tc("demo", "--help").stdout
@@ -287,8 +287,8 @@ def test_help_texts_agree_with_the_commands_and_the_readme():
         assert "``" not in text, (name, text)  # raw reST markup
     show = tc("show", "--help").stdout
     assert "show [OPTIONS] DIGEST\n" in show, show
-    readme = (HERE.parent / "README.md").read_text()
-    assert "show DIGEST " in readme
+    page = (HERE.parent / "docs" / "cli.md").read_text()
+    assert "show DIGEST " in page and "Usage: tunecache show [OPTIONS] DIGEST\n" in page
 
 
 def test_an_error_message_starting_with_a_newline_shows_its_first_words(tmp_path, sqlite_url):

@@ -62,7 +62,7 @@ def test_build_time_import_then_read_only_image_serves_hits(tmp_path, make_reado
     assert r.exit_code == 0, r.output
     # 2. The image build (no GPU) imports into the image's store.
     image_db = tmp_path / "image" / "store.sqlite3"
-    image_db.parent.mkdir()  # as the README's recipe: import creates the store, not its directory
+    image_db.parent.mkdir()  # as docs/images.md's recipe: import creates the store, not its directory
     r = CliRunner().invoke(main, ["--url", f"sqlite:///{image_db}", "import", str(bundle)])
     assert r.exit_code == 0, r.output
     # 3. Run time: read-only root filesystem.

@@ -4,7 +4,7 @@ The in-process tests drive Inductor's own cache classes (RemoteFxGraphCache, Rem
 with the backend set through their ``backend_override_cls``, the seam tunecache uses; the
 subprocess tests run a real ``torch.compile`` (tests/inductor_prog.py) in fresh processes with empty
 local Inductor caches. Older torch versions are not run in CI (it has torch 2.13 only): see the
-README's torch.compile section for which versions have the seam.
+docs/torch-compile.md for which versions have the seam.
 """
 
 from __future__ import annotations
@@ -183,7 +183,7 @@ def test_compiled_graphs_are_served_only_when_a_trusted_key_vouches(store, keys,
         assert fresh.get("signed") == GRAPH
         for k in ("unsigned", "by-attacker", "altered", "rehashed"):
             assert fresh.get(k) is None, k
-        # Autotune entries too: Inductor rebuilds a stored config it never generated (README, torch.compile).
+        # Autotune entries too: Inductor rebuilds a stored config it never generated (docs/torch-compile.md).
         assert cache("RemoteAutotuneCache", "autotune", InductorStore(store), monkeypatch).get("unsigned") is None
     assert counters.stats()["untrusted"] == 5
     warned = [r for r in caplog.records if "no trusted key signed" in r.getMessage()]

@@ -307,7 +307,7 @@ def test_report_log_scale_labels_are_numbers_not_raw_math_text(sqlite_url, tmp_p
     assert "mathdefault" not in page and "10^{" not in page, page[page.find("mathdefault") - 300 :][:600]
 
 
-# ---- 38.8: what the README says of torch.compile's local caches is what Inductor does ---------
+# ---- 38.8: what docs/torch-compile.md says of its local caches is what Inductor does ---------
 
 
 def _compile(tmp_path: Path, name: str, url: str) -> dict:
@@ -322,18 +322,18 @@ def _compile(tmp_path: Path, name: str, url: str) -> dict:
     return run_json(["inductor_prog.py"], env=env, timeout=600)
 
 
-def test_a_store_hit_of_torch_compile_is_fetched_again_at_the_next_start_as_the_readme_says(sqlite_url, tmp_path):
+def test_a_store_hit_of_torch_compile_is_fetched_again_at_the_next_start_as_the_docs_say(sqlite_url, tmp_path):
     pytest.importorskip("torch._inductor.remote_cache")
-    readme = (HERE.parent / "README.md").read_text()
+    page = (HERE.parent / "docs" / "torch-compile.md").read_text()
     first = _compile(tmp_path, "a", sqlite_url)
     assert first["tunecache"].get("inductor_puts", 0) >= 1, first
     fresh = _compile(tmp_path, "b", sqlite_url)  # another host's empty local caches: served by the store
     assert fresh["fxgraph_cache_hit"] == 1 and fresh["tunecache"].get("inductor_hits", 0) >= 1, fresh
     again = _compile(tmp_path, "b", sqlite_url)  # the same host again: Inductor kept nothing of the hit locally
     assert again["fxgraph_cache_hit"] == 1 and again["tunecache"].get("inductor_hits", 0) >= 1, again
-    assert "a hit from the store is written to" not in readme
-    assert "not written to its local caches" in readme and "every start of a host fetches" in readme
-    assert "CPU figures" in readme
+    assert "a hit from the store is written to" not in page
+    assert "not written to its local caches" in page and "every start of a host fetches" in page
+    assert "CPU figures" in page
 
 
 # ==== issue 44 ================================================================================

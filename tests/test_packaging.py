@@ -113,24 +113,24 @@ def test_the_install_ships_the_startup_hook(tmp_path, editable):
 PYTORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
 
-def readme_cpu_install() -> list[list[str]]:
-    """The README's install lines for a machine without a GPU: the ``pip install`` lines of its code
-    block that names PyTorch's CPU index, in order."""
-    blocks = re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+def documented_cpu_install() -> list[list[str]]:
+    """docs/getting-started.md's install lines for a machine without a GPU: the ``pip install`` lines
+    of its code block that names PyTorch's CPU index, in order."""
+    blocks = re.findall(r"```bash\n(.*?)```", (ROOT / "docs" / "getting-started.md").read_text(), re.S)
     cpu = [b for b in blocks if PYTORCH_CPU_INDEX in b]
-    assert cpu, "the README has no install lines for a machine without a GPU (PyTorch's CPU index)"
+    assert cpu, "docs/getting-started.md has no install lines for a machine without a GPU (PyTorch's CPU index)"
     lines = [ln.split("#")[0].strip() for ln in cpu[0].splitlines()]
     return [shlex.split(ln) for ln in lines if ln.startswith("pip install")]
 
 
 @pytest.mark.slow
-def test_the_readme_install_lines_for_a_cpu_machine_work_in_a_fresh_venv(tmp_path):
-    """Issue 44.2: a new user on a CPU machine runs the README's lines in a fresh venv and then the demo.
+def test_the_documented_install_lines_for_a_cpu_machine_work_in_a_fresh_venv(tmp_path):
+    """Issue 44.2: a new user on a CPU machine runs the documented lines in a fresh venv, then the demo.
     PyPI and PyTorch's CPU index are stood in for by the packages on this disk (tests/localindex.py):
     nothing is fetched from the network, and the CUDA build of torch is on offer as on PyPI."""
     from localindex import local_indexes
 
-    commands = readme_cpu_install()
+    commands = documented_cpu_install()
     indexes = local_indexes(tmp_path / "indexes")
     if indexes is None:
         pytest.skip("no CPU build of torch on this disk (pip's find-links and file:// indexes)")

@@ -6,7 +6,7 @@
     def kernel(...): ...
 
 Restarts resolve every tuning key from the store (``TUNECACHE_URL``, default a per-user SQLite
-file) instead of benchmarking. See the README for modes, fleets and the CLI.
+file) instead of benchmarking. docs/ (the documentation site) says the modes, fleets and the CLI.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """Settings: every ``TUNECACHE_*`` environment variable, in one table.
 
-Each variable is read here and nowhere else (``tests/test_settings.py`` enforces it, and checks the
-README's table against :data:`SETTINGS`), so its name, default, accepted values and meaning are
-written once. Values are read when they are used, not cached at import: a process (or a test) may
-change its environment after importing tunecache, and none of these reads sits on the launch path.
+Each variable is read here and nowhere else (``tests/test_settings.py`` enforces it), so its name,
+default, accepted values and meaning are written once: docs/configuration.md is generated from
+:data:`SETTINGS` (``scripts/gendocs.py``; ``tests/test_docs_site.py`` fails when the two disagree).
+Values are read when they are used, not cached at import: a process (or a test) may change its
+environment after importing tunecache, and none of these reads sits on the launch path.
 
 A bad value raises :class:`~tunecache.errors.ConfigurationError` naming the variable, what it
 holds and what is accepted; the CLI prints it as one line.
@@ -160,50 +161,79 @@ def _json_object(raw: str) -> dict[str, Any]:
 @dataclass(frozen=True)
 class Setting:
     """One variable: ``default`` is the raw text used when it is unset or empty (None: no value, and
-    the code that reads it decides, as documented in ``meaning``)."""
+    the code that reads it decides, as ``when_unset`` and ``meaning`` say)."""
 
     name: str
     default: str | None
     parse: Callable[[str], Any]
+    #: What it does, in Markdown: docs/configuration.md is generated from it (scripts/gendocs.py).
     meaning: str
+    #: The reference's default column for a variable with no default: what leaving it unset means.
+    when_unset: str = "unset"
 
 
 SETTINGS: dict[str, Setting] = {
     s.name: s
     for s in (
         Setting(
-            "TUNECACHE_URL", None, _text, "the store: any SQLAlchemy URL; unset: a SQLite file in the user cache dir"
+            "TUNECACHE_URL",
+            None,
+            _text,
+            "any SQLAlchemy URL: `sqlite:////path/file.sqlite3`, `postgresql://user@host/db`,"
+            " `mysql://user@host/db` (`postgresql://` uses psycopg 3, `mysql://` PyMySQL)",
+            when_unset="SQLite file in the user cache dir (`~/.cache/tunecache/tunecache.sqlite3` on Linux)",
         ),
-        Setting("TUNECACHE_MODE", "readwrite", _mode, f"how the autotuner uses the store: {', '.join(MODES)}"),
+        Setting(
+            "TUNECACHE_MODE",
+            "readwrite",
+            _mode,
+            "`readwrite`: reads the store and writes what it benchmarks. `readonly`: never writes, misses are"
+            " benchmarked in memory. `offline`: never benchmarks, a miss falls back like a capture miss."
+            " `strict`: as readwrite, but a miss during capture raises `tunecache.CaptureMissError`. `off`:"
+            " plain `triton.autotune`",
+        ),
         Setting(
             "TUNECACHE_ON_DRIVER_CHANGE",
             "retune",
             _driver_policy,
-            "a miss caused only by a new driver: retune all configs, or topk:N of the previous driver's best",
+            "`retune`: a miss caused only by a new driver benchmarks every config again. `topk:N`: a miss"
+            " caused only by a new driver benchmarks just the N best configs stored for the previous driver;"
+            " the rest are stored as `pruned`",
         ),
         Setting(
             "TUNECACHE_LEASE_SECONDS",
             "30",
             _number,
-            "how long a lease (a benchmark's, a torch.compile entry's) lives without renewal; also how long an"
-            " idle torch.compile process keeps its leases",
+            "how long a lease (a benchmark's, a torch.compile entry's) lives without renewal (the holder"
+            " renews every third of it): how long a host that died blocks others; also how long an idle"
+            " torch.compile process keeps its leases",
         ),
         Setting(
             "TUNECACHE_WAIT_SECONDS",
             "300",
             _number,
-            "the longest a process waits for another's benchmark or torch.compile entry",
+            "the longest a process waits for another's benchmark of the same key (or torch.compile entry)"
+            " before computing it itself",
         ),
-        Setting("TUNECACHE_LOCK_DIR", None, _text, "per-digest lock files of one host; unset: the user cache dir"),
+        Setting(
+            "TUNECACHE_LOCK_DIR", None, _text, "per-digest lock files (one host)", when_unset="user cache dir `/locks`"
+        ),
         Setting(
             "TUNECACHE_MISS_SPOOL",
             None,
             _text,
-            "JSON-lines file for misses a read-only store cannot record (`tunecache misses` reads it);"
-            " unset: misses.jsonl in the user cache dir",
+            "where a process records the misses that a read-only store cannot take (one JSON line per miss,"
+            " tagged with the store); `tunecache misses` lists them with the store's own (see [Images and"
+            " driver upgrades](images.md))",
+            when_unset="user cache dir `/misses.jsonl`",
         ),
-        Setting("TUNECACHE_AUTO_MIGRATE", "1", _switch, "apply schema migrations on first use"),
-        Setting("TUNECACHE_SQLITE_BUSY_MS", "30000", _count(0), "SQLite busy timeout, milliseconds"),
+        Setting(
+            "TUNECACHE_AUTO_MIGRATE",
+            "1",
+            _switch,
+            "apply migrations on first use; `0` leaves it to `tunecache db upgrade`",
+        ),
+        Setting("TUNECACHE_SQLITE_BUSY_MS", "30000", _count(0), "SQLite busy timeout, in milliseconds"),
         Setting("TUNECACHE_CONNECT_TIMEOUT", "5", _count(1), "seconds to wait for a database server"),
         Setting(
             "TUNECACHE_POOL_SIZE",
@@ -211,121 +241,195 @@ SETTINGS: dict[str, Setting] = {
             _count(0),
             "database server connections a process keeps open between operations; 0: none (connect per operation)",
         ),
-        Setting("TUNECACHE_PRELOAD", "1", _switch, "load the stored winners' binaries once CUDA is up"),
-        Setting("TUNECACHE_PREFETCH", "1", _switch, "open the store and fetch a kernel's problems when it is defined"),
+        Setting(
+            "TUNECACHE_PRELOAD",
+            "1",
+            _switch,
+            "once CUDA is initialised (torch's lazy-init queue; nothing touches CUDA before, so a server can"
+            " still fork), load the stored winners' binaries of each tunecache kernel in the background"
+            " thread, while the server loads its weights. Automatic where one GPU is visible; a process that"
+            " sees several calls `tunecache.load_winners()` after `torch.cuda.set_device` (it returns how"
+            ' many binaries it loaded and never raises). `stats()["preloaded"]` counts them; a spec not'
+            ' loaded is counted in `stats()["preload_skipped"]` and by reason in `tunecache.preload_skips()`'
+            " (`other_triton`, `unparseable`, `key_mismatch`, `options`, `rebuilt_differs`, `unsupported`,"
+            " `error`), named at debug level, and summarised in one line per process (a warning only for"
+            " `unparseable`, `key_mismatch` or `error`). Off on Python 3.11 (a background parse could race"
+            " the launching thread: [Reliability](reliability.md), bug 9) and under the interpreter. Only"
+            " kernels whose module has finished importing are loaded early: a kernel defined in a script run"
+            " as `__main__` is hashed, and its binaries loaded, at its first launch"
+            " ([Reliability](reliability.md), Trust 1)",
+        ),
+        Setting(
+            "TUNECACHE_PREFETCH",
+            "1",
+            _switch,
+            "when a kernel is defined, open the store and fetch its problems in a background thread, and"
+            " compute Triton's compiler fingerprint (`triton_key`, 0.33 s per process on the H200 host) in"
+            " another, so neither is on the first launch; no CUDA call, and a fork waits for the fingerprint"
+            " thread. The prefetch reads the kernel's problems by name; its source is hashed in the"
+            " background only once its module has finished importing (a `@jit` helper defined below the"
+            " kernel is then in the hash), else at the first launch, and never in the background on Python"
+            " 3.11 (its `ast` is not thread-safe: [Reliability](reliability.md), bug 9)",
+        ),
         Setting(
             "TUNECACHE_FAST_LAUNCH",
             "1",
             _switch,
-            "launch a resolved tuning key through tunecache's hit path (the key from the arguments, one lookup, the"
-            " winner's keywords bound once); 0: Triton's own Autotuner.run for every launch. Read at a kernel's first"
-            " launch",
+            "a launch of a tuning key already resolved in this process takes tunecache's hit path: Triton's"
+            " key built straight from the arguments, one lookup in Triton's `cache`, the winner's"
+            " `all_kwargs()` bound once, the same arguments to `JITFunction.run` (about a third of stock"
+            " Triton's Python per launch: [the hit path's benchmarks](benchmarks/hit-path.md)). Kernels with"
+            " hooks, `reset_to_zero`/`restore_value` or prune functions, a config with a `pre_hook`, a single"
+            " config, a miss (inside a CUDA graph capture too) and call shapes it cannot serve go through"
+            " Triton's `Autotuner.run` as before. `0`: Triton's run for every launch. Read at each kernel's"
+            " first launch",
         ),
         Setting(
-            "TUNECACHE_SPARSE_DECODE_GLUON", "1", _switch, "the bundled kernel's Hopper (Gluon) split stage; at import"
+            "TUNECACHE_SPARSE_DECODE_GLUON",
+            "1",
+            _switch,
+            "the bundled sparse decode kernel only: `0` runs its portable Triton split stage for fp8 caches"
+            " on Hopper too, instead of the Gluon/wgmma one (`kernels/sparse_decode_sm90.py`); read at import",
         ),
         Setting(
             "TUNECACHE_WINNER_TOLERANCE",
             "0.02",
             _fraction,
-            "a config within this fraction of the fastest that already wins another key of the same kernel and"
-            " target is chosen instead (0 disables): configs that close are within benchmark noise, and reusing a"
-            " winner means fewer kernels to compile and load and fewer winners that flip between tuning runs",
+            "a config within this fraction of the fastest that already wins other keys of the same kernel and"
+            " target is chosen instead (configs that close are within benchmark noise): fewer kernels to"
+            " compile and load, fewer winners that flip between tuning runs; `0` picks the plain fastest",
         ),
-        Setting("TUNECACHE_HOST_ID", None, _text, "the host recorded in rows; unset: the hostname"),
+        Setting(
+            "TUNECACHE_HOST_ID", None, _text, "the host recorded in rows (never part of a key)", when_unset="hostname"
+        ),
         Setting(
             "TUNECACHE_INSTALL",
             "0",
             _switch,
-            "every Python process runs tunecache.install() when it imports Triton (the .pth start-up hook)",
+            "`1`: every Python process of this environment runs `tunecache.install()` as soon as it imports"
+            " Triton, with no code change (a `.pth` start-up hook that installing tunecache (`pip install .`"
+            " in the checkout) puts in site-packages; spawned workers inherit it). Unset (and"
+            " `TUNECACHE_INDUCTOR` too), the hook costs two environment lookups and imports nothing",
         ),
         Setting(
             "TUNECACHE_INDUCTOR",
             "0",
             _switch,
-            "torch.compile's remote caches (autotune, bundled autotune, FX graph, AOTAutograd) use the store; with"
-            " TUNECACHE_INSTALL, set up when torch._inductor is first imported, else by tunecache.inductor.enable()",
+            "`1`: torch.compile's remote caches (autotune, bundled autotune, FX graph, AOTAutograd) use the"
+            " store (see [torch.compile](torch-compile.md)); through the start-up hook when a process first"
+            " imports `torch._inductor.remote_cache` (on its own: `TUNECACHE_INSTALL` adds Triton's"
+            " Autotuners), or where code calls `tunecache.inductor.enable.enable()`",
         ),
         Setting(
             "TUNECACHE_INDUCTOR_KERNELS",
             "1",
             _switch,
-            "with TUNECACHE_INDUCTOR, the Triton kernels a process compiles are filed in the store (signed) and a"
-            " kernel the local Triton cache lacks is taken from there before Triton compiles it (not where"
-            " TRITON_CACHE_MANAGER names a cache manager of your own)",
+            "with `TUNECACHE_INDUCTOR`: the Triton kernels a process compiles are filed in the store (signed)"
+            " and a kernel its local Triton cache lacks is taken from there before Triton compiles it (see"
+            " [torch.compile](torch-compile.md)); off where `TRITON_CACHE_MANAGER` names a cache manager of"
+            " your own",
         ),
         Setting(
             "TUNECACHE_SUMMARY",
             "0",
             _switch,
-            "each process that used tunecache writes one line on stderr as it ends: kernels covered, hits,"
-            " benchmarks, preloaded and skipped, seconds saved and spent benchmarking; and one for torch.compile's"
-            " store: served, computed, put, lease waits and their seconds, untrusted",
+            "`1`: each process that used tunecache writes one line on stderr as it ends, e.g. `tunecache: 36"
+            " kernels covered, 1,296 hits, 0 benchmarks, 48 preloaded (0 skipped), saved 52.1 s, spent 0.0 s"
+            " benchmarking` (a restart that did what it should: 0 benchmarks). Written straight to stderr,"
+            ' not logged: with only `TUNECACHE_INSTALL=1` the "tunecache" logger has no handler and would'
+            " show warnings only. A process whose torch.compile used the store adds a line of its own:"
+            " `tunecache: torch.compile: 41 served, 0 computed, 0 put, 1 lease wait (3.2 s), 0 untrusted`. A"
+            " process that did nothing with tunecache says nothing; a forked or multiprocessing child says"
+            " what it did itself, with its pid, also when a pool ends it with SIGTERM",
         ),
         Setting(
             "TUNECACHE_METRICS",
             "1",
             _switch,
-            "where prometheus_client is installed, a process that opens a store shows tunecache's counters in"
-            " prometheus_client's default registry (the /metrics its server already serves, once the program"
-            " imports it), or, under PROMETHEUS_MULTIPROC_DIR, in that directory for the server's multiprocess"
-            " collector to sum",
+            "where `prometheus_client` is installed (the `metrics` extra), a process that opens a store shows"
+            " tunecache's counters on the Prometheus `/metrics` it already serves (prometheus_client's"
+            " default registry, once the program imports it: tunecache never imports it first), or, under"
+            " `PROMETHEUS_MULTIPROC_DIR`, in that directory for the server's multiprocess collector to sum;"
+            " `0`: not (see [Metrics](metrics.md))",
         ),
         Setting(
             "TUNECACHE_METRICS_PORT",
             None,
             _listen,
-            "[HOST:]PORT: the first process that opens a store also serves /metrics there (every interface when"
-            " only a port is given), for a program that serves no metrics of its own; unset: none",
+            "`PORT` or `HOST:PORT`: the first process that opens a store also serves `/metrics` there (every"
+            " interface when only a port is given), for a program that serves no metrics of its own",
+            when_unset="unset",
         ),
-        Setting("TUNECACHE_CPU_BENCH_REPS", "3", _count(1), "repetitions of the CPU timer under TRITON_INTERPRET=1"),
         Setting(
-            "TUNECACHE_TARGET_OVERRIDE", None, _json_object, "JSON object replacing detected target fields (tests)"
+            "TUNECACHE_CPU_BENCH_REPS", "3", _count(1), "repetitions of the CPU timer used under `TRITON_INTERPRET=1`"
+        ),
+        Setting(
+            "TUNECACHE_TARGET_OVERRIDE",
+            None,
+            _json_object,
+            "JSON object replacing detected target fields: for simulations and tests only",
+            when_unset="unset",
         ),
         Setting(
             "TUNECACHE_BINARIES",
             "1",
             _switch,
-            "upload the winners' compiled binaries after tuning; place stored ones into Triton's cache at start",
+            "after storing its results, a tuning process uploads what Triton compiled for each winner (binary"
+            " and metadata, sha256-addressed, bound to Triton's cache key), and a starting process places the"
+            " stored ones its Triton cache lacks, verified, so a fresh host compiles nothing; `0` does"
+            " neither (see [Binaries](binaries.md))",
         ),
         Setting(
             "TUNECACHE_COMPANIONS",
             "1",
             _switch,
-            "file the plain @triton.jit kernels a process launches with its last-resolved tuned kernel; preload them",
+            "watch Triton's `jit_post_compile_hook` (called once per compiled specialisation, never on the"
+            " launch path; a hook set before is chained): every plain `@triton.jit` kernel a process compiles"
+            " is filed, in the background, as a companion of the tuned kernel it resolved last, with its"
+            " binaries; a restart's preload loads those companions with the winners, so their first launch"
+            " loads nothing. `0`: neither (see [Binaries](binaries.md)); a readwrite process still watches"
+            ' its tuned kernels\' compiles ([Binaries](binaries.md), "After a comment edit")',
         ),
         Setting(
             "TUNECACHE_BINARY_MAX_BYTES",
             "2M",
             _bytes_up_to(MAX_BINARY_BYTES),
-            f"largest binary uploaded (metadata included); at most {MAX_BINARY_BYTES} (an export line's room)",
+            f"a binary (with its metadata) larger than this is not uploaded; at most {MAX_BINARY_BYTES / (1 << 20):g}"
+            " MiB, so that it fits"
+            " an export line",
         ),
         Setting(
             "TUNECACHE_KERNEL_BINARIES_MAX_BYTES",
             "64M",
             _bytes_up_to(1 << 40),
-            "most binary bytes stored per kernel source (all its targets); further binaries are not uploaded",
+            "binaries of one kernel source (all its targets) stop being uploaded past this many bytes",
         ),
         Setting(
             "TUNECACHE_TRUSTED_KEYS",
             None,
             _text,
-            "public keys (files or `tunecache-ed25519 ...` text, comma-separated) whose signed exports may be "
-            "imported and whose signed binaries, host modules and launch specs are placed and preloaded",
+            "public keys (a `.pub` file made by `tunecache keygen`, or its `tunecache-ed25519 ...` text;"
+            " comma-separated) whose signed exports `import` accepts (set: every import must be signed by one"
+            " of them, unless `--trust-unsigned`), and whose signed binaries, host modules and launch specs a"
+            " process places and preloads (see [Trust model](trust.md))",
+            when_unset="unset",
         ),
         Setting(
             "TUNECACHE_SIGNING_KEY",
             None,
             _text,
-            "private key (made by `tunecache keygen`) this process signs the binaries, host modules and launch "
-            "specs it stores with; unset: they are stored unsigned",
+            "a private key made by `tunecache keygen`: a tuning process signs every binary, host module and"
+            " launch spec it stores with it; unset: they are stored unsigned (placed only from a store"
+            " trusted as a whole)",
+            when_unset="unset",
         ),
         Setting(
             "TUNECACHE_TRUST_STORE",
             "auto",
             _trust_store,
-            "yes: place and preload every binary, host module and launch spec of the store, signed or not; no: "
-            "only those signed by a trusted key; auto: yes for a SQLite file only this user can write, else no",
+            "`yes`: place and preload every binary, host module and launch spec of the store, signed or not;"
+            " `no`: only those a key of `TUNECACHE_TRUSTED_KEYS` signed; `auto`: `yes` for a SQLite file only"
+            " this user can write (the default store), else `no`",
         ),
     )
 }

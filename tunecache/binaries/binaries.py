@@ -12,8 +12,8 @@ binaries its Triton cache lacks and writes those into it through Triton's own ca
 compile), each one verified first (:func:`problems_of`): its content hash, that its metadata is
 filed under the key it claims, that its file names are plain names. Triton's compile of that
 specialisation, by the preload or by the first launch, is then a cache hit: it loads, it does not
-compile. Why this seam and not ``TRITON_CACHE_MANAGER`` or ``TRITON_REMOTE_CACHE_BACKEND``: README,
-"Binaries".
+compile. Why this seam and not ``TRITON_CACHE_MANAGER`` or ``TRITON_REMOTE_CACHE_BACKEND``:
+docs/binaries.md, "Which seam".
 
 Nothing here is on the launch path, and all of it is best effort: a binary that is missing,
 too large or fails a check is left out, and Triton compiles that kernel as it always did.

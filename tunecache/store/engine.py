@@ -1,6 +1,6 @@
 """Engine: store URLs (defaults, parsing, masking) and the SQLAlchemy engine for each backend.
 
-SQLite settings, set explicitly on every connection (see also the README):
+SQLite settings, set explicitly on every connection (see also docs/images.md):
 
 =================  ===========  ==================================================================
 pragma             value        why

@@ -35,7 +35,7 @@ from tunecache.settings import MAX_BINARY_BYTES
 
 #: The largest row of code a read returns, by table: a binary or host module as large as one may be
 #: uploaded or imported; a launch spec (a few KiB) as large as an export line; a torch.compile entry
-#: 256 MiB (max-autotune's largest FX graph measured so far: 44 MB, README).
+#: 256 MiB (max-autotune's largest FX graph measured so far: 44 MB, docs/torch-compile.md).
 MAX_ROW_BYTES: dict[str, int] = {"binaries": MAX_BINARY_BYTES, "launch_specs": 4 << 20, "inductor_entries": 256 << 20}
 
 

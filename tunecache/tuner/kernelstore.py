@@ -333,7 +333,7 @@ class KernelStore:
             if where == "spool"
             else f"not listed: {missspool.path()} is not writable (TUNECACHE_MISS_SPOOL)"
         )
-        # One line a worker prints at every start: short (the README's "Images" section says the rest).
+        # One line a worker prints at every start: short (docs/images.md says the rest).
         log.warning(
             "tunecache: read-only store %s (%s): misses are benchmarked at every start and not kept (%s); "
             "tune them with `tunecache warm`, or set TUNECACHE_MODE=offline (no benchmarks) or readonly (quiet)",

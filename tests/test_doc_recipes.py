@@ -1,5 +1,5 @@
-"""The README's recipes, run as written (issue 26): what a newcomer copies must work. Real processes:
-the ``tunecache`` console script, from a shell."""
+"""The recipes of the README and of the documentation site (docs/), run as written (issue 26): what
+a newcomer copies must work. Real processes: the ``tunecache`` console script, from a shell."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ from pathlib import Path
 from realcli import tc
 
 ROOT = Path(__file__).resolve().parent.parent
-README = (ROOT / "README.md").read_text()
+DOCS = ROOT / "docs"
+#: The README and every page of the site but the benchmark records, where install lines are shown.
+PAGES = [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
 
 HOSTS = 3
 # What each "host" tunes: three keys of a tiny kernel.
@@ -27,11 +29,12 @@ WARM = """
 """
 
 
-def block_after(marker: str) -> str:
-    """The first fenced code block after ``marker`` in the README."""
-    at = README.index(marker)
-    m = re.search(r"```\w*\n(.*?)```", README[at:], re.S)
-    assert m, f"no code block after {marker!r}"
+def block_after(marker: str, page: str) -> str:
+    """The first fenced code block after ``marker`` in ``docs/<page>``."""
+    text = (DOCS / page).read_text()
+    at = text.index(marker)
+    m = re.search(r"```\w*\n(.*?)```", text[at:], re.S)
+    assert m, f"no code block after {marker!r} in docs/{page}"
     return m.group(1)
 
 
@@ -44,8 +47,8 @@ def _recipe_env() -> dict[str, str]:
     }
 
 
-def test_multi_host_timings_on_one_machine_as_the_readme_says(tmp_path):
-    script = block_after("Several hosts' timings on one machine")
+def test_multi_host_timings_on_one_machine_as_the_docs_say(tmp_path):
+    script = block_after("Several hosts' timings on one machine", "report.md")
     assert "TUNECACHE_HOST_ID" in script and "tunecache hosts" in script, script
     (tmp_path / "mymodel.py").write_text(textwrap.dedent(WARM))
     r = subprocess.run(
@@ -72,8 +75,8 @@ IMAGE_MODEL = """
 """
 
 
-def test_the_image_flow_serves_every_key_from_the_one_file_as_the_readme_says(tmp_path):
-    script = block_after("The simplest image")
+def test_the_image_flow_serves_every_key_from_the_one_file_as_the_docs_say(tmp_path):
+    script = block_after("The simplest image", "images.md")
     assert "chmod 444" in script and "cp tuned.sqlite3" in script and "TUNECACHE_MODE=offline" in script, script
     (tmp_path / "mymodel.py").write_text(textwrap.dedent(IMAGE_MODEL))
     r = subprocess.run(
@@ -81,45 +84,50 @@ def test_the_image_flow_serves_every_key_from_the_one_file_as_the_readme_says(tm
     )
     assert r.returncode == 0, r.stderr[-3000:]
     said = r.stdout.strip().splitlines()[-1]
-    promised = re.search(r"# -> (.*)", script).group(1)  # what the README says the check prints
+    promised = re.search(r"# -> (.*)", script).group(1)  # what the page says the check prints
     assert re.sub(r"in [\d.]+s", "", said) == re.sub(r"in [\d.]+s", "", promised), (said, promised)
     assert said.endswith("3 hits, 0 misses, 0 configs benchmarked"), said
     assert os.listdir(tmp_path / "rootfs" / "opt" / "tunecache") == ["store.sqlite3"]  # nothing written beside it
 
 
 def test_installing_from_a_checkout_names_every_extra():
-    text = block_after("Installing from a checkout")
+    text = block_after("## Installing from a checkout", "getting-started.md")
     table = (ROOT / "pyproject.toml").read_text().split("[project.optional-dependencies]", 1)[1].split("\n[", 1)[0]
     extras = re.findall(r"^(\w+)\s*=", table, re.M)  # (no tomllib on Python 3.10)
     assert "postgres" in extras, extras
     assert "pip install -e ." in text, text
-    section = README[README.index("Installing from a checkout") :].split("\n## ", 1)[0]
+    page = (DOCS / "getting-started.md").read_text()
+    section = page[page.index("## Installing from a checkout") :].split("\n## ", 1)[0]
     for name in extras:
-        assert f"[{name}]" in section or f"`{name}`" in section, f"extra {name!r} not in the README"
+        assert f"[{name}]" in section or f"`{name}`" in section, f"extra {name!r} not in docs/getting-started.md"
 
 
-def _readme_install_lines() -> list[str]:
-    """Every ``pip install`` line of the README's code blocks, as written (its comment dropped), but
-    the CPU build of torch from PyTorch's index: tests/test_packaging.py runs that one, with the
-    lines after it, in a fresh venv (test_the_readme_install_lines_for_a_cpu_machine_work_in_a_fresh_venv)."""
+def _documented_install_lines() -> list[str]:
+    """Every ``pip install`` line of the code blocks of the README and the site's pages, as written (its
+    comment dropped), but the CPU build of torch from PyTorch's index: tests/test_packaging.py runs that
+    one, with the lines after it, in a fresh venv
+    (test_the_documented_install_lines_for_a_cpu_machine_work_in_a_fresh_venv)."""
     lines = []
-    for block in re.findall(r"```\w*\n(.*?)```", README, re.S):
+    blocks = [b for page in PAGES for b in re.findall(r"```\w*\n(.*?)```", page.read_text(), re.S)]
+    for block in blocks:
         for line in block.splitlines():
             cmd = line.split(" #")[0].strip()
             if cmd.startswith("pip install") and "download.pytorch.org" not in cmd:
                 lines.append(cmd)
-    return lines
+    return list(dict.fromkeys(lines))  # each line once, in order of appearance
 
 
-def test_every_install_line_of_the_readme_works_from_the_checkout(tmp_path):
+def test_every_install_line_of_the_docs_works_from_the_checkout(tmp_path):
     """tunecache is on no package index: each install line, run as written in the checkout (in a
     fresh venv that sees this one's dependencies, so nothing is downloaded), installs this tunecache
     with the extras it names; none may reach for a package index."""
     import shutil
     import sysconfig
 
-    lines = _readme_install_lines()
-    assert lines, "the README shows no install line"
+    lines = _documented_install_lines()
+    assert lines, "neither the README nor docs/ shows an install line"
+    readme = (ROOT / "README.md").read_text()
+    assert any(line in readme for line in lines), "the README shows no install line"
     checkout = tmp_path / "checkout"
     files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
     for f in files:
