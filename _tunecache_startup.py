@@ -85,18 +85,24 @@ def _install() -> None:
 
     This runs inside whichever import reached Triton first, possibly a half-imported tunecache
     module (``from tunecache import autotune``): only ``tunecache.tuner.basepatch``, which needs no other
-    tunecache module, is imported here, not ``tunecache.tuner.decorator``."""
+    tunecache module, is imported here, not ``tunecache.tuner.decorator``; the patch imports what it
+    calls (:func:`_covering`) at its first call, once every import has finished."""
     try:
         from tunecache import settings
         from tunecache.tuner import basepatch
 
         if settings.usable() and settings.get("TUNECACHE_INSTALL"):  # a bad value: one warning, stock Triton
-            basepatch.patch()
+            basepatch.patch(load=_covering)
             _check_keys()
     except Exception as e:  # noqa: BLE001
         import logging
 
         logging.getLogger("tunecache").warning("tunecache: TUNECACHE_INSTALL: not installed: %r", e)
+
+
+def _covering() -> None:
+    """Import ``tunecache.tuner.adoption``, which hands the patch what it calls (``basepatch.cover``)."""
+    import tunecache.tuner.adoption  # noqa: F401
 
 
 def _check_keys() -> None:

@@ -299,3 +299,109 @@ def test_the_layer_check_sees_upward_imports_and_stray_sql(tmp_path, monkeypatch
         "tunecache/report/r.py:2",
         "tunecache/store/w.py:2",
     ], layering_violations()
+
+
+# ---- the tuner without its circle (issue 46) ------------------------------------------------------
+
+TUNER = "tunecache.tuner"
+#: Calls that import or find a module by its name: ``importlib.import_module("x")``, ``__import__("x")``.
+_BY_NAME_CALLS = {"import_module", "__import__"}
+
+
+def _named_module(node: ast.expr, modules: set[str]) -> str | None:
+    return node.value if isinstance(node, ast.Constant) and node.value in modules else None
+
+
+def tuner_import_graph(root: Path | None = None) -> dict[str, set[str]]:
+    """module -> the modules of tunecache/tuner it imports: at module level or inside a function,
+    ``import``/``from ... import`` (a module imported by ``from tunecache.tuner import x`` too), and
+    lookups by name (``importlib.import_module``, ``__import__``, ``sys.modules[...]`` or ``.get``)."""
+    directory = (root or ROOT) / "tunecache" / "tuner"
+    paths = {}
+    for path in sorted(directory.glob("*.py")):
+        paths[TUNER if path.stem == "__init__" else f"{TUNER}.{path.stem}"] = path
+    modules = set(paths)
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for name, path in paths.items():
+        edges = graph[name]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                edges.update(a.name for a in node.names if a.name in modules)
+            elif isinstance(node, ast.ImportFrom):
+                src = _absolute(name, name == TUNER, node)
+                edges.update(f"{src}.{a.name}" for a in node.names if f"{src}.{a.name}" in modules)
+                if src in modules and src != TUNER:
+                    edges.add(src)
+            elif isinstance(node, ast.Call):
+                f = node.func
+                called = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
+                if called in _BY_NAME_CALLS or (called == "get" and "sys.modules" in ast.unparse(f)):
+                    edges.update(m for a in node.args[:1] if (m := _named_module(a, modules)))
+            elif isinstance(node, ast.Subscript) and ast.unparse(node.value) == "sys.modules":
+                edges.update(m for m in [_named_module(node.slice, modules)] if m)
+        edges.discard(name)
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` as the path around it (first module repeated at the end), or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(m: str) -> list[str] | None:
+        state[m] = 1
+        path.append(m)
+        for n in sorted(graph.get(m, ())):
+            if state.get(n) == 1:
+                return path[path.index(n) :] + [n]
+            if n not in state and (found := visit(n)):
+                return found
+        path.pop()
+        state[m] = 2
+        return None
+
+    for m in sorted(graph):
+        if m not in state and (found := visit(m)):
+            return found
+    return None
+
+
+def test_the_tuner_imports_only_downwards():
+    """tunecache/tuner is layered: no module reaches a module that imports it back, not even
+    lazily inside a function or by name (issue 46: basepatch looked up adoption, which imports
+    autotuner, which imports basepatch). What is needed from above is registered from there."""
+    cycle = find_cycle(tuner_import_graph())
+    assert cycle is None, "tunecache/tuner imports in a circle: " + " -> ".join(cycle)
+
+
+def test_the_tuner_graph_sees_every_kind_of_import(tmp_path):
+    """The check itself: each kind of import makes an edge, and a circle through one is found."""
+    tuner = tmp_path / "tunecache" / "tuner"
+    tuner.mkdir(parents=True)
+    files = {
+        "__init__.py": '"""Nothing."""\n',
+        "a.py": "from tunecache.tuner import b\n",
+        "b.py": "def f():\n    from . import c\n",
+        "c.py": "import importlib\ndef f():\n    return importlib.import_module('tunecache.tuner.d')\n",
+        "d.py": "import sys\ndef f():\n    return sys.modules['tunecache.tuner.e']\n",
+        "e.py": "import sys\ndef f():\n    return sys.modules.get('tunecache.tuner.f')\n",
+        "f.py": "from tunecache.tuner.g import x\n",
+        "g.py": "def f():\n    import tunecache.tuner.a\n",
+        "h.py": '"""See tunecache.tuner.a."""\nfrom tunecache.tuner import settings_like\n',
+    }
+    for rel, text in files.items():
+        (tuner / rel).write_text(text)
+    graph = tuner_import_graph(tmp_path)
+    t = "tunecache.tuner."
+    assert {m: sorted(e) for m, e in graph.items() if e} == {
+        t + "a": [t + "b"],
+        t + "b": [t + "c"],
+        t + "c": [t + "d"],
+        t + "d": [t + "e"],
+        t + "e": [t + "f"],
+        t + "f": [t + "g"],
+        t + "g": [t + "a"],
+    }
+    assert find_cycle(graph) == [t + x for x in "abcdefga"]
+    graph[t + "g"].clear()
+    assert find_cycle(graph) is None

@@ -9,6 +9,8 @@ between the library's class and Autotuner, so the library's own methods still ru
 :func:`release`\\ s them.
 
 Kept apart from :mod:`tunecache.tuner.autotuner` (the hooks themselves), which knows nothing of this.
+Importing this module hands :func:`covering_init` and :func:`covering_run` to the patch
+(:func:`tunecache.tuner.basepatch.cover`), which lies below every module that uses it.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from triton.runtime.autotuner import Autotuner
 from tunecache import counters, settings
 from tunecache.identity import kernel_name
 from tunecache.settings import current_mode
-from tunecache.tuner import background
+from tunecache.tuner import background, basepatch
 from tunecache.tuner.autotuner import BASE_INIT, BASE_RUN, TunecacheAutotuner, attach, detach
 from tunecache.tuner.firstcall import is_adopted, library_class, mark_adopted, report_uncovered, unmark_adopted
 
@@ -121,5 +123,8 @@ def release(tuner: Any) -> None:
         tuner.__class__ = cls
         background.unregister(tuner)
 
+
+basepatch.cover("__init__", covering_init)
+basepatch.cover("run", covering_run)
 
 __all__ = ["adopt", "covering_class", "covering_init", "covering_run", "release"]

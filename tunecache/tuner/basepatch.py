@@ -4,8 +4,10 @@ The start-up hook (``_tunecache_startup``) applies it right after Triton's packa
 initialising, from inside whichever import reached Triton first: possibly a tunecache module
 that is itself half-imported (``from tunecache import autotune`` imports Triton from
 ``tunecache.tuner.decorator``). So this module imports nothing of tunecache's, and nothing of Triton's
-at import time; the patched methods find :func:`tunecache.tuner.adoption.covering_init` and
-``covering_run`` at their first call, when every import has finished.
+at import time. It is the bottom of the tuner, never a caller of what is above it: what the patched
+methods call, :func:`tunecache.tuner.adoption.covering_init` and ``covering_run``, is handed to
+:func:`cover` when that module is imported. The start-up hook, which cannot import it yet, hands
+:func:`patch` a function that imports it, called at the first patched call that finds nothing covering it.
 """
 
 from __future__ import annotations
@@ -20,8 +22,13 @@ LOCK = threading.RLock()
 _MISSING = object()
 _replaced: dict[str, Any] = {}  # name -> what Autotuner's own __dict__ held (restored by restore())
 _triton: dict[str, Callable[..., Any]] = {}  # name -> Triton's own method, as first found
-_covering: dict[str, Callable[..., Any]] = {}  # name -> tunecache.tuner.adoption's covering_*, once imported
+_covering: dict[str, Callable[..., Any]] = {}  # name -> what cover() was handed (adoption's covering_*)
+_load: list[Callable[[], object]] = []  # what patch() was handed to import the module that covers them
 NAMES = ("__init__", "run")
+
+
+class NotCoveredError(LookupError):
+    """A patched method was called with nothing to call: neither :func:`cover` nor ``patch(load=...)`` ran."""
 
 
 def _autotuner() -> type:
@@ -36,10 +43,20 @@ def original(name: str) -> Callable[..., Any]:
         return _triton.get(name) or getattr(_autotuner(), name)
 
 
-def _resolve(name: str) -> Callable[..., Any]:
-    from tunecache.tuner import adoption
+def cover(name: str, fn: Callable[..., Any]) -> None:
+    """What the patched ``Autotuner.<name>`` calls (with the instance and the call's arguments)."""
+    if name not in NAMES:
+        raise ValueError(f"Autotuner.{name} is not patched (only {', '.join(NAMES)})")
+    _covering[name] = fn
 
-    fn = _covering[name] = getattr(adoption, "covering_" + name.strip("_"))
+
+def _resolve(name: str) -> Callable[..., Any]:
+    """The covering function of a patched call made before :func:`cover`: loaded now."""
+    for load in list(_load):
+        load()
+    fn = _covering.get(name)
+    if fn is None:
+        raise NotCoveredError(f"tunecache: Autotuner.{name} is patched, but nothing covers it")
     return fn
 
 
@@ -54,10 +71,14 @@ def _patched(name: str, base: Callable[..., Any]) -> Callable[..., Any]:
     return patched
 
 
-def patch() -> None:
-    """Patch ``Autotuner.__init__`` and ``run`` (idempotent)."""
+def patch(load: Callable[[], object] | None = None) -> None:
+    """Patch ``Autotuner.__init__`` and ``run`` (idempotent). ``load``: imports what will :func:`cover`
+    them, called at the first patched call that finds nothing there (the start-up hook's, which runs
+    inside Triton's import, where tunecache's own modules may be half-imported)."""
     autotuner = _autotuner()  # outside the lock: this import may run the start-up hook, which patches
     with LOCK:
+        if load is not None and load not in _load:
+            _load.append(load)
         if _replaced:
             return
         for name in NAMES:
@@ -86,4 +107,4 @@ def patched() -> bool:
     return bool(_replaced)
 
 
-__all__ = ["LOCK", "NAMES", "original", "patch", "patched", "restore"]
+__all__ = ["LOCK", "NAMES", "NotCoveredError", "cover", "original", "patch", "patched", "restore"]

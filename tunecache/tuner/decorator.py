@@ -14,7 +14,7 @@ from tunecache import settings, signing
 from tunecache.binaries import preload
 from tunecache.settings import current_mode
 from tunecache.store.store import Store
-from tunecache.tuner import background, basepatch
+from tunecache.tuner import adoption, background, basepatch, companions, firstcall
 from tunecache.tuner.autotuner import TunecacheAutotuner
 
 
@@ -87,7 +87,7 @@ def install() -> None:
     start-up hook instead warns once and leaves Triton as it is).
     """
     settings.check_all()
-    basepatch.patch()
+    basepatch.patch()  # covered by tunecache.tuner.adoption, imported above
     signing.warn_key_files()  # a key file that cannot be read: one line now, not silence until a lookup
 
 
@@ -95,8 +95,6 @@ def uninstall() -> None:
     """Undo :func:`install`: Autotuner's own ``__init__`` and ``run`` back (the very objects), and every
     instance it adopted back to its own class and ``cache_results``. Kernels built with
     ``tunecache.autotune`` stay tunecache's."""
-    from tunecache.tuner import adoption, companions, firstcall
-
     with basepatch.LOCK:
         if not basepatch.restore():
             return
