@@ -54,6 +54,7 @@ TRACED = (
     "kernel_names",
     "get_kernel_problems",
     "get_specs",
+    "specs_elsewhere",
     "record_hits",
     "bump_stats",
     "record_miss",
@@ -64,11 +65,15 @@ import json, sys
 from tunecache.cli import demo
 from tunecache.store import store as S
 calls, depth = [], [0]
+def plain(x):  # an argument as JSON holds it: a mapping as a dict, a set (get_specs' signer slots) sorted
+    if isinstance(x, dict):
+        return dict(x)
+    return sorted(x) if isinstance(x, (set, frozenset)) else x
 def wrap(name):
     f = getattr(S.Store, name)
     def w(self, *a, **k):
         if depth[0] == 0:
-            calls.append([name, [dict(x) if isinstance(x, dict) else x for x in a]])
+            calls.append([name, [plain(x) for x in a]])
         depth[0] += 1
         try:
             return f(self, *a, **k)

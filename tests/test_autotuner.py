@@ -782,8 +782,9 @@ def test_kill_9_of_the_benchmarking_process_is_recovered(request, kind, tmp_path
         import triton
         k = tinykernels.make_add(configs=tinykernels.CONFIGS[:2])
         k._do_bench = bench
+        t_start = time.time()
         tinykernels.launch(k, 100)
-        print(json.dumps({"stats": tunecache.stats()}))
+        print(json.dumps({"stats": tunecache.stats(), "t_start": t_start, "t_done": time.time()}))
     """)
     )
     env = {**os.environ, "TUNECACHE_URL": url, "PYTHONPATH": str(HERE), "TUNECACHE_LEASE_SECONDS": "5"}
@@ -792,12 +793,14 @@ def test_kill_9_of_the_benchmarking_process_is_recovered(request, kind, tmp_path
     waiter = subprocess.Popen([sys.executable, str(slow)], env=env, stdout=subprocess.PIPE, text=True)
     time.sleep(2.0)
     holder.kill()
-    t0 = time.time()
-    out, _ = waiter.communicate(timeout=60)
-    elapsed = time.time() - t0
+    t_kill = time.time()
+    out, _ = waiter.communicate(timeout=120)
     holder.wait()
-    assert elapsed <= 5 + 10
-    assert json.loads(out.strip().splitlines()[-1])["stats"]["benchmarks"] == 2
+    done = json.loads(out.strip().splitlines()[-1])
+    # From the kill (or the waiter's launch, if its imports ended later: on a loaded machine they
+    # took over 15 s) to the key resolved; the interpreter's start-up is not what is bounded.
+    assert done["t_done"] - max(t_kill, done["t_start"]) <= 5 + 10
+    assert done["stats"]["benchmarks"] == 2
     assert open_store(url).counts()["problems"] == 1
 
 
