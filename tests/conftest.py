@@ -169,6 +169,28 @@ def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     tunecache.uninstall()
 
 
+#: The lock the run's fleet tests share: scripts/test names one per run (TUNECACHE_TEST_FLEET_LOCK);
+#: a plain pytest run shares this machine's.
+FLEET_LOCK = os.environ.get("TUNECACHE_TEST_FLEET_LOCK") or os.path.join(
+    __import__("tempfile").gettempdir(), f"tunecache-test-fleet-{os.getuid()}.lock"
+)
+
+
+@pytest.fixture(autouse=True)
+def _one_fleet_at_a_time(request: pytest.FixtureRequest):
+    """A test marked ``fleet`` (16 processes started together, with bounds on how soon they finish)
+    runs while no other does, in any xdist worker: on a 2-core machine two such fleets at once starved
+    each other past their bounds (CI: a kill-9 survivor still running 60 s after the last kill).
+    The CPU is the bottleneck either way, so a worker waiting here costs the run little."""
+    if request.node.get_closest_marker("fleet") is None:
+        yield
+        return
+    from filelock import FileLock
+
+    with FileLock(FLEET_LOCK):
+        yield
+
+
 @pytest.fixture(params=["sqlite", "postgresql", "pgbouncer"])
 def fleet_url(request: pytest.FixtureRequest) -> str:
     """The multi-process cases: the embedded SQLite, the real PostgreSQL, and that PostgreSQL through

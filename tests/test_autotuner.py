@@ -751,6 +751,7 @@ def test_winner_within_tolerance_of_the_fastest_reuses_another_keys_winner(sqlit
 
 
 @pytest.mark.slow
+@pytest.mark.fleet
 def test_sixteen_processes_warm_36_buckets_once(fleet_url):
     store_url = fleet_url
     sizes = list(tunecache.buckets.SGLANG_CAPTURE_SIZES)

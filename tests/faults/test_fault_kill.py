@@ -41,6 +41,7 @@ def _check_whole(rows: list[tuple[str, str | None, int]]) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.fleet
 def test_kill_9_of_benchmarking_workers_16x36_on_postgresql(pg_url, tmp_path, fault_report):
     sizes = sorted(tunecache.buckets.SGLANG_CAPTURE_SIZES, reverse=True)
     open_store(pg_url).close()  # the schema exists: a concurrent first start is scenario 4
@@ -106,8 +107,9 @@ def test_kill_9_of_benchmarking_workers_16x36_on_postgresql(pg_url, tmp_path, fa
             time.sleep(0.1)
         assert len(kills) == KILLS, f"only {len(kills)} benchmarking holders could be killed"
         killed = {k["pid"] for k in kills}
-        survivors = [collect(p, 60) for p in workers.values() if p.pid not in killed]
-        again = [collect(p, 120) for p in restarted]
+        # Generous: what is bounded is when each one finished (below), not how long collecting takes.
+        survivors = [collect(p, 180) for p in workers.values() if p.pid not in killed]
+        again = [collect(p, 240) for p in restarted]
         last_kill = max(k["at"] for k in kills)
         for r in survivors + again:
             check_ok(r)
@@ -179,6 +181,7 @@ def test_kill_9_of_benchmarking_workers_16x36_on_postgresql(pg_url, tmp_path, fa
 
 
 @pytest.mark.slow
+@pytest.mark.fleet
 def test_sixteen_processes_flush_counters_at_once_without_deadlock_or_loss(store_url, tmp_path, fault_report):
     """The deferred writes of a fleet (hit counts on the same rows, per-kernel counters) all land."""
     from builders import problem, results
