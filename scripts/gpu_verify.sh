@@ -3,6 +3,7 @@
 #
 #   run(command="bash scripts/gpu_verify.sh launch", carry=[".whl", ".upstream"])        # ~3 min
 #   run(command="bash scripts/gpu_verify.sh max-autotune", carry=[".whl"])               # ~4 min
+#   run(command="bash scripts/gpu_verify.sh library", carry=[".whl"])                    # ~6 min
 #   run(command="bash scripts/gpu_verify.sh one-host-per-gpu", carry=[".whl"], kind=...)  # 4+ GPUs
 #
 # launch        issue 37: Triton 3.6's own test_autotuner.py plain and under the start-up hook, the hit
@@ -11,6 +12,7 @@
 #               rolling upgrade (a fresh host of either version compiles nothing it could be served)
 # max-autotune  issue 35: four torch.compile hosts in max-autotune-no-cudagraphs, cold then warm, beside
 #               four stock hosts started together (the same contention), checked against the targets
+# library       issue 48: fla-core's restart against its second call and the floor, then profiled
 # one-host-per-gpu  issues 35/36: default mode and the sparse kernel with one host per GPU (--gpus), so
 #               that the ratios against a lone stock start carry no contention for one GPU
 #
@@ -23,7 +25,7 @@
 # the last line of its log.
 set -uo pipefail
 
-part=${1:?usage: scripts/gpu_verify.sh launch|max-autotune|one-host-per-gpu}
+part=${1:?usage: scripts/gpu_verify.sh launch|max-autotune|library|one-host-per-gpu}
 OUT=${OUT:-/tmp/gpu-verify-out}
 RAW=/tmp/gpu-verify-raw
 mkdir -p "$OUT" "$RAW"
@@ -50,7 +52,7 @@ step() {  # step NAME SECONDS COMMAND...: its output to $OUT/NAME.log (the tail)
 case $part in
 launch)
     step upstream 120 env OUT="$RAW/upstream" scripts/run_upstream_autotuner_tests.sh
-    step capture 120 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py -k "hit_path or capture"
+    step capture 150 env TUNECACHE_TEST_GPU=1 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py -k "hit_path or capture or target_info or restart or out_of_resources"
     step overhead 90 env TC_BENCH_PHASES=overhead python3 scripts/bench_gpu.py all --out "$RAW/overhead"
     step upgrade 180 python3 scripts/bench_rollout.py "$RAW/upgrade" --workloads sparse --scenarios upgrade \
         --no-stock --buckets 64,16,8,1 --check
@@ -60,6 +62,14 @@ max-autotune)
         --modes max-autotune-no-cudagraphs --scenarios cold,warm --seq 512 --stock-fleet --timeout 200 \
         --check --check-times
     ;;
+library)
+    # Issue 48, part 3: fla-core's restart, its first pass against its second call and against the
+    # floor (every winner in place before the first pass), three rounds side by side, then a
+    # profiled restart and a profiled floor: what the first pass still sets up.
+    step library 560 python3 scripts/bench_library.py --out "$RAW/library" --no-pth --repeat 3 --timeout 150 \
+        --profile --phases stock-cold,tunecache-first,tunecache-restart,tunecache-restart-floor,tunecache-restart-profiled,tunecache-restart-floor-profiled
+    cp "$RAW/library/bench_library.json" "$OUT/" 2>/dev/null
+    ;;
 one-host-per-gpu)
     gpus=$(nvidia-smi -L | wc -l)
     step default-per-gpu 280 python3 scripts/bench_rollout.py "$RAW/default" --workloads inductor --modes default \
@@ -68,7 +78,7 @@ one-host-per-gpu)
         --scenarios cold,warm --hosts "$gpus" --gpus "$gpus" --check --check-times
     ;;
 *)
-    echo "unknown part: $part (launch, max-autotune or one-host-per-gpu)" >&2
+    echo "unknown part: $part (launch, max-autotune, library or one-host-per-gpu)" >&2
     exit 2
     ;;
 esac
