@@ -107,9 +107,9 @@ def _covering() -> None:
 
 def _check_keys() -> None:
     """A trusted-keys or signing-key file that cannot be read: one line now, at start, not at the
-    first import or lookup (``tunecache.signing`` needs only the settings). Never raises."""
+    first import or lookup (``tunecache.trust.signing`` needs only the settings). Never raises."""
     try:
-        from tunecache import signing
+        from tunecache.trust import signing
 
         signing.warn_key_files()
     except Exception as e:  # noqa: BLE001

@@ -47,15 +47,15 @@ def main() -> None:
     from triton.compiler import make_backend
     from tunecache.kernels import sparse_decode_sm90 as sm90
 
-    from tunecache import signing
     from tunecache.binaries import binaries, preload
     from tunecache.buckets import SGLANG_CAPTURE_SIZES
-    from tunecache.configidentity import config_hash_of
     from tunecache.exchange import export, import_
-    from tunecache.identity import canonical_key, problem_digest
-    from tunecache.model import ConfigResult, Problem
+    from tunecache.problem.configidentity import config_hash_of
+    from tunecache.problem.identity import canonical_key, problem_digest
+    from tunecache.problem.model import ConfigResult, Problem
+    from tunecache.problem.target import Target
     from tunecache.store.opening import open_store
-    from tunecache.target import Target
+    from tunecache.trust import signing
 
     t0 = time.perf_counter()
     kernels = [sm90_build.compile_stage(bt, w, st, rows, gluon=True) for bt, w, st, rows in WINNERS]

@@ -32,11 +32,11 @@ from typing import Any
 import sqlalchemy as sa
 from benchkit import memory, procs, records, stores
 
-from tunecache.configidentity import config_hash_of, search_space_hash
-from tunecache.identity import canonical_json, problem_digest, sha256_hex
+from tunecache.problem.configidentity import config_hash_of, search_space_hash
+from tunecache.problem.identity import canonical_json, problem_digest, sha256_hex
+from tunecache.problem.target import Target
 from tunecache.store.opening import open_store
 from tunecache.store.schema import configs, problems
-from tunecache.target import Target
 
 PG_URL = os.environ.get("TUNECACHE_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 CONFIGS_PER_PROBLEM = 12

@@ -130,7 +130,7 @@ def main() -> None:
 
 def fill_inductor(url: str, mib: int) -> None:
     """``mib`` torch.compile entries of 1 MiB (random bytes: what gzip cannot shrink), unsigned."""
-    from tunecache.model import InductorEntry
+    from tunecache.problem.model import InductorEntry
     from tunecache.store.opening import open_store
 
     target = {"backend": "cuda", "arch": "sm90", "device_name": "NVIDIA H200", "driver_version": "13000"}

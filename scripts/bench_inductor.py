@@ -169,7 +169,7 @@ class Bench:
 
     def clear_store(self, url: str) -> None:
         """A shared store starts without torch.compile entries (the first start fills it)."""
-        from tunecache.model import INDUCTOR_KINDS
+        from tunecache.problem.model import INDUCTOR_KINDS
         from tunecache.store.opening import open_store
 
         s = open_store(url)

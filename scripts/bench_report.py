@@ -38,8 +38,8 @@ from benchkit import memory, procs, timing  # noqa: E402
 def generate(url: str, n: int) -> None:
     from bench_exchange import KERNELS, TARGETS
 
-    from tunecache.configidentity import config_hash_of, search_space_hash
-    from tunecache.identity import canonical_json, problem_digest, sha256_hex
+    from tunecache.problem.configidentity import config_hash_of, search_space_hash
+    from tunecache.problem.identity import canonical_json, problem_digest, sha256_hex
     from tunecache.store.opening import open_store
 
     store = open_store(url)

@@ -24,10 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_exchange import PG_URL, fill, generate  # noqa: E402
 from benchkit import records, stores, timing  # noqa: E402
 
-from tunecache.identity import problem_digest  # noqa: E402
-from tunecache.model import ConfigResult, Problem
+from tunecache.problem.identity import problem_digest  # noqa: E402
+from tunecache.problem.model import ConfigResult, Problem
+from tunecache.problem.target import Target  # noqa: E402
 from tunecache.store.opening import open_store  # noqa: E402
-from tunecache.target import Target  # noqa: E402
 
 H200 = Target("cuda", "sm90", "NVIDIA H200", 132, 232448, 32, "13000", "580.159.04", "13.0", "3.6")
 

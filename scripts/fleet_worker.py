@@ -37,9 +37,9 @@ def simulated_start(url: str, plan: list[list[Any]], keep: list[Any] | None = No
 def storm_worker(url: str, digest: str, host_lock: threading.Lock, bench_s: float, deadline: float) -> dict:
     """One worker missing ``digest``: the autotuner's single flight, call for call (host file lock,
     lease, re-check, benchmark, put, release; or poll with back-off until the result is stored)."""
-    from tunecache.model import ConfigResult
+    from tunecache.problem.model import ConfigResult
+    from tunecache.problem.target import hostname
     from tunecache.store.opening import open_store
-    from tunecache.target import hostname
 
     store = open_store(url)
     t0 = time.perf_counter()
@@ -73,8 +73,8 @@ def storm_worker(url: str, digest: str, host_lock: threading.Lock, bench_s: floa
 
 
 def _storm_problem(digest: str) -> Any:
-    from tunecache.model import Problem
-    from tunecache.target import Target
+    from tunecache.problem.model import Problem
+    from tunecache.problem.target import Target
 
     t = Target("cuda", "sm90", "NVIDIA H200", 132, 232448, 32, "13100", "590.1", "13.1", "3.6")
     return Problem(digest, "bench.storm", "f" * 64, t, '[["B", 1]]', batch_bucket=1)

@@ -136,8 +136,8 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         counted_put = counting_put(put, by_kind, put_keys)
         InductorStore.get, InductorStore.put = counted_get, counted_put  # type: ignore[method-assign]
 
-        from tunecache import counters as tc_counters
         from tunecache.inductor import leases
+        from tunecache.process import counters as tc_counters
 
         on_miss = leases.on_miss
 

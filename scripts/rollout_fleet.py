@@ -208,7 +208,7 @@ class Fleet:
             return stores.sqlite_url(self.out / "stores" / f"{name}.sqlite3", fresh=True)
         import datetime as dt
 
-        from tunecache.model import INDUCTOR_KINDS
+        from tunecache.problem.model import INDUCTOR_KINDS
         from tunecache.store.opening import open_store
 
         s = open_store(self.a.url)

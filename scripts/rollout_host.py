@@ -45,7 +45,7 @@ def sparse_child(spec: dict[str, Any]) -> dict[str, Any]:
     flights: dict[str, Any] = {"benchmarked": [], "leads": [], "wait_s": 0.0, "in_vain": 0}
     tuned = os.environ.get("TUNECACHE_INSTALL") == "1" and os.environ.get("TUNECACHE_MODE") != "off"
     if tuned:
-        from tunecache import counters
+        from tunecache.process import counters
         from tunecache.tuner import singleflight
 
         singleflight.run = timed_run(singleflight.run, ran, flights, lambda: counters.stats()["waits"])

@@ -34,10 +34,10 @@ from triton.compiler import ASTSource, CompiledKernel, make_backend  # noqa: E40
 
 import tunecache  # noqa: E402
 from tunecache.binaries import binaries, preload  # noqa: E402
-from tunecache.identity import canonical_key, problem_digest  # noqa: E402
-from tunecache.model import COMPANION_CONFIG, ConfigResult, Problem  # noqa: E402
+from tunecache.problem.identity import canonical_key, problem_digest  # noqa: E402
+from tunecache.problem.model import COMPANION_CONFIG, ConfigResult, Problem  # noqa: E402
+from tunecache.problem.target import detect_target  # noqa: E402
 from tunecache.store.opening import open_store  # noqa: E402
-from tunecache.target import detect_target  # noqa: E402
 from tunecache.tuner import background, companions  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)

@@ -10,11 +10,11 @@ import json
 import textwrap
 from pathlib import Path
 
-from tunecache.configidentity import config_hash_of
-from tunecache.identity import canonical_key, problem_digest, sha256_hex
-from tunecache.model import ConfigResult, Problem
+from tunecache.problem.configidentity import config_hash_of
+from tunecache.problem.identity import canonical_key, problem_digest, sha256_hex
+from tunecache.problem.model import ConfigResult, Problem
+from tunecache.problem.target import Target
 from tunecache.store.opening import open_store
-from tunecache.target import Target
 
 H200 = Target("cuda", "sm90", "NVIDIA H200", 132, 232448, 32, "13000", "580.159.04", "13.0", "3.6")
 #: the source hash ``fill`` stores its problems under
@@ -117,7 +117,7 @@ def report_store(url: str, small_kernels: int = 62, misses: int = 50) -> None:
 
     import sqlalchemy as sa
 
-    from tunecache.model import CONFIG_COLUMNS, PROBLEM_COLUMNS, new_config_row, new_problem_row
+    from tunecache.problem.model import CONFIG_COLUMNS, PROBLEM_COLUMNS, new_config_row, new_problem_row
     from tunecache.store.schema import measurements
 
     store = open_store(url)

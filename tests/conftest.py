@@ -156,7 +156,7 @@ def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("TUNECACHE_CPU_BENCH_REPS", "1")
     import tunecache
-    from tunecache import counters, writeback
+    from tunecache.process import counters, writeback
     from tunecache.store import breaker
     from tunecache.store.opening import reset_shared_stores
 

@@ -25,8 +25,8 @@ from dataclasses import replace  # noqa: E402
 import tinykernels  # noqa: E402
 
 import tunecache  # noqa: E402
-from tunecache import counters, writeback  # noqa: E402
 from tunecache.metrics import exporter, families, mirror  # noqa: E402
+from tunecache.process import counters, writeback  # noqa: E402
 from tunecache.store import breaker, migrate, opening  # noqa: E402
 from tunecache.store.opening import open_store  # noqa: E402
 from tunecache.tuner import background, companions  # noqa: E402

@@ -36,7 +36,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import CompiledKernel  # noqa: E402
 
 import tunecache  # noqa: E402
-from tunecache import writeback  # noqa: E402
+from tunecache.process import writeback  # noqa: E402
 from tunecache.store.opening import open_store  # noqa: E402
 from tunecache.tuner import background  # noqa: E402
 from tunecache.tuner.measure import cpu_do_bench  # noqa: E402

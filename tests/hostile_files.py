@@ -16,12 +16,12 @@ from pathlib import Path
 
 import orjson
 
-from tunecache.configidentity import config_hash_of
 from tunecache.exchange import FORMAT_NAME, MAX_LINE_BYTES, export
-from tunecache.identity import canonical_key, problem_digest
-from tunecache.model import ConfigResult, Problem
+from tunecache.problem.configidentity import config_hash_of
+from tunecache.problem.identity import canonical_key, problem_digest
+from tunecache.problem.model import ConfigResult, Problem
+from tunecache.problem.target import Target
 from tunecache.store.opening import open_store
-from tunecache.target import Target
 
 H200 = Target("cuda", "sm90", "NVIDIA H200", 132, 232448, 32, "13000", "580.159.04", "13.0", "3.5")
 SOURCE = "5e" * 32

@@ -29,8 +29,8 @@ import time
 import torch._dynamo  # noqa: F401 - loaded before Inductor's caches, as by torch.compile
 from torch._inductor import remote_cache
 
-from tunecache import counters
 from tunecache.inductor import enable
+from tunecache.process import counters
 
 VALUE = {"data": "Y29tcGlsZWQgZ3JhcGg=", "time_taken_ms": 1234}
 

@@ -27,7 +27,7 @@ def main() -> None:
     from torch._dynamo.utils import counters
     from torch._inductor.remote_cache import RemoteFxGraphCache
 
-    from tunecache import counters as tc_counters
+    from tunecache.process import counters as tc_counters
 
     backend = getattr(RemoteFxGraphCache.backend_override_cls, "__name__", None)
     print(

@@ -7,7 +7,7 @@ does at that moment. Run as ``python tests/interrupt_after_commit.py ARGS`` (the
 - ``returned``: once the load (``Store.bulk_load``) has returned, before the import returns;
 - ``summary``: right after the command printed its summary line;
 - ``close``: as the store's connections are closed (its WAL checkpointed), after the summary;
-- ``exit``: in the process's last words at exit (:func:`tunecache.processend.at_end`).
+- ``exit``: in the process's last words at exit (:func:`tunecache.process.processend.at_end`).
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def _hook_the_summary() -> None:
 
 
 def _hook_the_exit() -> None:
-    from tunecache import processend
+    from tunecache.process import processend
 
     processend.at_end("tests.interrupt_after_commit", lambda: _ctrl_c("exit"), order=50)
 

@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import tinykernels  # noqa: E402
 
 import tunecache  # noqa: E402
-from tunecache.model import utcnow  # noqa: E402
+from tunecache.problem.model import utcnow  # noqa: E402
 from tunecache.store.opening import open_store  # noqa: E402
 
 SIZES = [16, 40, 72, 100]
@@ -37,7 +37,7 @@ _asleep = None  # a queue the workers say "asleep" on
 
 def init(asleep) -> None:
     global _asleep
-    from tunecache import writeback
+    from tunecache.process import writeback
 
     writeback.FLUSH_DELAY_S = 600.0  # the flusher would write nothing before the worker ends
     _asleep = asleep

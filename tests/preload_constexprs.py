@@ -36,7 +36,7 @@ from triton.compiler import CompiledKernel
 
 import tunecache
 from tunecache.binaries import preload
-from tunecache.model import LaunchSpec
+from tunecache.problem.model import LaunchSpec
 
 
 class Mode(enum.IntEnum):

@@ -31,7 +31,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, CompiledKernel, make_backend
 
 from tunecache.binaries import preload
-from tunecache.model import LaunchSpec
+from tunecache.problem.model import LaunchSpec
 
 TARGET = GPUTarget("cuda", 90, 32)
 SIG = {"X": "*fp32", "Y": "*fp32", "N": "i32", "BLOCK": "constexpr"}

@@ -22,7 +22,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource, CompiledKernel, make_backend  # noqa: E402
 
 from tunecache.binaries import preload  # noqa: E402
-from tunecache.model import LaunchSpec  # noqa: E402
+from tunecache.problem.model import LaunchSpec  # noqa: E402
 
 
 @triton.jit

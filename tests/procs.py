@@ -33,10 +33,10 @@ def warm(url: str, sizes: list[int], start_at: float) -> dict:
 
 def put(url: str, n: int, start_at: float) -> dict:
     """Put the same n digests as every sibling, at the same moment."""
-    from tunecache.identity import problem_digest
-    from tunecache.model import ConfigResult, Problem
+    from tunecache.problem.identity import problem_digest
+    from tunecache.problem.model import ConfigResult, Problem
+    from tunecache.problem.target import Target
     from tunecache.store.opening import open_store
-    from tunecache.target import Target
 
     t = Target("cuda", "sm90", "NVIDIA H200", 132, 232448, 32, "13000", "580.159.04", "13.0", "3.6")
     store = open_store(url)

@@ -44,12 +44,14 @@ import sqlalchemy as sa
 from realcli import tc
 from sqlalchemy.pool import NullPool
 
-from tunecache import counters, settings, signing, trust
+from tunecache import settings
 from tunecache.binaries import binaries, hostmodules, preload
 from tunecache.inductor.entries import InductorStore
-from tunecache.model import INDUCTOR_TARGET_FIELDS, Binary, LaunchSpec, binary_sha256
+from tunecache.problem.model import INDUCTOR_TARGET_FIELDS, Binary, LaunchSpec, binary_sha256
+from tunecache.process import counters
 from tunecache.store import schema
 from tunecache.store.opening import open_store
+from tunecache.trust import signing, trust
 from tunecache.tuner.kernelstore import KernelStore
 
 ROOT = Path(__file__).parent.parent
@@ -242,7 +244,7 @@ class Inductor(Family):
         return payload
 
     def forged(self, ctx: Ctx, ident: Any, signature: str | None, big: int = 0) -> dict[str, Any]:
-        from tunecache.model import InductorEntry
+        from tunecache.problem.model import InductorEntry
 
         value = b"EVIL" * (big // 4 + 1) if big else b"EVIL:" + self.payload(ident, "w")
         entry = InductorEntry(ident[0], ident[1], ident[2], value, DESC)

@@ -198,22 +198,28 @@ def test_the_check_sees_imports_of_test_files(tmp_path, monkeypatch):
 # ---- layers (issue 26) ----------------------------------------------------------------------------
 
 #: The core every layer shares: top-level modules of tunecache/ (tunecache/__init__.py, the public
-#: API, is exempt from the rule and may import anything).
+#: API, is exempt from the rule and may import anything). At most six of them (issue 46): the rest
+#: of the package is in packages named for what they are.
 CORE = "core"
 #: package -> rank; a module may import its own package, the core and lower ranks only. Packages
-#: of one rank (tuner and inductor; exchange and report) do not import each other.
+#: of one rank (problem and process; tuner and inductor; exchange and report) do not import each other.
 LAYERS = {
     CORE: 0,
-    "tunecache.store": 1,
-    "tunecache.binaries": 2,
-    "tunecache.metrics": 2,  # the counters as Prometheus metrics: read by the tuner and inductor's first store open
-    "tunecache.tuner": 3,
-    "tunecache.inductor": 3,  # torch.compile's remote caches on the store: beside the tuner, not on it
-    "tunecache.exchange": 4,
-    "tunecache.kernels": 4,  # the bundled kernels: built on the tuner, run by the CLI's demo
-    "tunecache.report": 4,
-    "tunecache.cli": 5,
+    "tunecache.problem": 1,  # what a tuning problem is: its identity, its config's, the data model, the target
+    "tunecache.process": 1,  # a process's life: forks, counters, its end, deferred writes, Ctrl-C
+    "tunecache.trust": 2,  # what is trusted: which signed rows are placed, the keys, what may be shared
+    "tunecache.store": 3,
+    "tunecache.binaries": 4,
+    "tunecache.metrics": 4,  # the counters as Prometheus metrics: read by the tuner and inductor's first store open
+    "tunecache.tuner": 5,
+    "tunecache.inductor": 5,  # torch.compile's remote caches on the store: beside the tuner, not on it
+    "tunecache.exchange": 6,
+    "tunecache.kernels": 6,  # the bundled kernels: built on the tuner, run by the CLI's demo
+    "tunecache.report": 6,
+    "tunecache.cli": 7,
 }
+#: The most modules tunecache/ keeps at its top (``__init__.py`` among them).
+TOP_LEVEL_MODULES = 6
 #: The SQL the project looks for: SQLAlchemy statements built or executed. Only tunecache/store/ may.
 SQL = re.compile(r"\b(sa|sqlalchemy)\.(select|insert|delete|update|text)\(|\.execute\(")
 
@@ -237,7 +243,7 @@ def imported_modules(module: str, is_package: bool, tree: ast.Module) -> list[tu
         elif isinstance(node, ast.ImportFrom):
             src = _absolute(module, is_package, node)
             if src == "tunecache" or src.startswith("tunecache."):
-                # ``from tunecache import model``: the module imported is tunecache.model
+                # ``from tunecache import settings``: the module imported is tunecache.settings
                 out += [(node.lineno, f"tunecache.{a.name}" if src == "tunecache" else src) for a in node.names]
     return out
 
@@ -273,14 +279,21 @@ def test_the_layer_check_sees_upward_imports_and_stray_sql(tmp_path, monkeypatch
     """The check itself, over a small tree: each kind of violation is flagged, the allowed cases not."""
     files = {
         "__init__.py": "from tunecache.tuner.t import x\n",  # exempt: the public API
-        "model.py": "from tunecache.store import s\n",  # core imports the store: flagged
+        "settings.py": "from tunecache.store import s\n",  # core imports the store: flagged
         "errors.py": "import tunecache.settings\n",  # core imports core: fine
+        "problem/__init__.py": "",
+        # a module of problem imports core (fine) and process, a sibling of the same rank (flagged)
+        "problem/model.py": "from tunecache import settings\nfrom tunecache.process import forks\n",
+        "process/__init__.py": "",
+        "process/forks.py": "def f():\n    from tunecache.trust import t\n",  # a lazy upward import: flagged
+        "trust/__init__.py": "",
+        "trust/t.py": "from tunecache.problem import model\nfrom tunecache.process.forks import f\n",  # fine
         "store/__init__.py": "",
-        "store/s.py": "import sqlalchemy as sa\nq = sa.select(1)\nfrom tunecache import model\n",  # fine
+        "store/s.py": "import sqlalchemy as sa\nq = sa.select(1)\nfrom tunecache.problem import model\n",  # fine
         "store/w.py": "def f():\n    from tunecache.tuner import t\n",  # a lazy upward import: flagged
         "tuner/__init__.py": "",
         "tuner/t.py": "from tunecache.store.s import q\nfrom . import u\nfrom tunecache import __version__\n",
-        "tuner/u.py": "",
+        "tuner/u.py": "from tunecache.trust import t\n",  # fine
         "exchange/__init__.py": "",
         "exchange/e.py": "from tunecache.report import r\n",  # a sibling of the same rank: flagged
         "report/__init__.py": "",
@@ -295,10 +308,33 @@ def test_the_layer_check_sees_upward_imports_and_stray_sql(tmp_path, monkeypatch
     found = sorted(v.split(": ", 1)[0] for v in layering_violations())
     assert found == [
         "tunecache/exchange/e.py:1",
-        "tunecache/model.py:1",
+        "tunecache/problem/model.py:2",
+        "tunecache/process/forks.py:2",
         "tunecache/report/r.py:2",
+        "tunecache/settings.py:1",
         "tunecache/store/w.py:2",
     ], layering_violations()
+
+
+def top_level_modules(root: Path | None = None) -> list[str]:
+    """The modules at the top of tunecache/ (``__init__.py`` among them)."""
+    return sorted(p.name for p in ((root or ROOT) / "tunecache").glob("*.py"))
+
+
+def test_the_top_level_keeps_at_most_six_modules():
+    """tunecache/'s top level is the core every layer shares (issue 46: "the top level by idea"): a
+    module of a tuning problem, of a process's life or of trust goes in problem/, process/ or trust/,
+    and anything else in a package named for what it is."""
+    found = top_level_modules()
+    assert "__init__.py" in found and len(found) <= TOP_LEVEL_MODULES, found
+
+
+def test_the_top_level_count_sees_every_module(tmp_path):
+    """The check itself: every .py at the top is counted, a package's modules are not."""
+    (tmp_path / "tunecache" / "process").mkdir(parents=True)
+    for name in ("__init__.py", "a.py", "b.py", "process/__init__.py", "process/forks.py"):
+        (tmp_path / "tunecache" / name).write_text("")
+    assert top_level_modules(tmp_path) == ["__init__.py", "a.py", "b.py"]
 
 
 # ---- the tuner without its circle (issue 46) ------------------------------------------------------

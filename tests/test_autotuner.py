@@ -23,7 +23,7 @@ from processes import run_json, run_procs
 
 import tunecache
 from tunecache import settings
-from tunecache.configidentity import ConfigIds, config_identity
+from tunecache.problem.configidentity import ConfigIds, config_identity
 from tunecache.store.opening import open_store
 from tunecache.tuner import autotuner as at
 from tunecache.tuner import background, measure
@@ -56,7 +56,7 @@ def test_restart_in_a_new_process_does_no_benchmarks(sqlite_url):
 
 FIRST_HIT = """
     import json, threading, time, tinykernels, tunecache
-    from tunecache import writeback
+    from tunecache.process import writeback
     writeback.FLUSH_DELAY_S = 0.2
     k = tinykernels.make_add()
     k.wait_for_prefetch()
@@ -548,7 +548,7 @@ def test_a_call_that_breaks_the_stored_winner_fails_and_leaves_the_store_alone(s
 def test_a_recorded_launch_spec_tells_the_stored_keys_constexprs_from_the_calls():
     """Issue 25.4, rules 3-5 of tunecache.tuner.blame: where the call passes a non-key constexpr, the winner's
     launch specs (Triton's serialised constants, by argument index) say what it was stored with."""
-    from tunecache.model import LaunchSpec
+    from tunecache.problem.model import LaunchSpec
     from tunecache.tuner import blame
 
     k = tinykernels.make_guarded()
@@ -682,10 +682,10 @@ def test_source_is_hashed_once_never_before_its_module_finished_importing(
 
 
 def test_module_imported_is_proven_only_after_the_module_body_ran(tmp_path, monkeypatch):
-    from tunecache.identity import module_imported
+    from tunecache.problem.identity import module_imported
 
     (tmp_path / "probe_mod.py").write_text(
-        "import triton\nfrom tunecache.identity import module_imported\n"
+        "import triton\nfrom tunecache.problem.identity import module_imported\n"
         "@triton.jit\ndef k(x):\n    pass\nDURING = module_imported(k)\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))

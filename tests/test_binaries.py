@@ -26,13 +26,14 @@ from healkernel_runs import kernel_module, run_phase
 from processes import run_json
 from realcli import cli_process, one_line_error
 
-from tunecache import settings, signing
+from tunecache import settings
 from tunecache.binaries import binaries
 from tunecache.cli import main
 from tunecache.errors import ConfigurationError, ImportFormatError, SigningError, TunecacheError
 from tunecache.exchange import import_
-from tunecache.model import Binary, binary_sha256
+from tunecache.problem.model import Binary, binary_sha256
 from tunecache.store.opening import open_store
+from tunecache.trust import signing
 
 TABLES = ("problems", "configs", "launch_specs", "binaries", "misses", "measurements")
 

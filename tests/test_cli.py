@@ -11,9 +11,9 @@ from click.testing import CliRunner
 from realcli import cli_process, one_line_error
 
 from tunecache.cli import main
+from tunecache.problem.target import Target
 from tunecache.store.migrate import head_revision
 from tunecache.store.opening import open_store
-from tunecache.target import Target
 
 
 def run(url, *args):
@@ -79,7 +79,7 @@ def test_gc_drops_the_launch_specs_another_text_superseded(store_url):
     """Heal adds a spec of another text's binary beside the stored one (issue 35, item 8): ``gc`` is
     what drops the older of the two, then the binaries no spec or winner references."""
     from tunecache.binaries.preload import for_binary
-    from tunecache.model import LaunchSpec
+    from tunecache.problem.model import LaunchSpec
 
     s = open_store(store_url)
     old = LaunchSpec("1" * 64, "c1", "a" * 64, '{"key": "k"}', "3.9.0")

@@ -20,7 +20,7 @@ from triton.runtime.jit import JITFunction, JitFunctionInfo
 
 import tunecache
 from tunecache.binaries import binaries, preload
-from tunecache.model import COMPANION_CONFIG, LaunchSpec
+from tunecache.problem.model import COMPANION_CONFIG, LaunchSpec
 from tunecache.tuner import background, companions
 
 CONFIGS = [triton.Config({"BLOCK": 64}), triton.Config({"BLOCK": 128})]

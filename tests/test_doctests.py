@@ -20,8 +20,8 @@ PACKAGES = {"tunecache": "tunecache", "kernels": "tunecache.kernels"}
 #: the public API a user touches first: each must keep an example
 MUST_HAVE_EXAMPLES = {
     "tunecache.buckets",
-    "tunecache.identity",
-    "tunecache.model",
+    "tunecache.problem.identity",
+    "tunecache.problem.model",
     "tunecache.settings",
     "tunecache.store.opening",
 }

@@ -25,11 +25,11 @@ from realcli import cli_process, one_line_error
 
 from tunecache import exchange
 from tunecache.cli import main
-from tunecache.configidentity import config_hash_of
 from tunecache.errors import ImportFormatError, StoreError, StoreReadOnlyError
 from tunecache.exchange import FORMAT_VERSION, export, import_, importer, validate
-from tunecache.identity import canonical_key, problem_digest
-from tunecache.model import (
+from tunecache.problem.configidentity import config_hash_of
+from tunecache.problem.identity import canonical_key, problem_digest
+from tunecache.problem.model import (
     CONFIG_ROW_FIELDS,
     PROBLEM_FIELDS,
     ConfigResult,
@@ -40,10 +40,10 @@ from tunecache.model import (
     problem_from_json,
     problem_to_json,
 )
+from tunecache.problem.target import Target
 from tunecache.store import bulk
 from tunecache.store.opening import open_store
 from tunecache.store.store import Store
-from tunecache.target import Target
 
 H200 = Target("cuda", "sm90", "NVIDIA H200", 132, 232448, 32, "13000", "580.159.04", "13.0", "3.5")
 A100 = Target("cuda", "sm80", "NVIDIA A100-SXM4-80GB", 108, 166912, 32, "12040", "550.54.15", "12.4", "3.4")

@@ -51,19 +51,19 @@ def test_child_writes_its_own_deferred_hits_and_results_exactly_once(sqlite_url,
     assert got["child_result_stored"] is True
 
 
-# ---- the one fork registry (tunecache.forks, issue 26) ---------------------------------------------
+# ---- the one fork registry (tunecache.process.forks, issue 26) ---------------------------------------------
 
 #: Every module that keeps per-process state a forked child must reset.
 RESETTING_MODULES = {
-    "tunecache.counters",
-    "tunecache.processend",
+    "tunecache.process.counters",
+    "tunecache.process.processend",
     "tunecache.store.forkgate",
     "tunecache.store.migrate",
     "tunecache.store.opening",
     "tunecache.store.store",
     "tunecache.tuner.background",
     "tunecache.tuner.companions",
-    "tunecache.writeback",
+    "tunecache.process.writeback",
     "tunecache.metrics.families",
     "tunecache.metrics.exporter",
     "tunecache.metrics.mirror",
@@ -73,7 +73,7 @@ FORK_PROGRAM = """
 import json, os
 import tunecache.tuner.decorator, tunecache.tuner.companions  # everything that registers a reset
 import tunecache.metrics.exporter, tunecache.metrics.mirror  # (imported at a process's first store open)
-from tunecache import forks
+from tunecache.process import forks
 
 hooks = forks.registered()
 names = list(hooks["after_in_child"])
@@ -117,10 +117,10 @@ def test_a_forked_child_runs_every_registered_reset_once():
 
 
 def fork_registrations(root: Path) -> list[str]:
-    """Every call of ``os.register_at_fork`` (however spelled) in the package but tunecache/forks.py."""
+    """Every call of ``os.register_at_fork`` (however spelled) in the package but tunecache/process/forks.py."""
     out = []
     for path in sorted([*(root / "tunecache").rglob("*.py"), *(root / "kernels").rglob("*.py")]):
-        if path == root / "tunecache" / "forks.py":
+        if path == root / "tunecache" / "process" / "forks.py":
             continue
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             func = node.func if isinstance(node, ast.Call) else None
@@ -132,13 +132,18 @@ def fork_registrations(root: Path) -> list[str]:
 
 def test_only_forks_registers_at_fork():
     found = fork_registrations(ROOT)
-    assert not found, "register resets with tunecache.forks.register, not os.register_at_fork:\n" + "\n".join(found)
+    assert not found, "register resets with tunecache.process.forks.register, not os.register_at_fork:\n" + "\n".join(
+        found
+    )
 
 
 def test_the_fork_check_sees_a_direct_registration(tmp_path):
     (tmp_path / "tunecache" / "store").mkdir(parents=True)
     (tmp_path / "kernels").mkdir()
-    (tmp_path / "tunecache" / "forks.py").write_text("import os\nos.register_at_fork(after_in_child=print)\n")
+    (tmp_path / "tunecache" / "process").mkdir()
+    (tmp_path / "tunecache" / "process" / "forks.py").write_text(
+        "import os\nos.register_at_fork(after_in_child=print)\n"
+    )
     (tmp_path / "tunecache" / "store" / "x.py").write_text(
         "import os\nfrom os import register_at_fork\n"
         "os.register_at_fork(after_in_child=print)\nregister_at_fork(before=print)\n"

@@ -467,7 +467,7 @@ def test_hosts_started_together_leave_no_lease_and_wait_no_longer_than_the_first
 
 
 def test_the_target_info_reads_without_torch_is_the_one_a_tuning_process_detects():
-    """``tunecache info`` reads the GPU from libcuda (tunecache.target.machine_target); a process that
+    """``tunecache info`` reads the GPU from libcuda (tunecache.problem.target.machine_target); a process that
     tunes asks torch and Triton: the same fields, digest and all, and torch never imported for it."""
     import json
     import subprocess
@@ -475,7 +475,7 @@ def test_the_target_info_reads_without_torch_is_the_one_a_tuning_process_detects
 
     prog = (
         "import json, sys\n"
-        "from tunecache import target\n"
+        "from tunecache.problem import target\n"
         "cheap = target.machine_target().as_dict()\n"
         "clean = 'torch' not in sys.modules and 'triton' not in sys.modules\n"
         "print(json.dumps([cheap, target.detect_target().as_dict(), clean]))\n"

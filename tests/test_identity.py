@@ -12,10 +12,10 @@ import torch
 import triton
 import triton.language as tl
 
-from tunecache import identity
-from tunecache.configidentity import config_identity, make_config
-from tunecache.identity import canonical_key, problem_digest, source_hash
-from tunecache.target import Target, detect_target
+from tunecache.problem import identity
+from tunecache.problem.configidentity import config_identity, make_config
+from tunecache.problem.identity import canonical_key, problem_digest, source_hash
+from tunecache.problem.target import Target, detect_target
 
 
 def _load(tmp_path, name, src):

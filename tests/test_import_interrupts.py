@@ -112,7 +112,7 @@ def test_a_settled_scope_keeps_the_commits_hold_and_hands_sigint_back():
     a scope the hold raises at its end, as before."""
     import signal
 
-    from tunecache import interrupts
+    from tunecache.process import interrupts
 
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     with interrupts.settled() as outcome:

@@ -21,11 +21,12 @@ torch = pytest.importorskip("torch")
 remote_cache = pytest.importorskip("torch._inductor.remote_cache")
 
 import tunecache  # noqa: E402
-from tunecache import counters, signing, trust  # noqa: E402
 from tunecache.inductor import entries as inductor_entries  # noqa: E402
 from tunecache.inductor.backend import backend_cls  # noqa: E402
 from tunecache.inductor.entries import InductorStore  # noqa: E402
+from tunecache.process import counters  # noqa: E402
 from tunecache.store.opening import open_store  # noqa: E402
+from tunecache.trust import signing, trust  # noqa: E402
 
 GRAPH = {"data": "Y29tcGlsZWQgZ3JhcGg=", "time_taken_ms": 1234}  # what FxGraphCache puts (JSON)
 CONFIG = {"XBLOCK": 128, "num_warps": 4, "num_stages": 1, "configs_hash": "abc", "found_by_coordesc": False}
@@ -74,7 +75,7 @@ def test_inductor_caches_get_miss_then_what_was_put_for_every_kind(store, monkey
         c.put("key-1", value)
         assert c.get("key-1") == value
         assert c.get("key-2") is None
-    tunecache.flush()  # a hit's use is a deferred write (tunecache.writeback)
+    tunecache.flush()  # a hit's use is a deferred write (tunecache.process.writeback)
     counts = store.inductor_counts()
     assert {k: v["entries"] for k, v in counts.items()} == {
         "autotune": 1,

@@ -22,11 +22,12 @@ triton = pytest.importorskip("triton")
 from triton import knobs  # noqa: E402
 from triton.runtime.cache import FileCacheManager, get_cache_manager  # noqa: E402
 
-from tunecache import counters, signing, trust  # noqa: E402
 from tunecache.inductor import entries as inductor_entries  # noqa: E402
 from tunecache.inductor import tritoncache  # noqa: E402
 from tunecache.inductor.entries import InductorStore  # noqa: E402
+from tunecache.process import counters  # noqa: E402
 from tunecache.store.opening import open_store  # noqa: E402
+from tunecache.trust import signing, trust  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -148,7 +149,7 @@ def test_a_stored_kernel_filed_under_another_key_is_refused(store, tmp_path, mon
     real, other = kernel(20), kernel(21)
     # An entry for `other`'s key whose metadata is `real`'s (a binary moved to another key).
     key, name, md, cubin = real
-    from tunecache.model import Binary, binary_sha256
+    from tunecache.problem.model import Binary, binary_sha256
 
     moved = Binary(key, binary_sha256(key, name, "cubin", triton.__version__, md, cubin), name, "cubin", "x", md, cubin)
     entries.put("triton_kernel", other[0], tritoncache.encode(moved))
@@ -226,7 +227,7 @@ def test_candidates_compiled_inside_inductors_select_algorithm_are_not_filed(sto
 def test_a_process_with_an_override_or_dump_knob_neither_files_nor_fetches(store, tmp_path, monkeypatch, caplog):
     """Issue 35, item 2: Triton's key does not cover TRITON_KERNEL_OVERRIDE or TRITON_KERNEL_DUMP; such a
     process's builds stay on its host (said once), and it compiles what its cache lacks (its override applies)."""
-    from tunecache import sharing
+    from tunecache.trust import sharing
 
     monkeypatch.setenv("TUNECACHE_TRUST_STORE", "yes")
     tritoncache.install(InductorStore(store))

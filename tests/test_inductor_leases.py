@@ -24,10 +24,10 @@ from skewclock import skewed_env
 
 pytest.importorskip("torch._inductor.remote_cache")
 
-from tunecache import counters  # noqa: E402
 from tunecache.inductor import entries as inductor_entries  # noqa: E402
 from tunecache.inductor import leases  # noqa: E402
 from tunecache.inductor.entries import InductorStore  # noqa: E402
+from tunecache.process import counters  # noqa: E402
 from tunecache.store.opening import open_store  # noqa: E402
 
 HERE = Path(__file__).parent

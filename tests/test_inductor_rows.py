@@ -26,10 +26,11 @@ pytest.importorskip("torch._inductor.remote_cache")
 
 from realcli import tc  # noqa: E402
 
-from tunecache import counters, signing, trust, writeback  # noqa: E402
 from tunecache.inductor import entries as inductor_entries  # noqa: E402
 from tunecache.inductor.entries import InductorStore  # noqa: E402
+from tunecache.process import counters, writeback  # noqa: E402
 from tunecache.store.opening import open_store  # noqa: E402
+from tunecache.trust import signing, trust  # noqa: E402
 
 HERE = Path(__file__).parent
 SETTINGS = ("TUNECACHE_TRUST_STORE", "TUNECACHE_TRUSTED_KEYS", "TUNECACHE_SIGNING_KEY", "TUNECACHE_INDUCTOR")
@@ -218,7 +219,7 @@ def test_an_export_of_entries_reads_them_in_bounded_pages(store, tmp_path, monke
     import sqlalchemy as sa
 
     from tunecache.exchange import export
-    from tunecache.model import InductorEntry
+    from tunecache.problem.model import InductorEntry
 
     monkeypatch.setenv("TUNECACHE_TRUST_STORE", "yes")
     digest, desc = inductor_entries.inductor_target()

@@ -22,12 +22,12 @@ import sqlalchemy as sa
 import tinykernels
 
 import tunecache
-from tunecache.configidentity import config_identity
-from tunecache.model import ConfigResult
+from tunecache.problem.configidentity import config_identity
+from tunecache.problem.model import ConfigResult
+from tunecache.problem.target import hostname
 from tunecache.store import leases as leaseholder
 from tunecache.store.opening import open_store
 from tunecache.store.schema import leases
-from tunecache.target import hostname
 from tunecache.tuner import benchhooks
 
 HERE = Path(__file__).parent

@@ -26,12 +26,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheusserver import Prometheus, free_port, promtool
 
 import tunecache
-from tunecache import counters, signing, trust
 from tunecache.inductor.entries import InductorStore
 from tunecache.metrics import exporter, families
-from tunecache.model import InductorEntry, LaunchSpec
+from tunecache.problem.model import InductorEntry, LaunchSpec
+from tunecache.process import counters
 from tunecache.store import breaker
 from tunecache.store.opening import open_store, shared_store
+from tunecache.trust import signing, trust
 from tunecache.tuner import singleflight
 
 HERE = Path(__file__).parent

@@ -252,9 +252,9 @@ def test_a_refused_store_says_why_and_a_host_storing_unsigned_rows_is_told(tmp_p
     import logging
 
     remote_cache = pytest.importorskip("torch._inductor.remote_cache")
-    from tunecache import trust
     from tunecache.inductor.backend import backend_cls
     from tunecache.inductor.entries import InductorStore
+    from tunecache.trust import trust
 
     graph = {"data": "Y29tcGlsZWQgZ3JhcGg=", "time_taken_ms": 1234}  # what FxGraphCache puts (JSON)
 
@@ -289,9 +289,9 @@ def test_report_log_scale_labels_are_numbers_not_raw_math_text(sqlite_url, tmp_p
     pytest.importorskip("matplotlib")
     from builders import H200, SOURCE
 
-    from tunecache.configidentity import config_hash_of
-    from tunecache.identity import canonical_key, problem_digest
-    from tunecache.model import ConfigResult, Problem
+    from tunecache.problem.configidentity import config_hash_of
+    from tunecache.problem.identity import canonical_key, problem_digest
+    from tunecache.problem.model import ConfigResult, Problem
 
     store = open_store(sqlite_url)
     cfg = {"kwargs": {"BLOCK": 64}, "num_warps": 4, "num_stages": 2, "num_ctas": 1, "maxnreg": None, "pre_hook": None}
@@ -528,7 +528,7 @@ def test_the_machine_info_shows_is_the_target_the_tuner_detects(tmp_path):
     """``info`` reads the machine without torch: the same target (digest) a tuning process computes."""
     prog = (
         "import json\n"
-        "from tunecache import target\n"
+        "from tunecache.problem import target\n"
         "cheap = target.machine_target()\n"
         "print(json.dumps([cheap.as_dict(), target.detect_target().as_dict()]))\n"
     )

@@ -20,11 +20,11 @@ import triton
 from processes import run_json
 
 import tunecache
-from tunecache import writeback
 from tunecache.binaries import preload
-from tunecache.model import ConfigResult, LaunchSpec, Problem
+from tunecache.problem.model import ConfigResult, LaunchSpec, Problem
+from tunecache.problem.target import detect_target
+from tunecache.process import writeback
 from tunecache.store.opening import open_store
-from tunecache.target import detect_target
 from tunecache.tuner import autotuner as at
 from tunecache.tuner import background
 
@@ -261,7 +261,7 @@ def test_the_skip_summary_is_one_line_a_warning_only_for_what_a_user_should_act_
     """Specs of another Triton, built with other host options or whose binary no longer rebuilds
     load at their launch as without tunecache, by design of a mixed fleet: said at info level. A key
     tunecache cannot read or match, or a failed preload, is a warning. Either way once per process."""
-    from tunecache import counters
+    from tunecache.process import counters
 
     def summary(*reasons: str) -> list[tuple[int, str]]:
         tunecache.reset_stats()
@@ -343,7 +343,7 @@ def test_a_spec_of_another_binary_is_added_beside_the_stored_one_and_gc_drops_th
     import datetime as dt
 
     from tunecache.binaries.preload import for_binary
-    from tunecache.model import utcnow
+    from tunecache.problem.model import utcnow
 
     s = open_store(store_url)
     old, other_version = spec(1), spec(2, version="3.6.0")

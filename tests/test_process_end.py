@@ -107,8 +107,8 @@ def test_a_forked_child_summarises_its_own_counts_not_its_parents(sqlite_url):
 
 TERM_PROGRAM = """
 import json, multiprocessing, os, signal, sys, time
-from tunecache import counters, processend
-from tunecache import writeback
+from tunecache.process import counters, processend
+from tunecache.process import writeback
 
 class Store:
     readonly = False
@@ -169,7 +169,7 @@ def test_sigterm_is_watched_only_in_a_multiprocessing_child_whose_handler_was_th
 
 ELSEWHERE_PROGRAM = """
 import json, multiprocessing, os, signal, sys, threading, time
-from tunecache import processend
+from tunecache.process import processend
 
 def child(marker):
     processend.at_end("test-marker", lambda: open(marker, "w").write("said"), order=5)
@@ -213,7 +213,7 @@ def test_a_sigterm_another_thread_took_still_ends_the_worker_with_its_last_words
 
 WAKEUP_PROGRAM = """
 import json, multiprocessing, os, signal, socket, sys
-from tunecache import processend
+from tunecache.process import processend
 
 def name(h):
     return {signal.SIG_DFL: "default"}.get(h, "tunecache")
@@ -301,7 +301,7 @@ def test_the_summary_line_names_why_the_preload_skipped_specs_counted_from_the_f
 
     code = """
 import os, sys
-from tunecache import counters
+from tunecache.process import counters
 counters.preload_skipped("unparseable")
 counters.preload_skipped("unparseable")
 counters.preload_skipped("options")
@@ -309,7 +309,7 @@ sys.stderr.flush()
 pid = os.fork()
 if pid == 0:
     counters.preload_skipped("other_triton")
-    from tunecache import summary
+    from tunecache.process import summary
     summary.say()
     os._exit(0)
 os.waitpid(pid, 0)

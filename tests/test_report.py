@@ -16,12 +16,12 @@ from click.testing import CliRunner
 from realcli import tc
 
 from tunecache.cli import main
-from tunecache.identity import problem_digest
-from tunecache.model import ConfigResult, Problem
+from tunecache.problem.identity import problem_digest
+from tunecache.problem.model import ConfigResult, Problem
+from tunecache.problem.target import Target
 from tunecache.report import fleet, labels, report
 from tunecache.store.opening import open_store
 from tunecache.store.schema import measurements
-from tunecache.target import Target
 
 H200 = Target("cuda", "sm90", "NVIDIA H200", 132, 232448, 32, "13000", "580.159.04", "13.0", "3.6")
 KERNEL = "models.mla.decode_kernel"

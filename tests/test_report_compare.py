@@ -14,12 +14,12 @@ import pytest
 from click.testing import CliRunner
 
 from tunecache.cli import main
-from tunecache.configidentity import config_hash_of
-from tunecache.identity import canonical_key, problem_digest
-from tunecache.model import ConfigResult, Problem
+from tunecache.problem.configidentity import config_hash_of
+from tunecache.problem.identity import canonical_key, problem_digest
+from tunecache.problem.model import ConfigResult, Problem
+from tunecache.problem.target import Target
 from tunecache.report import compare
 from tunecache.store.opening import open_store
-from tunecache.target import Target
 
 BEFORE_T = Target("cuda", "sm90", "NVIDIA H200", 132, 232448, 32, "12080", "570.86.15", "12.8", "3.4")
 NOW_T = Target("cuda", "sm90", "NVIDIA H200", 132, 232448, 32, "13000", "580.159.04", "13.0", "3.6")  # upgraded

@@ -14,11 +14,11 @@ import pytest
 from click.testing import CliRunner
 
 from tunecache.cli import main
-from tunecache.identity import problem_digest
-from tunecache.model import ConfigResult, Problem, utcnow
+from tunecache.problem.identity import problem_digest
+from tunecache.problem.model import ConfigResult, Problem, utcnow
+from tunecache.problem.target import Target
 from tunecache.report import fleet, report
 from tunecache.store.opening import open_store
-from tunecache.target import Target
 
 H200 = Target("cuda", "sm90", "NVIDIA H200", 132, 232448, 32, "13000", "580.159.04", "13.0", "3.6")
 CONFIGS = {"c16": 1.0, "c32": 1.5, "c64": 3.0}  # each config's time, x the key's size

@@ -20,12 +20,12 @@ from realcli import one_line_error, tc
 import tunecache
 from tunecache.cli import main
 from tunecache.errors import StoreError, TunecacheError
-from tunecache.identity import problem_digest
-from tunecache.model import ConfigResult, Problem
+from tunecache.problem.identity import problem_digest
+from tunecache.problem.model import ConfigResult, Problem
+from tunecache.problem.target import Target
 from tunecache.store.engine import resolve_url
 from tunecache.store.opening import connect, open_store
 from tunecache.store.roles import grant
-from tunecache.target import Target
 
 SIZES = [64, 128, 256, 512]
 

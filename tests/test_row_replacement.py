@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from tunecache import signing
 from tunecache.binaries.preload import for_binary
-from tunecache.model import Binary, LaunchSpec, binary_sha256, utcnow
+from tunecache.problem.model import Binary, LaunchSpec, binary_sha256, utcnow
 from tunecache.store.opening import open_store
+from tunecache.trust import signing
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +100,7 @@ def test_migration_0009_moves_each_row_of_code_into_its_signers_slot_and_back(an
     from alembic import command
 
     from tunecache.inductor.entries import InductorStore
-    from tunecache.model import InductorEntry, binary_row, launch_spec_row
+    from tunecache.problem.model import InductorEntry, binary_row, launch_spec_row
     from tunecache.store.migrate import alembic_config
     from tunecache.store.opening import connect
 
@@ -112,7 +112,7 @@ def test_migration_0009_moves_each_row_of_code_into_its_signers_slot_and_back(an
                meta, b"\x7fELF")  # fmt: skip
     sp = for_binary(spec("a" * 64))  # filed under its own hash
     en = InductorEntry("fx_graph", "graph", "t" * 64, b"compiled", {f: "x" for f in ("backend", "arch")})
-    from tunecache import trust
+    from tunecache.trust import trust
 
     signed_rows = {
         "binaries": [

@@ -424,7 +424,7 @@ def test_fp8_on_sm90_runs_the_hopper_kernel_unless_disabled(monkeypatch: pytest.
 
 
 def test_hopper_kernel_has_its_own_identity_in_the_store() -> None:
-    from tunecache.identity import kernel_identity
+    from tunecache.problem.identity import kernel_identity
 
     if not sm90.AVAILABLE:
         pytest.skip("Triton without Gluon >= 3.6")

@@ -15,10 +15,10 @@ from realcli import cli_process, one_line_error
 
 from tunecache.cli import main
 from tunecache.errors import SchemaError, StoreError, StoreReadOnlyError
-from tunecache.model import ConfigResult, pick_winner
+from tunecache.problem.model import ConfigResult, pick_winner
+from tunecache.problem.target import Target
 from tunecache.store.migrate import head_revision
 from tunecache.store.opening import open_store
-from tunecache.target import Target
 
 
 def test_put_get_roundtrip_keeps_every_config_and_failure(store_url):
@@ -252,7 +252,7 @@ def test_upgrade_from_previous_revision_keeps_data(store_url):
     from tunecache.store.schema import configs, problems
 
     p = problem(3)
-    from tunecache.model import new_config_row, new_problem_row, utcnow
+    from tunecache.problem.model import new_config_row, new_problem_row, utcnow
 
     with s.engine.begin() as c:  # write as the 0001 code would have
         c.execute(sa.insert(problems), [new_problem_row(p, "old-host", utcnow())])

@@ -22,13 +22,13 @@ from click.testing import CliRunner
 from processes import run_json
 from realcli import cli_process, one_line_error
 
-from tunecache import signing, trust
 from tunecache.binaries.preload import for_binary
 from tunecache.cli import main
 from tunecache.errors import UntrustedFileError
 from tunecache.exchange import SIGNED_ROWS_VERSION, export, import_
-from tunecache.model import Binary, LaunchSpec, binary_sha256
+from tunecache.problem.model import Binary, LaunchSpec, binary_sha256
 from tunecache.store.opening import open_store
+from tunecache.trust import signing, trust
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,8 @@ import datetime as dt
 import json
 from dataclasses import replace
 
-from tunecache.model import ConfigResult, Problem
-from tunecache.target import Target
+from tunecache.problem.model import ConfigResult, Problem
+from tunecache.problem.target import Target
 from tunecache.tuner import winner
 from tunecache.tuner.measure import Round, classify
 

@@ -14,8 +14,6 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from tunecache import buckets
-from tunecache import summary as _summary  # noqa: F401 - registers the TUNECACHE_SUMMARY line (at process end)
-from tunecache.counters import coverage, preload_skips, reset_stats, stats
 from tunecache.errors import (
     Busy,
     CaptureMissError,
@@ -26,10 +24,12 @@ from tunecache.errors import (
     StoreReadOnlyError,
     TunecacheError,
 )
-from tunecache.model import ConfigResult, Problem
+from tunecache.problem.model import ConfigResult, Problem
+from tunecache.process import summary as _summary  # noqa: F401 - registers the TUNECACHE_SUMMARY line (at process end)
+from tunecache.process.counters import coverage, preload_skips, reset_stats, stats
+from tunecache.process.writeback import flush
 from tunecache.store.opening import open_store
 from tunecache.store.store import Store
-from tunecache.writeback import flush
 
 __all__ = [
     "__version__",

@@ -1,7 +1,7 @@
 """row signatures: binaries, host modules and launch specs carry their maker's Ed25519 signature
 
 A stored binary, host module or launch spec is code for every GPU of a fleet: a process places or
-preloads one only when a trusted key vouches for it (tunecache.trust). Rows stored before this
+preloads one only when a trusted key vouches for it (tunecache.trust.trust). Rows stored before this
 revision have no signature: they are placed only from a store trusted as a whole.
 
 Revision ID: 0006

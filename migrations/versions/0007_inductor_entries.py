@@ -2,7 +2,7 @@
 
 Inductor's remote caches hand their backend bytes under Inductor's own key; tunecache.inductor files
 them here, bound to the target (device, driver, torch and Triton versions) and addressed by their
-sha256. FX graph and AOTAutograd entries are code: signed where made (tunecache.trust).
+sha256. FX graph and AOTAutograd entries are code: signed where made (tunecache.trust.trust).
 
 Revision ID: 0007
 Revises: 0006

@@ -25,7 +25,7 @@ def sqlite_url(path: Path, *, fresh: bool = False) -> str:
 def key_env(path: Path) -> dict[str, str]:
     """A new key pair at ``path`` (replacing one there): the environment of a host that signs with
     it and trusts it (``TUNECACHE_SIGNING_KEY``, ``TUNECACHE_TRUSTED_KEYS``)."""
-    from tunecache import signing
+    from tunecache.trust import signing
 
     made = signing.keygen(path, overwrite=True)
     return {"TUNECACHE_SIGNING_KEY": made["private_key"], "TUNECACHE_TRUSTED_KEYS": made["public_key"]}

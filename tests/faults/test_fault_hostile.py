@@ -28,11 +28,11 @@ from realcli import cli_process
 import tunecache
 from tunecache.cli import main
 from tunecache.errors import StoreError
-from tunecache.identity import problem_digest
-from tunecache.model import ConfigResult, Problem
+from tunecache.problem.identity import problem_digest
+from tunecache.problem.model import ConfigResult, Problem
+from tunecache.problem.target import Target
 from tunecache.store.opening import open_store
 from tunecache.store.schema import metadata
-from tunecache.target import Target
 
 EVIL = [
     "x' OR 1=1 --",

@@ -11,8 +11,8 @@ import sqlalchemy as sa
 import triton
 from faultlib import check_ok, collect, fault_report_fixture, log_lines, spawn  # noqa: F401
 
-from tunecache.configidentity import config_identity
-from tunecache.model import pick_winner
+from tunecache.problem.configidentity import config_identity
+from tunecache.problem.model import pick_winner
 from tunecache.store.opening import open_store
 from tunecache.store.schema import configs, problems
 

@@ -13,12 +13,12 @@ import sqlalchemy as sa
 from faultlib import check_ok, collect, fault_report_fixture, log_lines, spawn  # noqa: F401
 
 from tunecache.errors import SchemaError
-from tunecache.identity import problem_digest
-from tunecache.model import ConfigResult, Problem, new_config_row, new_problem_row, utcnow
+from tunecache.problem.identity import problem_digest
+from tunecache.problem.model import ConfigResult, Problem, new_config_row, new_problem_row, utcnow
+from tunecache.problem.target import Target
 from tunecache.store.migrate import head_revision
 from tunecache.store.opening import connect, open_store
 from tunecache.store.schema import configs, leases, problems
-from tunecache.target import Target
 
 OLD = "0001"
 N_PROBLEMS = 36

@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 from faultlib import check_ok, collect, fault_report_fixture, log_lines, spawn  # noqa: F401
 
-from tunecache.identity import problem_digest
-from tunecache.model import ConfigResult, Problem
+from tunecache.problem.identity import problem_digest
+from tunecache.problem.model import ConfigResult, Problem
+from tunecache.problem.target import Target
 from tunecache.store.opening import open_store
-from tunecache.target import Target
 
 SIZES = [64, 100, 200]
 N_CONFIGS = 6  # worker.configs()

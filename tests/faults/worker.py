@@ -119,7 +119,7 @@ def _wait(start_at: float) -> None:
 def _finish(deadline_s: float = 30.0) -> bool:
     """Flush deferred writes, retrying for a bounded time; True when nothing is left queued."""
     import tunecache
-    from tunecache import writeback
+    from tunecache.process import writeback
 
     end = time.monotonic() + deadline_s
     while True:
@@ -132,8 +132,8 @@ def _finish(deadline_s: float = 30.0) -> bool:
 
 def _result(**extra) -> dict:
     import tunecache
-    from tunecache import writeback
-    from tunecache.target import hostname
+    from tunecache.problem.target import hostname
+    from tunecache.process import writeback
 
     return {
         "pid": os.getpid(),

@@ -4,7 +4,7 @@ A tuning process stores, after its results and launch specs, what Triton's compi
 each winner's specialisation: the metadata JSON and the binary (cubin/hsaco), the two files
 Triton's ``TRITON_STORE_BINARY_ONLY`` keeps and needs to load a kernel without compiling. Each is
 filed under Triton's own cache key for that specialisation (the launch spec's ``kernel_hash``) and
-addressed by the sha256 of its content (:func:`tunecache.model.binary_sha256`).
+addressed by the sha256 of its content (:func:`tunecache.problem.model.binary_sha256`).
 
 A restart or a fresh host, while the server loads its weights, reads which of its kernels'
 binaries its Triton cache lacks and writes those into it through Triton's own cache API
@@ -30,13 +30,14 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from tunecache import settings, sharing, trust
+from tunecache import settings
 from tunecache.binaries import hostmodules, preload
 from tunecache.errors import StoreError
-from tunecache.model import BINARY_EXTS, COMPANION_CONFIG, Binary, LaunchSpec, binary_sha256
+from tunecache.problem.model import BINARY_EXTS, COMPANION_CONFIG, Binary, LaunchSpec, binary_sha256
+from tunecache.problem.target import detect_target, interpreting
 from tunecache.store.opening import shared_store
 from tunecache.store.store import Store
-from tunecache.target import detect_target, interpreting
+from tunecache.trust import sharing, trust
 
 log = logging.getLogger("tunecache")
 
@@ -253,7 +254,7 @@ def record_companions(tuner: Any, *fns: Any, store: Store | None = None) -> int:
     """Keep the binaries of plain ``@triton.jit`` kernels ``fns`` (e.g. a merge stage launched after an
     autotuned kernel) with ``tuner``'s: every specialisation Triton compiled of them in this process
     is recorded as a launch spec of ``tuner``'s kernel source on this target (config hash
-    :data:`~tunecache.model.COMPANION_CONFIG`) and its binary uploaded. Call it after a warm-up that
+    :data:`~tunecache.problem.model.COMPANION_CONFIG`) and its binary uploaded. Call it after a warm-up that
     launched them (an image build); ``store`` defaults to ``TUNECACHE_URL``'s. They are exported,
     placed and dropped with ``tuner``'s; a fresh host then compiles them no more than the winners.
     Returns how many binaries were new."""
@@ -279,7 +280,7 @@ def record_companions(tuner: Any, *fns: Any, store: Store | None = None) -> int:
 
 def place(store: Store, specs: Iterable[LaunchSpec], policy: trust.Policy | None = None) -> tuple[int, int]:
     """Write into Triton's cache the stored binaries of ``specs`` (this Triton's) that it lacks, each
-    verified first and vouched for by ``policy`` (default: :func:`tunecache.trust.policy` of
+    verified first and vouched for by ``policy`` (default: :func:`tunecache.trust.trust.policy` of
     ``store``); returns (placed, refused). Never raises: what is not placed is compiled, and one bad
     row never keeps the others out.
 

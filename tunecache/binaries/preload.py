@@ -34,9 +34,10 @@ import tokenize
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from tunecache import counters, tritoncompat
-from tunecache.identity import wrappers
-from tunecache.model import SPEC_BINARY_FIELD, LaunchSpec
+from tunecache import tritoncompat
+from tunecache.problem.identity import wrappers
+from tunecache.problem.model import SPEC_BINARY_FIELD, LaunchSpec
+from tunecache.process import counters
 
 log = logging.getLogger("tunecache")
 

@@ -10,13 +10,13 @@ from typing import Any
 import click
 import orjson
 
-from tunecache import trust
 from tunecache.cli.options import filter_options, json_option, problem_filters, read_store
 from tunecache.cli.output import json_out, problem_summary, table
 from tunecache.errors import StoreNotFoundError, TunecacheError
-from tunecache.model import config_to_json
+from tunecache.problem.model import config_to_json
+from tunecache.problem.target import Target
 from tunecache.settings import current_mode
-from tunecache.target import Target
+from tunecache.trust import trust
 from tunecache.tuner import missspool
 
 
@@ -35,9 +35,9 @@ def _config_label(cfg: dict[str, Any] | None) -> str:
 def info(ctx: click.Context, as_json: bool) -> None:
     """This machine's target identity, the store URL (password masked), schema revision and counts.
     With no store there yet (a fresh machine), the machine and where its store will be."""
+    from tunecache.problem.target import hostname, machine_target
     from tunecache.store.engine import mask_url, resolve_url
     from tunecache.store.migrate import head_revision
-    from tunecache.target import hostname, machine_target
 
     target = machine_target()  # read without torch or Triton: info answers in a fraction of a second
     out: dict[str, Any] = {"mode": current_mode(), "schema_head": head_revision(), "host": hostname()}

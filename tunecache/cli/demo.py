@@ -20,8 +20,8 @@ from typing import Any
 import click
 
 from tunecache import extras, settings
+from tunecache.problem.target import gpu_visible, interpreting
 from tunecache.store.engine import mask_url
-from tunecache.target import gpu_visible, interpreting
 
 
 def _child(url: str, buckets: list[int] | None) -> dict[str, Any]:
@@ -47,7 +47,7 @@ def _child(url: str, buckets: list[int] | None) -> dict[str, Any]:
 
 def gpu_available() -> bool:
     """Whether kernels can run on a GPU here; if not, the demo and ``tunecache warm`` use the
-    interpreter. Told without importing torch (:func:`tunecache.target.gpu_visible`): a missing numpy
+    interpreter. Told without importing torch (:func:`tunecache.problem.target.gpu_visible`): a missing numpy
     is then one line of ours, before torch warns that it cannot initialise it."""
     return gpu_visible()
 

@@ -14,7 +14,6 @@ from collections.abc import Callable, Iterator
 import click
 import orjson
 
-from tunecache import interrupts
 from tunecache.cli.options import (
     AGE,
     AGE_HELP,
@@ -27,6 +26,7 @@ from tunecache.cli.options import (
 )
 from tunecache.cli.output import json_out
 from tunecache.errors import InterruptedAfterCommit, OutputExistsError, StoreNotFoundError
+from tunecache.process import interrupts
 from tunecache.store.opening import check_directory, remove_new_store
 from tunecache.store.store import Store
 
@@ -79,7 +79,7 @@ def export_cmd(
 ) -> None:
     """Write stored problems with every config row to PATH (JSON Lines; .gz compresses; - is stdout)."""
     from tunecache.exchange import export
-    from tunecache.signing import Signer
+    from tunecache.trust.signing import Signer
 
     if no_launch_specs and (binaries or sign_key or inductor):
         raise click.UsageError("--binaries, --inductor and --sign need the launch specs: drop --no-launch-specs")
@@ -175,7 +175,7 @@ def import_cmd(
     from tunecache.exchange import import_
 
     # First, so that it ends last (after the store's close): from the commit on, a Ctrl-C is
-    # recorded, not raised, and the command reports what was committed (tunecache.interrupts).
+    # recorded, not raised, and the command reports what was committed (tunecache.process.interrupts).
     outcome = ctx.with_resource(interrupts.settled())
     created: list[Store] = []
 
@@ -234,7 +234,7 @@ def import_cmd(
 def keygen(path: str, as_json: bool) -> None:
     """Make an Ed25519 key pair for signing exports: PATH (private, mode 0600) and PATH.pub (public:
     list it in TUNECACHE_TRUSTED_KEYS where exports are imported). Needs the sign extra."""
-    from tunecache.signing import keygen as make_key
+    from tunecache.trust.signing import keygen as make_key
 
     out = make_key(path)
     if as_json:

@@ -10,7 +10,6 @@ from typing import Any
 
 import click
 
-from tunecache import signing
 from tunecache.cli.options import (
     AGE,
     AGE_HELP,
@@ -22,8 +21,9 @@ from tunecache.cli.options import (
 )
 from tunecache.cli.output import json_out, problem_summary
 from tunecache.errors import StoreNotFoundError, StoreReadOnlyError, TunecacheError
-from tunecache.model import INDUCTOR_KINDS, Problem, utcnow
+from tunecache.problem.model import INDUCTOR_KINDS, Problem, utcnow
 from tunecache.store.opening import connect
+from tunecache.trust import signing
 
 #: What ``invalidate --kind`` names: a torch.compile cache, a binary (or host module), a launch spec.
 CODE_KINDS = (*INDUCTOR_KINDS, "binary", "launch_spec")
@@ -192,7 +192,7 @@ def invalidate(
         return
     filters = problem_filters(kernel, arch, device, driver)
     if driver_not_current:
-        from tunecache.target import detect_target
+        from tunecache.problem.target import detect_target
 
         t = detect_target()  # as `info` shows it: TUNECACHE_TARGET_OVERRIDE included
         if not t.driver_version:

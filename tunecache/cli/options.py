@@ -18,7 +18,7 @@ import click
 
 from tunecache import extras
 from tunecache.errors import TunecacheError
-from tunecache.model import utcnow
+from tunecache.problem.model import utcnow
 from tunecache.store.engine import mask_raw
 from tunecache.store.opening import open_store
 from tunecache.store.store import Store

@@ -10,7 +10,7 @@ from typing import Any
 import click
 import orjson
 
-from tunecache.model import Problem, problem_to_json
+from tunecache.problem.model import Problem, problem_to_json
 
 
 def json_out(obj: Any) -> None:
@@ -33,6 +33,6 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
 
 def problem_summary(p: Problem) -> dict[str, Any]:
     """One problem in ``ls --json``, ``show --json`` and ``invalidate --json``: the export shape
-    (:func:`tunecache.model.problem_to_json`) without its config rows, plus the winner's config."""
+    (:func:`tunecache.problem.model.problem_to_json`) without its config rows, plus the winner's config."""
     win = p.winner
     return {**problem_to_json(p, configs=False), "winner": win.config if win else None}

@@ -115,7 +115,7 @@ def _import(module: str) -> Any:
 def _interpreter_without_gpu() -> None:
     """On a machine without a GPU, run kernels under Triton's interpreter, as the demo does. numpy,
     which the interpreter imports, is checked first: one line naming it, not Triton's traceback."""
-    from tunecache.target import interpreting
+    from tunecache.problem.target import interpreting
 
     # Unless the user chose, or it is too late: triton reads TRITON_INTERPRET at import.
     if "TRITON_INTERPRET" not in os.environ and "triton" not in sys.modules:

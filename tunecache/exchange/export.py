@@ -1,8 +1,8 @@
 """Export: a store's problems, with every config row and the winners' launch specs, as one file.
 
-The format is :mod:`tunecache.exchange.format`'s; each line is :mod:`tunecache.model`'s JSON shape,
+The format is :mod:`tunecache.exchange.format`'s; each line is :mod:`tunecache.problem.model`'s JSON shape,
 built here straight from the rows (by named offsets into the model's column lists) rather than
-through :class:`~tunecache.model.Problem` objects: an export of 100k problems, 1.2M config rows,
+through :class:`~tunecache.problem.model.Problem` objects: an export of 100k problems, 1.2M config rows,
 spends most of its time in exactly this loop (docs/benchmarks/store.md).
 """
 
@@ -26,7 +26,6 @@ from typing import IO, Any
 
 import orjson
 
-from tunecache import trust
 from tunecache.errors import TunecacheError
 from tunecache.exchange.format import (
     BATCH,
@@ -42,7 +41,7 @@ from tunecache.exchange.format import (
     is_stream,
     tunecache_version,
 )
-from tunecache.model import (
+from tunecache.problem.model import (
     BINARY_FIELDS_SIGNED,
     CONFIG_ROW_COLUMNS,
     INDUCTOR_TARGET_FIELDS,
@@ -55,10 +54,11 @@ from tunecache.model import (
     LaunchSpec,
     utcnow,
 )
-from tunecache.signing import Signer
+from tunecache.problem.target import TARGET_FIELDS
 from tunecache.store import dump
 from tunecache.store.store import Store
-from tunecache.target import TARGET_FIELDS
+from tunecache.trust import trust
+from tunecache.trust.signing import Signer
 
 log = logging.getLogger("tunecache")
 
@@ -115,7 +115,7 @@ def export(
     ``with_binaries`` adds the compiled binaries the exported launch specs reference, and
     ``signer`` signs the file (both write version 4, see :mod:`tunecache.exchange.format`): each
     launch spec and binary line then carries its row signature, and only rows this process trusts
-    (:mod:`tunecache.trust`, with ``signer``'s own key trusted) are written, so that a file signature
+    (:mod:`tunecache.trust.trust`, with ``signer``'s own key trusted) are written, so that a file signature
     never vouches for a row no trusted key made. The summary's ``untrusted`` counts those left out.
 
     ``with_inductor`` adds torch.compile's cache entries (all of them: the problem filters do not

@@ -11,7 +11,7 @@ The package: :mod:`~tunecache.exchange.format` (this specification, its limits, 
 lines), :mod:`~tunecache.exchange.validate` (every check of a line; import's pass 1),
 :mod:`~tunecache.exchange.export` and :mod:`~tunecache.exchange.importer`; the database-specific
 bulk writes are the store's (:meth:`tunecache.store.store.Store.bulk_load`). The fields of a problem, a
-config row and a launch spec are :mod:`tunecache.model`'s JSON shape, which ``tunecache ls --json``
+config row and a launch spec are :mod:`tunecache.problem.model`'s JSON shape, which ``tunecache ls --json``
 and ``show --json`` print too.
 
 File format, version 2 (and 3)
@@ -54,10 +54,10 @@ included: they are what stops a later tuning from re-trying a config that cannot
 field                 value
 ====================  =====================================================================
 digest                64 hex: content address, recomputed on import from source_hash,
-                      target and key (:func:`tunecache.identity.problem_digest`)
+                      target and key (:func:`tunecache.problem.identity.problem_digest`)
 kernel                kernel name, ``module.qualname`` (at most 255 characters)
 source_hash           64 hex: hash of the kernel source and the ``@jit`` functions it calls
-target                object with every :class:`~tunecache.target.Target` field: backend,
+target                object with every :class:`~tunecache.problem.target.Target` field: backend,
                       arch, device_name, driver_version, driver_release, cuda_runtime,
                       triton_version (strings); sm_count, max_shared_mem, warp_size (integers)
 key                   the tuning key: a list of ``[name, value]`` pairs, value a scalar
@@ -80,11 +80,11 @@ A config row:
 field        value
 ===========  ==============================================================================
 config_hash  32 hex, recomputed on import from ``config``
-             (:func:`tunecache.configidentity.config_hash_of`)
+             (:func:`tunecache.problem.configidentity.config_hash_of`)
 config       ``{"kwargs": {name: scalar}, "num_warps", "num_stages", "num_ctas", "maxnreg":
              integer or null, "pre_hook": string (the hook's identity, never code) or null}``, plus
              ``"ir_override"`` (string: the IR file's name and content hash) in configs that have one
-status       one of :data:`tunecache.model.STATUSES`
+status       one of :data:`tunecache.problem.model.STATUSES`
 median_ms    finite number >= 0, or null (p20_ms and p80_ms likewise)
 samples      integer >= 0
 failure      object (why the config failed, e.g. ``{"resource": "shared", "required":
@@ -109,7 +109,7 @@ field           value
 ==============  ===========================================================================
 kernel          kernel name (at most 255 characters)
 source_hash     64 hex: the kernel source of a problem in this file
-target_digest   64 hex: :attr:`tunecache.target.Target.digest` of that problem's target
+target_digest   64 hex: :attr:`tunecache.problem.target.Target.digest` of that problem's target
 spec_hash       64 hex, recomputed on import: sha256 of ``spec``
 config_hash     32 hex: the config it was compiled with
 kernel_hash     64 hex: Triton's hash of the compiled binary
@@ -135,7 +135,7 @@ field           value
 kernel          kernel name of the launch spec that references it
 source_hash     64 hex: that launch spec's kernel source
 triton_key      64 hex: Triton's cache key of the specialisation, the spec's ``kernel_hash``
-sha256          64 hex, recomputed on import: :func:`tunecache.model.binary_sha256`
+sha256          64 hex, recomputed on import: :func:`tunecache.problem.model.binary_sha256`
 name            the file-name stem Triton gives it: a kernel name, ``[A-Za-z_][A-Za-z0-9_]*``
 ext             ``cubin`` (CUDA) or ``hsaco`` (HIP): the metadata's backend's binary
 triton_version  the Triton that compiled it
@@ -150,7 +150,7 @@ followed by the header line exactly as written (its padding and newline included
 The header holds the body's sha256, so the signature covers every byte before it: a byte changed
 anywhere fails the import. Import checks the signature of every signed file; ``import --binaries``
 and ``--launch-specs`` further require that its key is one of ``TUNECACHE_TRUSTED_KEYS``, unless
-``--trust-unsigned`` (:mod:`tunecache.signing`). Where ``TUNECACHE_TRUSTED_KEYS`` is set, every
+``--trust-unsigned`` (:mod:`tunecache.trust.signing`). Where ``TUNECACHE_TRUSTED_KEYS`` is set, every
 import, of results too, needs a file signed by one of them, unless ``--trust-unsigned``: a file
 whose signature line was cut off is then an unsigned file, and refused.
 
@@ -159,9 +159,9 @@ Version 4: row signatures
 
 Version 4 is version 3 whose launch spec and binary lines have one more field, ``signature``: the
 row signature its maker stored with it (``ed25519:<base64 public key>:<base64 signature>``, see
-:mod:`tunecache.trust` for what it covers), or null for a row stored unsigned. Export writes
+:mod:`tunecache.trust.trust` for what it covers), or null for a row stored unsigned. Export writes
 version 4 wherever it wrote version 3, and only rows the exporting process trusts
-(:mod:`tunecache.trust`: signed by a trusted key or the signing key of the export, or from a store
+(:mod:`tunecache.trust.trust`: signed by a trusted key or the signing key of the export, or from a store
 trusted as a whole): a file signature never vouches for a row that no trusted key made. Import
 stores each row with its signature; a process places or preloads it only if the signature
 verifies against one of its own trusted keys (or its store is trusted as a whole).
@@ -229,8 +229,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from tunecache.configidentity import CONFIG_FIELDS
 from tunecache.errors import ImportFormatError, TunecacheError
+from tunecache.problem.configidentity import CONFIG_FIELDS
 
 FORMAT_NAME = "tunecache-export"
 #: The version a plain export writes (problems and launch specs).

@@ -21,7 +21,6 @@ from typing import Any
 import orjson
 from sqlalchemy.engine import Connection
 
-from tunecache import signing
 from tunecache.errors import ImportFormatError, InterruptedAfterCommit, StoreReadOnlyError, UntrustedFileError
 from tunecache.exchange import validate
 from tunecache.exchange.format import (
@@ -34,12 +33,13 @@ from tunecache.exchange.format import (
     open_source,
 )
 from tunecache.exchange.validate import Invalid, Scan, check_binary, check_inductor, check_spec
-from tunecache.identity import canonical_json
-from tunecache.model import CONFIG_COLUMNS, PROBLEM_COLUMNS, PROBLEM_FIELDS, TIMESTAMP_FIELDS
+from tunecache.problem.identity import canonical_json
+from tunecache.problem.model import CONFIG_COLUMNS, PROBLEM_COLUMNS, PROBLEM_FIELDS, TIMESTAMP_FIELDS
+from tunecache.problem.target import TARGET_FIELDS, Target
 from tunecache.store import load
 from tunecache.store.bulk import BulkWriter
 from tunecache.store.store import Store
-from tunecache.target import TARGET_FIELDS, Target
+from tunecache.trust import signing
 
 log = logging.getLogger("tunecache")
 
@@ -47,7 +47,7 @@ WRITE_BATCH = 5000  # config rows per executemany / COPY flush
 _SPEC_BATCH_BYTES = 8 << 20  # launch-spec text per batch of inserts (a spec line may be 4 MiB)
 
 # A validated problem line, once _rows has added its columns to it, as a problems row and a config
-# row as a configs row: by name, in the tables' order (tunecache.model's row shape).
+# row as a configs row: by name, in the tables' order (tunecache.problem.model's row shape).
 _PROBLEM_ROW = itemgetter(*PROBLEM_COLUMNS)
 _CONFIG_ROW = itemgetter(*CONFIG_COLUMNS)
 _PROBLEM_TIMESTAMPS = tuple(c for c in PROBLEM_COLUMNS if c in TIMESTAMP_FIELDS)
@@ -112,7 +112,7 @@ def import_(
     Both require a file signed by a key of ``TUNECACHE_TRUSTED_KEYS``, else raise
     :class:`UntrustedFileError` before anything is written, unless ``trust_unsigned``; so does any
     import where ``TUNECACHE_TRUSTED_KEYS`` is set. Rows keep their makers' signatures
-    (:mod:`tunecache.trust` decides at each start what is placed). ``with_inductor`` also adds the
+    (:mod:`tunecache.trust.trust` decides at each start what is placed). ``with_inductor`` also adds the
     file's torch.compile cache entries (version 5): compiled graphs are code, so it needs a signed
     file as ``with_binaries`` does; an entry already stored is kept unless ``on_conflict`` is replace.
 
@@ -376,7 +376,7 @@ def _row_batches(
     kernels and targets) the spec lines become launch_specs rows, and with ``bin_refs`` (the specs'
     kernel hashes) the binary lines binaries rows, in batches of at most ``_SPEC_BATCH_BYTES`` of
     line text: memory stays a few lines whatever the file holds. The last ``n_inductor`` body lines
-    are torch.compile entries, which become :class:`~tunecache.model.InductorEntry` with ``with_inductor``.
+    are torch.compile entries, which become :class:`~tunecache.problem.model.InductorEntry` with ``with_inductor``.
 
     Timings go in as parsed (an int in a Double column reads back as a float); JSON columns get
     canonical JSON, the form ``Store.put`` writes.

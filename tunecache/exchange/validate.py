@@ -17,8 +17,6 @@ from typing import Any
 
 import orjson
 
-from tunecache import signing
-from tunecache.configidentity import CONFIG_FIELDS, config_hash_of
 from tunecache.errors import ImportFormatError
 from tunecache.exchange.format import (
     BATCH,
@@ -44,8 +42,9 @@ from tunecache.exchange.format import (
     line_limits,
     tunecache_version,
 )
-from tunecache.identity import canonical_json, problem_digest
-from tunecache.model import (
+from tunecache.problem.configidentity import CONFIG_FIELDS, config_hash_of
+from tunecache.problem.identity import canonical_json, problem_digest
+from tunecache.problem.model import (
     BINARY_FIELDS,
     BINARY_FIELDS_SIGNED,
     CONFIG_ROW_FIELDS,
@@ -61,9 +60,10 @@ from tunecache.model import (
     launch_spec_from_json,
     launch_spec_row,
 )
+from tunecache.problem.target import TARGET_FIELDS, Target
 from tunecache.settings import MAX_BINARY_BYTES
 from tunecache.store.schema import problems
-from tunecache.target import TARGET_FIELDS, Target
+from tunecache.trust import signing
 
 _SPEC_FIELDS = {False: LAUNCH_SPEC_FIELDS, True: LAUNCH_SPEC_FIELDS_SIGNED}  # by "carries row signatures"
 _BINARY_FIELDS = {False: BINARY_FIELDS, True: BINARY_FIELDS_SIGNED}
@@ -605,7 +605,7 @@ def check_inductor(obj: Any, seen: set[bytes] | None) -> InductorEntry:
 
     A compiled graph is code: its bytes must match its sha256 (recomputed here), and, as every row
     that is code, it is served only where a trusted key's row signature vouches for it
-    (:mod:`tunecache.trust`), whatever the file says."""
+    (:mod:`tunecache.trust.trust`), whatever the file says."""
     import base64
     import binascii
 

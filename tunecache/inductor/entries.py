@@ -17,14 +17,16 @@ import functools
 import logging
 from typing import Any
 
-from tunecache import counters, processend, settings, signing, trust, writeback
-from tunecache.identity import canonical_json, sha256_hex
+from tunecache import settings
 from tunecache.inductor import leases
-from tunecache.model import INDUCTOR_KINDS, INDUCTOR_TARGET_FIELDS, InductorEntry
+from tunecache.problem.identity import canonical_json, sha256_hex
+from tunecache.problem.model import INDUCTOR_KINDS, INDUCTOR_TARGET_FIELDS, InductorEntry
+from tunecache.problem.target import detect_target
+from tunecache.process import counters, processend, writeback
 from tunecache.store import signers
 from tunecache.store.opening import shared_store
 from tunecache.store.store import Store
-from tunecache.target import detect_target
+from tunecache.trust import signing, trust
 
 log = logging.getLogger("tunecache")
 
@@ -145,7 +147,7 @@ class InductorStore:
             return None, True
         counters.count(None, None, inductor_hits=1)
         if self._writes(store):
-            writeback.inductor_hit(store, entry)  # written off this compile's path (tunecache.writeback)
+            writeback.inductor_hit(store, entry)  # written off this compile's path (tunecache.process.writeback)
         return entry.value, True
 
     @staticmethod

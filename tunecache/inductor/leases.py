@@ -22,7 +22,7 @@ autotuned, a process that ends or is killed), so a lease is short and ends on wh
   what ends the lease of an autotune entry whose kernel is never launched, and of a worker whose
   compile moved on. The process's compiles and its store traffic are what "still computing" can
   be told by; a kernel benchmarked at its first launch is put within seconds of the compile's end;
-- the end of the process (atexit, and a multiprocessing child's last words, :mod:`tunecache.processend`);
+- the end of the process (atexit, and a multiprocessing child's last words, :mod:`tunecache.process.processend`);
 - a holder killed: its lease is renewed by a heartbeat thread every third of
   ``TUNECACHE_LEASE_SECONDS`` while the rules above keep it, so it lapses that long after the kill
   (at once for a process of the same host and PID namespace: :meth:`Store.try_lease`), by the
@@ -48,8 +48,9 @@ import uuid
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from tunecache import counters, forks, processend, settings
-from tunecache.model import InductorEntry
+from tunecache import settings
+from tunecache.problem.model import InductorEntry
+from tunecache.process import counters, forks, processend
 from tunecache.store.leases import lease_host
 from tunecache.store.store import Store
 

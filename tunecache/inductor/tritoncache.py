@@ -18,7 +18,7 @@ and this is off). :class:`StoreCacheManager` is Triton's own ``FileCacheManager`
   local hit never touches the store, and a lookup only ever precedes what would be a compile.
 - ``put_group`` after a compile files the kernel's metadata and binary (what
   ``TRITON_STORE_BINARY_ONLY`` keeps) in the store, if this process's lookup found it missing there,
-  and only a build of this process that may leave the host (:mod:`tunecache.sharing`): not bytes
+  and only a build of this process that may leave the host (:mod:`tunecache.trust.sharing`): not bytes
   tunecache placed (a stored binary, an entry), not a kernel compiled inside a benchmark (tunecache's,
   Inductor's select_algorithm candidates), nothing from a process with ``TRITON_KERNEL_OVERRIDE``,
   ``TRITON_KERNEL_DUMP`` or another knob outside Triton's key (which neither fetches).
@@ -29,7 +29,7 @@ and this is off). :class:`StoreCacheManager` is Triton's own ``FileCacheManager`
   2026-12-06) before its first lookup. Placed only where this interpreter and platform load it.
 
 A stored kernel is native code: it is placed only if the store's trust policy vouches for the entry
-(:mod:`tunecache.trust`) and it passes the checks of a stored binary
+(:mod:`tunecache.trust.trust`) and it passes the checks of a stored binary
 (:func:`tunecache.binaries.binaries.problems_of`: its metadata names the key it is filed under,
 plain file names, the backend's extension). Every failure is a miss: Triton compiles as without it.
 """
@@ -45,12 +45,13 @@ from typing import Any
 import orjson
 from triton.runtime.cache import FileCacheManager
 
-from tunecache import counters, forks, sharing
 from tunecache.binaries import hostmodules
 from tunecache.binaries.binaries import from_group, problems_of, write_kernel
 from tunecache.binaries.preload import triton_version
 from tunecache.inductor.entries import InductorStore, default, host_target
-from tunecache.model import BINARY_EXTS, Binary, binary_sha256
+from tunecache.problem.model import BINARY_EXTS, Binary, binary_sha256
+from tunecache.process import counters, forks
+from tunecache.trust import sharing
 
 log = logging.getLogger("tunecache")
 

@@ -33,9 +33,10 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from tunecache import counters, extras, forks, settings
+from tunecache import extras, settings
 from tunecache.errors import ConfigurationError
 from tunecache.metrics import families
+from tunecache.process import counters, forks
 
 log = logging.getLogger("tunecache")
 

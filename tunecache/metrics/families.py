@@ -1,5 +1,5 @@
 """The metrics tunecache exports: one table of names, types, labels and meanings, and this process's
-values of them, read from what is counted already (:mod:`tunecache.counters`, the store breakers).
+values of them, read from what is counted already (:mod:`tunecache.process.counters`, the store breakers).
 
 Nothing is counted here, and nothing here runs on the launch path: the values are read when
 Prometheus scrapes (or, in prometheus_client's multiprocess mode, when :mod:`tunecache.metrics.mirror`
@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from tunecache import counters, forks
+from tunecache.process import counters, forks
 from tunecache.store import breaker
 
 COUNTER = "counter"
@@ -32,9 +32,9 @@ WORK = {
     "benchmark": ("waits", "wait_seconds", "waits_in_vain"),
     "torch_compile": ("inductor_lease_waits", "inductor_wait_seconds", "inductor_waits_in_vain"),
 }
-#: The rows refused as untrusted, from the ``what`` of :func:`tunecache.trust.refused` (its prefix).
+#: The rows refused as untrusted, from the ``what`` of :func:`tunecache.trust.trust.refused` (its prefix).
 ROWS = (("torch.compile", "torch_compile"), ("launch spec", "launch_spec"), ("binary", "binary"))
-#: Why a row was refused, from :func:`tunecache.signing.verify_row`'s and :class:`tunecache.trust.Policy`'s
+#: Why a row was refused, from :func:`tunecache.trust.signing.verify_row`'s and :class:`tunecache.trust.trust.Policy`'s
 #: words (a text in the reason, first match); "other" for none of these.
 REFUSALS = (
     ("unsigned", "is unsigned"),
@@ -84,7 +84,7 @@ def _work(i: int) -> Callable[[Reading], Mapping[Labels, float]]:
 
 
 def row_of(what: str) -> str:
-    """The ``row`` label of a refusal of ``what`` (:func:`tunecache.trust.refused`'s words).
+    """The ``row`` label of a refusal of ``what`` (:func:`tunecache.trust.trust.refused`'s words).
 
     >>> row_of("torch.compile fx_graph entry"), row_of("launch spec"), row_of("binary"), row_of("x")
     ('torch_compile', 'launch_spec', 'binary', 'other')

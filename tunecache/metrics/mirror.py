@@ -10,7 +10,7 @@ metric of :mod:`tunecache.metrics.families` is mirrored into a prometheus_client
 
 The mirror is synced (a counter increased by what was counted since the last sync, a gauge set) off
 the launch path: every :data:`SYNC_S` seconds by a thread of this process, when the process ends
-(its last words, :mod:`tunecache.processend`: a normal exit, a multiprocessing child's end or a
+(its last words, :mod:`tunecache.process.processend`: a normal exit, a multiprocessing child's end or a
 pool's SIGTERM), and before a scrape that this process answers (``TUNECACHE_METRICS_PORT``). The
 trade-off: a process that dies without last words (``kill -9``, a crash, a forked child ending in
 ``os._exit`` without multiprocessing) loses what it counted in its last interval, at most
@@ -33,8 +33,8 @@ import threading
 import time
 from typing import Any
 
-from tunecache import forks, processend
 from tunecache.metrics import families
+from tunecache.process import forks, processend
 
 log = logging.getLogger("tunecache")
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import orjson
 
-from tunecache.model import FAILED_STATUSES, utcnow
+from tunecache.problem.model import FAILED_STATUSES, utcnow
 from tunecache.report import compare, fleet, fleetpage
 from tunecache.report.html import escape, figure, spread, table, utc
 from tunecache.report.labels import (

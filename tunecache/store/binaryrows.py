@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from tunecache import signing, trust
-from tunecache.model import COMPANION_CONFIG, SPEC_BINARY_FIELD, Binary, binary_row, binary_sha256, utcnow
+from tunecache.problem.model import COMPANION_CONFIG, SPEC_BINARY_FIELD, Binary, binary_row, binary_sha256, utcnow
+from tunecache.problem.target import hostname
 from tunecache.store.schema import binaries, launch_specs, problems
 from tunecache.store.signers import not_larger, trusted_slots
-from tunecache.target import hostname
+from tunecache.trust import signing, trust
 
 
 class BinaryRows:
@@ -55,7 +55,7 @@ class BinaryRows:
     def binary_signatures(self, triton_keys: Sequence[str], slot: str) -> dict[str, tuple[Any, ...]]:
         """(sha256, name, ext, triton_version, signature) of the binaries of ``triton_keys`` in signer
         ``slot``, without their bytes: what an uploader checks its own rows by (see
-        :func:`tunecache.trust.signed_heads`)."""
+        :func:`tunecache.trust.trust.signed_heads`)."""
         c = binaries.c
         cols = (c.triton_key, c.sha256, c.name, c.ext, c.triton_version, c.signature)
         keys = sorted(set(triton_keys))

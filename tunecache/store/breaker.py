@@ -28,8 +28,9 @@ from typing import Any
 
 from sqlalchemy.engine import URL
 
-from tunecache import counters, forks, settings
+from tunecache import settings
 from tunecache.errors import StoreOfflineError, driver_message
+from tunecache.process import counters, forks
 from tunecache.store.engine import scrub
 
 #: How long a server that did not answer is left alone before one attempt tries it again.

@@ -3,7 +3,7 @@ each database takes them (an import of 100k problems, 1.2M config rows).
 
 Reached through :meth:`tunecache.store.store.Store.bulk_load`, which opens the write transaction and
 hands over a :class:`BulkWriter`. Rows are tuples in the order of
-:data:`tunecache.model.PROBLEM_COLUMNS` and :data:`tunecache.model.CONFIG_COLUMNS`, the tables'
+:data:`tunecache.problem.model.PROBLEM_COLUMNS` and :data:`tunecache.problem.model.CONFIG_COLUMNS`, the tables'
 own order; timestamps are passed through :attr:`BulkWriter.timestamp` (ISO 8601 text in, what the
 driver takes out) so that the common case is never parsed. Timing: docs/benchmarks/store.md.
 """
@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from tunecache.errors import driver_message
-from tunecache.model import CONFIG_COLUMNS, PROBLEM_COLUMNS, parse_timestamp
+from tunecache.problem.model import CONFIG_COLUMNS, PROBLEM_COLUMNS, parse_timestamp
 
 log = logging.getLogger("tunecache")
 

@@ -13,7 +13,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Row
 
-from tunecache.model import LAUNCH_SPEC_COLUMNS, TIMESTAMP_FIELDS
+from tunecache.problem.model import LAUNCH_SPEC_COLUMNS, TIMESTAMP_FIELDS
 from tunecache.store.filters import filter_clauses
 from tunecache.store.schema import binaries, configs, inductor_entries, launch_specs, problems
 from tunecache.store.signers import not_larger

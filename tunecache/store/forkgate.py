@@ -5,7 +5,7 @@ SQLite keeps the lock state of all of a process's connections to a file in proce
 forked in the middle of a write (a migration, a flush of hit counts) inherits a ghost connection that
 holds the write lock forever: each of the child's writes then waits out the busy timeout and fails.
 Servers that fork their workers after tunecache started (gunicorn, multiprocessing's fork) hit it, so
-the gate is registered with :func:`tunecache.forks.register` on import. :class:`tunecache.store.store.Store`
+the gate is registered with :func:`tunecache.process.forks.register` on import. :class:`tunecache.store.store.Store`
 passes every SQLite write through :func:`writing`.
 """
 
@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Iterator
 
-from tunecache import forks
+from tunecache.process import forks
 
 
 class SqliteForkGate:

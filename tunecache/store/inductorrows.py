@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from tunecache import signing
-from tunecache.model import INDUCTOR_KINDS, INDUCTOR_TARGET_FIELDS, InductorEntry, utcnow
+from tunecache.problem.model import INDUCTOR_KINDS, INDUCTOR_TARGET_FIELDS, InductorEntry, utcnow
+from tunecache.problem.target import hostname
 from tunecache.store.filters import bound_to_no_driver, not_this_driver, this_driver
 from tunecache.store.schema import inductor_entries
 from tunecache.store.signers import not_larger, trusted_slots
-from tunecache.target import hostname
+from tunecache.trust import signing
 
 
 class InductorRows:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-from tunecache.target import hostname
+from tunecache.problem.target import hostname
 
 
 def process_namespace() -> str:

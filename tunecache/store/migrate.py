@@ -19,8 +19,8 @@ from typing import Any, Protocol
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from tunecache import forks
 from tunecache.errors import SchemaError
+from tunecache.process import forks
 from tunecache.store.engine import sqlite_path
 from tunecache.store.schema import SCHEMA_HEAD, SCHEMA_REVISIONS
 from tunecache.store.sqlitefile import missing_log_hint

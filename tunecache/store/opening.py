@@ -15,8 +15,9 @@ from pathlib import Path
 
 from sqlalchemy.engine import URL
 
-from tunecache import forks, settings
+from tunecache import settings
 from tunecache.errors import StoreError, StoreNotFoundError
+from tunecache.process import forks
 from tunecache.store import breaker
 from tunecache.store.engine import make_engine, mask_url, resolve_url, sqlite_path, sqlite_writable
 from tunecache.store.migrate import check_schema
@@ -116,7 +117,7 @@ def open_store(
 
     >>> import tempfile
     >>> from tunecache import ConfigResult, Problem
-    >>> from tunecache.target import Target
+    >>> from tunecache.problem.target import Target
     >>> tmp = tempfile.TemporaryDirectory()
     >>> store = open_store(f"sqlite:///{tmp.name}/tunecache.sqlite3")
     >>> store.find_problems()

@@ -2,7 +2,7 @@
 
 Kept apart from :mod:`tunecache.store.store` so that the migrations, the export, the import and the
 report read the same table objects without the store's connection logic. The column order of
-``problems`` and ``configs`` is :mod:`tunecache.model`'s row shape (checked at import).
+``problems`` and ``configs`` is :mod:`tunecache.problem.model`'s row shape (checked at import).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql as mysql_dialect
 
-from tunecache.model import CONFIG_ROW_COLUMNS, PROBLEM_COLUMNS
+from tunecache.problem.model import CONFIG_ROW_COLUMNS, PROBLEM_COLUMNS
 
 metadata = sa.MetaData(
     naming_convention={
@@ -155,7 +155,7 @@ launch_specs = sa.Table(
     sa.Column("spec_json", sa.Text, nullable=False),
     sa.Column("host", sa.String(255), nullable=False),
     sa.Column("created_at", Timestamp, nullable=False),
-    sa.Column("signature", sa.Text, nullable=True),  # tunecache.signing.sign_row's, or None (unsigned)
+    sa.Column("signature", sa.Text, nullable=True),  # tunecache.trust.signing.sign_row's, or None (unsigned)
 )
 
 # What Triton's compile cache holds for each winner's specialisation (tunecache.binaries.binaries), filed by
@@ -178,7 +178,7 @@ binaries = sa.Table(
     sa.Column("binary", Blob, nullable=False),
     sa.Column("host", sa.String(255), nullable=False),
     sa.Column("created_at", Timestamp, nullable=False),
-    sa.Column("signature", sa.Text, nullable=True),  # tunecache.signing.sign_row's, or None (unsigned)
+    sa.Column("signature", sa.Text, nullable=True),  # tunecache.trust.signing.sign_row's, or None (unsigned)
 )
 
 # Entries of torch.compile's (Inductor's) remote caches (tunecache.inductor): the bytes Inductor hands its
@@ -206,7 +206,7 @@ inductor_entries = sa.Table(
     sa.Column("created_at", Timestamp, nullable=False),
     sa.Column("used_at", Timestamp, nullable=False),
     sa.Column("hit_count", sa.Integer, nullable=False, default=0),
-    sa.Column("signature", sa.Text, nullable=True),  # tunecache.signing.sign_row's, or None (unsigned)
+    sa.Column("signature", sa.Text, nullable=True),  # tunecache.trust.signing.sign_row's, or None (unsigned)
     # e.g. 580.159.04 (migration 0008): a driver update may keep driver_version; "" when unknown
     sa.Column("driver_release", sa.String(64), nullable=False, server_default=""),
     sa.Index(None, "driver_version"),
@@ -214,7 +214,9 @@ inductor_entries = sa.Table(
 )
 
 if tuple(c.name for c in problems.c) != PROBLEM_COLUMNS or tuple(c.name for c in configs.c)[1:] != CONFIG_ROW_COLUMNS:
-    raise AssertionError("the tables' columns must be tunecache.model's row shape, in its order")  # pragma: no cover
+    raise AssertionError(
+        "the tables' columns must be tunecache.problem.model's row shape, in its order"
+    )  # pragma: no cover
 
 #: The migrations this code knows, oldest first (tests check it against Alembic's script directory).
 #: Kept as constants so that opening an up-to-date store, on every server start, needs no Alembic

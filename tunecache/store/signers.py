@@ -2,9 +2,9 @@
 returns only the rows of the signers its reader trusts, none larger than a row of code can be.
 
 A binary, a host module, a launch spec or a torch.compile entry is code, signed where it is made
-(:mod:`tunecache.trust`). Each table of code keys its rows by their identity *and* their signer's
+(:mod:`tunecache.trust.trust`). Each table of code keys its rows by their identity *and* their signer's
 slot, the column ``signer``: the base64 public key the row's signature names, "" for an unsigned
-row or a malformed signature (:func:`tunecache.signing.row_slot`), written by the store from the
+row or a malformed signature (:func:`tunecache.trust.signing.row_slot`), written by the store from the
 row's signature, never taken from a caller. So:
 
 - a put writes only its own signer's slot: a torch.compile entry replaces what the slot held (last

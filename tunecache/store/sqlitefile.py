@@ -10,7 +10,7 @@ an empty store, and a read-only open (``immutable=1``, which ignores the log) fo
 (issue 44). So:
 
 - a writable store folds its log when it closes (:func:`fold_log`), and every process closes its
-  writable SQLite stores as it ends (:mod:`tunecache.processend`, registered by the store);
+  writable SQLite stores as it ends (:mod:`tunecache.process.processend`, registered by the store);
 - a read-only open reads a non-empty log beside the file (:func:`readonly_connect`) and, where the
   main file was copied without it, says how to fix that (:func:`missing_log_hint`);
 - ``tunecache db seal`` folds and truncates the log where the store is writable, waiting for the

@@ -35,10 +35,10 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from tunecache import counters, forks, interrupts, processend, settings, signing, trust
-from tunecache.configidentity import search_space_hash
+from tunecache import settings
 from tunecache.errors import StoreError, StoreReadOnlyError, driver_message
-from tunecache.model import (
+from tunecache.problem.configidentity import search_space_hash
+from tunecache.problem.model import (
     CONFIG_ROW_COLUMNS,
     FAILED_STATUSES,
     STATUSES,
@@ -53,6 +53,8 @@ from tunecache.model import (
     problems_from_rows,
     utcnow,
 )
+from tunecache.problem.target import hostname
+from tunecache.process import counters, forks, interrupts, processend
 from tunecache.store import breaker, dbclock, forkgate
 from tunecache.store.binaryrows import BinaryRows
 from tunecache.store.bulk import BulkWriter, bulk_writer
@@ -79,7 +81,7 @@ from tunecache.store.schema import (
 )
 from tunecache.store.signers import not_larger, trusted_slots
 from tunecache.store.sqlitefile import fold_log, seal
-from tunecache.target import hostname
+from tunecache.trust import signing, trust
 
 log = logging.getLogger("tunecache")
 
@@ -594,7 +596,7 @@ class Store(BinaryRows, InductorRows):
     def get_specs(self, source_hash: str, slots: Collection[str] | None = None) -> dict[str, list[LaunchSpec]]:
         """Every recorded specialisation of one kernel by the signers of ``slots`` (None: every
         signer; :mod:`tunecache.store.signers`), by target digest, in one query, unverified (see
-        :meth:`tunecache.trust.Policy.specs`)."""
+        :meth:`tunecache.trust.trust.Policy.specs`)."""
         c = launch_specs.c
         cols = (c.spec_hash, c.config_hash, c.kernel_hash, c.spec_json, c.triton_version, c.signature)
         q = sa.select(c.target_digest, *cols).where(

@@ -21,8 +21,9 @@ from typing import Any
 
 from triton.runtime.autotuner import Autotuner
 
-from tunecache import counters, settings
-from tunecache.identity import kernel_name
+from tunecache import settings
+from tunecache.problem.identity import kernel_name
+from tunecache.process import counters
 from tunecache.settings import current_mode
 from tunecache.tuner import background, basepatch
 from tunecache.tuner.autotuner import BASE_INIT, BASE_RUN, TunecacheAutotuner, attach, detach

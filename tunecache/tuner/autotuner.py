@@ -33,12 +33,12 @@ from typing import Any
 from triton.runtime.autotuner import Autotuner
 
 from tunecache import settings
-from tunecache.configidentity import ConfigIds
 from tunecache.errors import Busy, ConfigurationError
-from tunecache.identity import KernelIdentity, kernel_identity, kernel_name, module_imported
+from tunecache.problem.configidentity import ConfigIds
+from tunecache.problem.identity import KernelIdentity, kernel_identity, kernel_name, module_imported
+from tunecache.problem.target import interpreting
 from tunecache.settings import current_mode
 from tunecache.store.store import Store
-from tunecache.target import interpreting
 from tunecache.tuner import background, basepatch, companions
 from tunecache.tuner.benchhooks import BenchHooks
 from tunecache.tuner.fastpath import FastLaunch

@@ -17,8 +17,9 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
 
-from tunecache import forks, tritoncompat
+from tunecache import tritoncompat
 from tunecache.binaries import preload
+from tunecache.process import forks
 
 # CPython 3.11 keeps the AST constructor's recursion depth per interpreter, not per thread:
 # ast.parse in two threads at once can raise "SystemError: AST constructor recursion depth mismatch"

@@ -21,8 +21,9 @@ from typing import Any
 import orjson
 from triton.runtime.autotuner import Autotuner
 
-from tunecache import counters, sharing
-from tunecache.target import interpreting
+from tunecache.problem.target import interpreting
+from tunecache.process import counters
+from tunecache.trust import sharing
 from tunecache.tuner.measure import Round, classify, cpu_do_bench
 
 

@@ -41,8 +41,8 @@ from typing import Any
 
 import orjson
 
-from tunecache.identity import base_function
-from tunecache.model import LaunchSpec
+from tunecache.problem.identity import base_function
+from tunecache.problem.model import LaunchSpec
 
 #: Verdicts of :func:`verdict`.
 REPRODUCE = "reproduce"  # the call is under K's arguments: benchmark W alone

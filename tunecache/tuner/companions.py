@@ -28,10 +28,11 @@ import weakref
 from collections.abc import Iterable
 from typing import Any
 
-from tunecache import counters, forks, settings
+from tunecache import settings
 from tunecache.binaries import binaries, preload
-from tunecache.identity import module_imported
-from tunecache.model import COMPANION_CONFIG, LaunchSpec
+from tunecache.problem.identity import module_imported
+from tunecache.problem.model import COMPANION_CONFIG, LaunchSpec
+from tunecache.process import counters, forks
 from tunecache.tuner import background, heal
 
 log = logging.getLogger("tunecache")

@@ -10,10 +10,11 @@ from typing import Any
 
 from triton.runtime.autotuner import Autotuner
 
-from tunecache import settings, signing
+from tunecache import settings
 from tunecache.binaries import preload
 from tunecache.settings import current_mode
 from tunecache.store.store import Store
+from tunecache.trust import signing
 from tunecache.tuner import adoption, background, basepatch, companions, firstcall
 from tunecache.tuner.autotuner import TunecacheAutotuner
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from triton.runtime.autotuner import Autotuner
 
-from tunecache import counters
+from tunecache.process import counters
 
 _adopted: weakref.WeakSet[Any] = weakref.WeakSet()  # adopted by install(): uninstall() releases them
 _NOT_ENTERED = object()  # a first call's mark in ``nargs``, which Autotuner.run replaces at once

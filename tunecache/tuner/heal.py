@@ -1,6 +1,6 @@
 """Healing: after a comment edit, the first compile of a stored winner records its spec and binary.
 
-tunecache's source hash ignores comments and formatting (:mod:`tunecache.identity`); Triton's cache
+tunecache's source hash ignores comments and formatting (:mod:`tunecache.problem.identity`); Triton's cache
 key does not. After such an edit every stored problem still hits (the tuning results still apply),
 but the launch specs and binaries stored with them are those of the old text, under Triton's old
 key: every fresh host compiles every winner again, its preload skips every stored spec, and no
@@ -22,9 +22,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from tunecache import forks, sharing
 from tunecache.binaries import preload
+from tunecache.process import forks
 from tunecache.settings import current_mode
+from tunecache.trust import sharing
 from tunecache.tuner import background
 
 log = logging.getLogger("tunecache")
@@ -34,7 +35,7 @@ _noted: dict[int, Any] = {}  # id -> a tuned JITFunction Triton compiled since t
 
 def enabled() -> bool:
     """Whether this process may record what it compiled: only a readwrite process writes, and only
-    builds that may leave the host (:func:`tunecache.sharing.builds_shareable`)."""
+    builds that may leave the host (:func:`tunecache.trust.sharing.builds_shareable`)."""
     return current_mode() == "readwrite" and sharing.builds_shareable()
 
 

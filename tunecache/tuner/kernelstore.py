@@ -17,13 +17,15 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from tunecache import counters, settings, trust, writeback
+from tunecache import settings
 from tunecache.binaries import binaries, preload
 from tunecache.errors import StoreError, StoreReadOnlyError
-from tunecache.model import ConfigResult, LaunchSpec, Problem, pick_winner
+from tunecache.problem.model import ConfigResult, LaunchSpec, Problem, pick_winner
+from tunecache.problem.target import Target
+from tunecache.process import counters, writeback
 from tunecache.store.opening import shared_store
 from tunecache.store.store import Store
-from tunecache.target import Target
+from tunecache.trust import trust
 from tunecache.tuner import background, companions, missspool
 
 RETRY_OPEN_S = 30.0
@@ -92,7 +94,7 @@ class KernelStore:
         )
 
     def read_specs(self, store: Store, source_hash: str) -> None:
-        """Read this kernel's launch specs that this process trusts (:mod:`tunecache.trust`) and place
+        """Read this kernel's launch specs that this process trusts (:mod:`tunecache.trust.trust`) and place
         their trusted binaries into Triton's cache, before any compile: Triton then finds them."""
         policy = trust.policy(store)
         self.specs = policy.stored_specs(store, source_hash)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tunecache import settings
-from tunecache.model import ConfigResult
+from tunecache.problem.model import ConfigResult
 
 
 def capturing() -> bool:

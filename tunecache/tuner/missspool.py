@@ -19,9 +19,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from tunecache import counters, settings
-from tunecache.model import Problem, miss_fields, utcnow
-from tunecache.target import hostname
+from tunecache import settings
+from tunecache.problem.model import Problem, miss_fields, utcnow
+from tunecache.problem.target import hostname
+from tunecache.process import counters
 
 log = logging.getLogger("tunecache")
 

@@ -14,10 +14,11 @@ from typing import Any
 
 from triton.runtime.autotuner import Autotuner
 
-from tunecache import counters, trust
 from tunecache.binaries import preload
 from tunecache.errors import StoreError
-from tunecache.target import detect_target
+from tunecache.problem.target import detect_target
+from tunecache.process import counters
+from tunecache.trust import trust
 
 log = logging.getLogger("tunecache")
 

@@ -16,8 +16,8 @@ from typing import Any
 
 from triton.runtime.autotuner import Autotuner
 
-from tunecache import counters
-from tunecache.target import detect_target
+from tunecache.problem.target import detect_target
+from tunecache.process import counters
 from tunecache.tuner import basepatch, blame, measure
 from tunecache.tuner.measure import Round, classify
 

@@ -18,14 +18,16 @@ from typing import Any
 import orjson
 from triton.runtime.autotuner import Autotuner
 
-from tunecache import counters, settings, sharing, writeback
+from tunecache import settings
 from tunecache.binaries import preload
-from tunecache.configidentity import search_space_hash
 from tunecache.errors import CaptureMissError, StoreError
-from tunecache.identity import canonical_key, problem_digest
-from tunecache.model import Problem
+from tunecache.problem.configidentity import search_space_hash
+from tunecache.problem.identity import canonical_key, problem_digest
+from tunecache.problem.model import Problem
+from tunecache.problem.target import detect_target, hostname
+from tunecache.process import counters, writeback
 from tunecache.store.store import Store
-from tunecache.target import detect_target, hostname
+from tunecache.trust import sharing
 from tunecache.tuner import companions, deferral, measure, missspool, singleflight, winner
 from tunecache.tuner.measure import Round
 from tunecache.tuner.singleflight import Lease

@@ -22,10 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from tunecache import counters, settings
+from tunecache import settings
 from tunecache.errors import StoreError
+from tunecache.problem.target import hostname
+from tunecache.process import counters
 from tunecache.store.store import Store
-from tunecache.target import hostname
 
 log = logging.getLogger("tunecache")
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import orjson
 
-from tunecache.model import ConfigResult, Problem, pick_winner
-from tunecache.target import Target
+from tunecache.problem.model import ConfigResult, Problem, pick_winner
+from tunecache.problem.target import Target
 
 
 def choose(

@@ -5,7 +5,7 @@ fleet, so ``tunecache export --sign KEY`` signs it and ``import --binaries``/``-
 accept it only when the signature verifies against a key in ``TUNECACHE_TRUSTED_KEYS``. Each
 binary, host module and launch spec row is signed too, by the process that made it
 (``TUNECACHE_SIGNING_KEY``): what a row signature covers, and when a row is used, is
-:mod:`tunecache.trust`'s. Trust is by the full public key, never by its id alone.
+:mod:`tunecache.trust.trust`'s. Trust is by the full public key, never by its id alone.
 
 Keys (``tunecache keygen PATH``): PATH holds the private key (PKCS#8 PEM, unencrypted, mode 0600:
 keep it in the build system's secret store), ``PATH.pub`` the public key as one line,
@@ -38,7 +38,7 @@ ALGORITHM = "ed25519"
 #: newline included). The header carries the sha256 of every body line, so the one signature
 #: covers every byte of the file before it.
 SIGNED_CONTEXT = b"tunecache-export-signature-1\n"
-#: What a row signature signs: this, then the row's message (:mod:`tunecache.trust` builds it).
+#: What a row signature signs: this, then the row's message (:mod:`tunecache.trust.trust` builds it).
 ROW_CONTEXT = b"tunecache-row-signature-1\n"
 
 

@@ -20,7 +20,7 @@ A process that did nothing with tunecache (no kernel seen, nothing counted) prin
 ``TUNECACHE_INSTALL`` every Python process that imports Triton runs tunecache, compile workers and
 tools included. A forked child says what it did since the fork, not its parent's counts again
 (:data:`COUNTED` are taken relative to the fork), and names its pid, as does a multiprocessing
-child; the line is said once per process, by its last words (:mod:`tunecache.processend`), so a
+child; the line is said once per process, by its last words (:mod:`tunecache.process.processend`), so a
 pool worker ended by SIGTERM says it too.
 """
 
@@ -30,8 +30,9 @@ import os
 import sys
 from collections.abc import Mapping
 
-from tunecache import counters, forks, processend, settings
+from tunecache import settings
 from tunecache.errors import ConfigurationError
+from tunecache.process import counters, forks, processend
 
 #: The counters the line adds up since this process started (or forked).
 COUNTED = ("hits", "benchmarks", "preloaded", "preload_skipped", "saved_seconds", "bench_seconds")

@@ -1,6 +1,6 @@
 """A process's last words (write its queued counts, print its summary), on every way it ends.
 
-The flusher (:mod:`tunecache.writeback`) writes what is queued ``FLUSH_DELAY_S`` after it is
+The flusher (:mod:`tunecache.process.writeback`) writes what is queued ``FLUSH_DELAY_S`` after it is
 queued, and atexit writes the rest. A multiprocessing child can end where neither happens, and pool
 workers live shorter than that delay, so their hits, counters and ``kernel_stats`` rows were lost
 (issue 27: after two runs ``tunecache stats`` said "kernels seen: 0", and ``gc`` took the problems
@@ -45,7 +45,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from tunecache import forks
+from tunecache.process import forks
 
 log = logging.getLogger("tunecache")
 

@@ -1,7 +1,7 @@
 """Config identity: a Triton ``Config`` as canonical JSON and its hash, the row's ``config_hash``.
 
 A config's identity holds its kwargs, launch options (``num_warps``, ``num_stages``, ``num_ctas``,
-``maxnreg``), its ``pre_hook`` (:func:`tunecache.identity.hook_identity`) and ``ir_override`` (the
+``maxnreg``), its ``pre_hook`` (:func:`tunecache.problem.identity.hook_identity`) and ``ir_override`` (the
 IR file's contents): each config is its own row, so adding a config to a search space benchmarks
 only that one. :class:`ConfigIds` memoises identities by the config's value, for the launch path
 of a key's first call; :func:`search_space_hash` names a set of configs.
@@ -14,7 +14,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tunecache.identity import canonical_json, hook_identity, sha256_hex
+from tunecache.problem.identity import canonical_json, hook_identity, sha256_hex
 
 CONFIG_FIELDS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
 _VKEY_FIELDS = ("kwargs", "pre_hook", *CONFIG_FIELDS, "ir_override")  # what ConfigIds' memo key reads

@@ -16,7 +16,7 @@ What a row signature covers (:func:`spec_message`, :func:`binary_message`, :func
 the row's whole identity and payload. A launch spec's kernel source, target digest, config, Triton
 cache key, Triton version and the sha256 of its specialisation text (the hash it is filed under
 must be that); a binary's or host module's content address (every byte of its metadata, whose
-``target`` names the GPU architecture, and of its binary; see :func:`tunecache.model.binary_sha256`),
+``target`` names the GPU architecture, and of its binary; see :func:`tunecache.problem.model.binary_sha256`),
 its Triton cache key, name, extension and Triton version; a torch.compile entry's cache, key,
 target digest and the sha256 of its bytes. Each is recomputed when a row is checked: the payload's
 digest from its bytes, the identity from what the reader asked for (the kernel source it reads, the
@@ -44,9 +44,11 @@ import threading
 from dataclasses import dataclass, replace
 from typing import Any
 
-from tunecache import counters, settings, signing
+from tunecache import settings
 from tunecache.errors import ConfigurationError, SigningError
-from tunecache.model import Binary, InductorEntry, LaunchSpec, binary_sha256
+from tunecache.problem.model import Binary, InductorEntry, LaunchSpec, binary_sha256
+from tunecache.process import counters
+from tunecache.trust import signing
 
 log = logging.getLogger("tunecache")
 

@@ -6,7 +6,7 @@ they never sit on the launch path (nor a compile's cache hit: a write waits for 
 lock, which a fleet's puts hold) and are not lost when the database blinks. The thread is started by
 the background prefetch (:func:`start`), before the first launch: starting a thread costs a first
 hit some 0.4 ms, in the middle of a restart's first pass. What is still queued when the process ends
-is written by its last words (:mod:`tunecache.processend`), which also cover a multiprocessing
+is written by its last words (:mod:`tunecache.process.processend`), which also cover a multiprocessing
 child's ends that skip atexit.
 """
 
@@ -19,7 +19,7 @@ from collections import Counter, defaultdict
 from collections.abc import Mapping
 from typing import Any
 
-from tunecache import counters, forks, processend
+from tunecache.process import counters, forks, processend
 
 log = logging.getLogger("tunecache")
 
@@ -87,7 +87,7 @@ def _ensure_flusher() -> None:
 
 def _schedule() -> None:
     """Called with ``_lock`` held: wake the flusher (setting a flag, once it runs). Its callers then
-    see that the process's end writes what is queued (:func:`tunecache.processend.arm`: a flag
+    see that the process's end writes what is queued (:func:`tunecache.process.processend.arm`: a flag
     once armed)."""
     _ensure_flusher()
     _wake.set()

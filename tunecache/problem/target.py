@@ -2,7 +2,7 @@
 
 :func:`detect_target` describes the device (backend, arch, name, SM count, shared memory, warp size,
 driver...), or a CPU target under the interpreter or without a GPU. :attr:`Target.digest` hashes
-the fields that change timings (``DIGEST_TARGET_FIELDS``; :mod:`tunecache.identity` says why each
+the fields that change timings (``DIGEST_TARGET_FIELDS``; :mod:`tunecache.problem.identity` says why each
 is there); :func:`hostname` names the host, which is not part of any key.
 
 :func:`machine_target` finds the same target without importing torch or Triton (about 2 s), for
@@ -24,7 +24,7 @@ from typing import Any
 
 from tunecache import settings
 from tunecache.errors import ConfigurationError
-from tunecache.identity import DIGEST_VERSION, canonical_json, sha256_hex
+from tunecache.problem.identity import DIGEST_VERSION, canonical_json, sha256_hex
 
 #: Target fields that enter the problem digest (see the module docstring for why).
 DIGEST_TARGET_FIELDS = (

@@ -24,8 +24,8 @@ from typing import Any
 
 import orjson
 
-from tunecache.identity import canonical_json
-from tunecache.target import TARGET_FIELDS, Target
+from tunecache.problem.identity import canonical_json
+from tunecache.problem.target import TARGET_FIELDS, Target
 
 STATUSES = ("ok", "out_of_resources", "compile_error", "runtime_error", "pruned")
 FAILED_STATUSES = ("out_of_resources", "compile_error", "runtime_error")
@@ -130,7 +130,7 @@ class LaunchSpec:
     kernel_hash: str  # Triton's compile-cache hash of the binary: a preload must reproduce it
     spec_json: str  # Triton's serialize_specialization_data output
     triton_version: str
-    signature: str | None = None  # its maker's row signature (tunecache.trust), or None: unsigned
+    signature: str | None = None  # its maker's row signature (tunecache.trust.trust), or None: unsigned
 
 
 #: The field of a launch spec's JSON that names its binary: a spec of one text's binary added beside
@@ -158,7 +158,7 @@ class Binary:
     triton_version: str
     metadata: bytes  # the .json file, as Triton wrote it
     binary: bytes  # the .cubin / .hsaco
-    signature: str | None = None  # its maker's row signature (tunecache.trust), or None: unsigned
+    signature: str | None = None  # its maker's row signature (tunecache.trust.trust), or None: unsigned
 
     @property
     def size(self) -> int:
@@ -192,7 +192,7 @@ class InductorEntry:
     target_digest: str
     value: bytes
     target: dict[str, str]  # backend, arch, device_name, driver_version, driver_release, torch and triton_version
-    signature: str | None = None  # its maker's row signature (tunecache.trust), or None: unsigned
+    signature: str | None = None  # its maker's row signature (tunecache.trust.trust), or None: unsigned
     sha256: str = ""  # content address of value; computed when empty
 
     def __post_init__(self) -> None:
@@ -343,7 +343,7 @@ def config_from_json(obj: Mapping[str, Any]) -> ConfigResult:
 def problem_to_json(p: Problem, *, configs: bool = True) -> dict[str, Any]:
     """A problem in the export shape (JSON types only); ``configs=False`` leaves its config rows out.
 
-    >>> from tunecache.target import Target
+    >>> from tunecache.problem.target import Target
     >>> cpu = Target("cpu", "interpreter", "CPU", 1, 0, 1, "0", "", "", "3.6")
     >>> p = Problem("d1", "mod.kern", "src1", cpu, '[["N",1024]]', configs=[ConfigResult("c1", {}, median_ms=0.5)])
     >>> obj = problem_to_json(p)

@@ -1,7 +1,7 @@
 """Process counters and one-time warnings: what this process reports about itself.
 
 Counters answer "did this restart benchmark anything?" (``tunecache.stats()``). The per-kernel
-counters a store keeps (``tunecache stats``) are queued for it by :mod:`tunecache.writeback`, off
+counters a store keeps (``tunecache stats``) are queued for it by :mod:`tunecache.process.writeback`, off
 the launch path: writeback registers itself here (:func:`persist_with`) at import, so that this core
 module imports nothing of the layers above it. Warnings that every later miss would repeat are
 logged once per kernel and kind.
@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from tunecache import forks
+from tunecache.process import forks
 
 log = logging.getLogger("tunecache")
 
@@ -60,7 +60,7 @@ _warned_lock = threading.Lock()
 _coverage: dict[str, dict[str, Any]] = {}  # kernel -> its class, covered, why not (see coverage())
 _skips: Counter[str] = Counter()  # why launch specs were not preloaded (see preload_skips())
 _refusals: Counter[tuple[str, str]] = Counter()  # (what, why) of the rows not used as untrusted (see refusals())
-#: Where the persisted counters go: (store, kernel, deltas); set by tunecache.writeback at import.
+#: Where the persisted counters go: (store, kernel, deltas); set by tunecache.process.writeback at import.
 _persist: Callable[[Any, str, Mapping[str, float]], None] | None = None
 
 
@@ -132,14 +132,14 @@ def preload_skips() -> dict[str, int]:
 
 def refused(what: str, why: str, n: int = 1) -> None:
     """``n`` stored rows of code not used because nothing this process trusts vouches for them (see
-    :func:`tunecache.trust.refused`): counted in ``untrusted`` and by (``what``, ``why``)."""
+    :func:`tunecache.trust.trust.refused`): counted in ``untrusted`` and by (``what``, ``why``)."""
     with _lock:
         _counters["untrusted"] += n
         _refusals[(what, why)] += n
 
 
 def refusals() -> dict[tuple[str, str], int]:
-    """The rows this process refused as untrusted: ``{(what, why): count}``, in :func:`tunecache.trust.refused`'s
+    """The rows this process refused as untrusted: ``{(what, why): count}``, in :func:`tunecache.trust.trust.refused`'s
     words (a few kinds of row and reasons, and the key ids that signed them; the counts sum to
     ``stats()["untrusted"]``)."""
     with _lock:

@@ -7,9 +7,9 @@ the same. This module turns each of those into stable, portable strings:
   constexpr functions and aggregate classes it uses. The hash is over the parsed syntax tree, so
   comments, blank lines and the position of the kernel in its file do not change it (Triton's own
   ``cache_key`` includes the line number).
-* :func:`tunecache.target.detect_target` describes the device (arch, name, SM count, shared
+* :func:`tunecache.problem.target.detect_target` describes the device (arch, name, SM count, shared
   memory, driver...); its fields that enter the digest are ``target.DIGEST_TARGET_FIELDS``.
-* :func:`canonical_key` and :func:`tunecache.configidentity.config_identity` serialise tuning keys
+* :func:`canonical_key` and :func:`tunecache.problem.configidentity.config_identity` serialise tuning keys
   and configs as canonical JSON; anything that cannot be serialised raises ``TypeError`` naming
   the argument.
 * :func:`problem_digest` combines the three into the content address of a row.
@@ -51,7 +51,7 @@ tuning key                the problem size (batch bucket, dtypes...)
 Not in the digest: hostname (every host of a fleet must share results), CUDA runtime version
 (Triton ships its own ptxas; the runtime does not touch Triton kernels), the config list (each
 config is its own row, so adding a config benchmarks only that one). A config's own identity
-(:mod:`tunecache.configidentity`) holds its kwargs, launch options, ``pre_hook``
+(:mod:`tunecache.problem.configidentity`) holds its kwargs, launch options, ``pre_hook``
 (:func:`callable_identity`) and ``ir_override`` (the IR file's contents).
 
 When: a kernel's identity is computed no earlier than its first launch, or once its module provably
@@ -513,7 +513,7 @@ def module_imported(fn: Any) -> bool:
 
 
 # --------------------------------------------------------------------------------------------
-# Tuning key and hook identity (a config's own: tunecache.configidentity)
+# Tuning key and hook identity (a config's own: tunecache.problem.configidentity)
 # --------------------------------------------------------------------------------------------
 
 
@@ -652,7 +652,7 @@ def _opaque(fn: Any, name: str) -> str:
 
 
 class DigestTarget(Protocol):
-    """What a problem's digest needs of its target (a :class:`tunecache.target.Target`), named here
+    """What a problem's digest needs of its target (a :class:`tunecache.problem.target.Target`), named here
     so that identity, which the target module uses, does not import it back."""
 
     def digest_fields(self) -> dict[str, Any]: ...
