@@ -32,6 +32,9 @@ _COLLECT_DIR = __import__("tempfile").mkdtemp(prefix=f"tc-{_WORKER}-")
 __import__("atexit").register(__import__("shutil").rmtree, _COLLECT_DIR, ignore_errors=True)
 os.environ["TUNECACHE_URL"] = f"sqlite:///{_COLLECT_DIR}/s.sqlite3"
 os.environ["TRITON_CACHE_DIR"] = f"{_COLLECT_DIR}/triton"
+# Inductor's C++ builds, shared by the torch.compile tests' host processes (tests/cppbuilds.py):
+# scripts/test names one pool per run; otherwise this process's.
+os.environ.setdefault("TEST_INDUCTOR_CPP_BUILDS", f"{_COLLECT_DIR}/cpp-builds")
 
 import pytest  # noqa: E402
 import sqlalchemy as sa  # noqa: E402

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sys
 
+import cppbuilds
 import torch
 
 
@@ -17,6 +18,7 @@ def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 def main() -> None:
+    cppbuilds.share()  # the suite's C++ builds (tests/cppbuilds.py): no test here is about gcc
     if "--enable" in sys.argv:
         from tunecache.inductor import enable
 
