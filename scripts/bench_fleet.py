@@ -48,26 +48,15 @@ from benchkit.timing import pct  # noqa: E402
 from fleet_worker import child  # noqa: E402
 
 #: The store calls a start makes, recorded by :func:`traced_start` (its schema check is open_store's).
-TRACED = (
-    "get",
-    "get_many",
-    "kernel_names",
-    "get_kernel_problems",
-    "get_specs",
-    "specs_elsewhere",
-    "record_hits",
-    "bump_stats",
-    "record_miss",
-)
+TRACED = ("get", "get_many", "kernel_names", "get_kernel_problems", "get_specs", "specs_elsewhere")
+TRACED += ("record_hits", "bump_stats", "record_miss")
 
 TRACER = """
 import json, sys
 from tunecache.cli import demo
 from tunecache.store import store as S
 calls, depth = [], [0]
-def plain(x):  # an argument as JSON holds it: a mapping as a dict, a set (get_specs' signer slots) sorted
-    if isinstance(x, dict):
-        return dict(x)
+def plain(x):  # an argument as JSON holds it: a set (get_specs' signer slots) sorted
     return sorted(x) if isinstance(x, (set, frozenset)) else x
 def wrap(name):
     f = getattr(S.Store, name)
