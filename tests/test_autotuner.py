@@ -798,9 +798,12 @@ def test_kill_9_of_the_benchmarking_process_is_recovered(request, kind, tmp_path
     out, _ = waiter.communicate(timeout=120)
     holder.wait()
     done = json.loads(out.strip().splitlines()[-1])
-    # From the kill (or the waiter's launch, if its imports ended later: on a loaded machine they
-    # took over 15 s) to the key resolved; the interpreter's start-up is not what is bounded.
-    assert done["t_done"] - max(t_kill, done["t_start"]) <= 5 + 10
+    # The waiter waited on the dead holder's lease at most lease + 10 s (its own counter), and its
+    # launch ended far inside TUNECACHE_WAIT_SECONDS (300 s): it did not wait the holder out. Not a
+    # wall bound from the kill: on a loaded 2-core machine the waiter's imports alone took over 15 s,
+    # and its interpreted launch through PgBouncer 24 s.
+    assert done["stats"]["wait_seconds"] <= 5 + 10, done["stats"]
+    assert done["t_done"] - max(t_kill, done["t_start"]) <= 120
     assert done["stats"]["benchmarks"] == 2
     assert open_store(url).counts()["problems"] == 1
 
