@@ -141,10 +141,6 @@ def test_store_that_comes_back_is_used_after_the_backoff(hung_server, pg_url, mo
     with pytest.raises(StoreOfflineError, match="is offline: no answer within"):
         shared_store(url)
     hung_server.forward_to = (resolve_url(pg_url).host, resolve_url(pg_url).port or 5432)
-    # The server answers now: the half-open attempt gets longer than libpq's 2 s to connect through
-    # the forwarder (on a loaded 2-core machine it took longer, the breaker opened again and the
-    # deferred writes stayed queued). How long the outage's attempts wait is tested above.
-    monkeypatch.setenv("TUNECACHE_CONNECT_TIMEOUT", "15")
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:  # the end of the back-off
         try:
@@ -153,7 +149,9 @@ def test_store_that_comes_back_is_used_after_the_backoff(hung_server, pg_url, mo
         except StoreOfflineError:
             time.sleep(0.2)
     tinykernels.launch(k, 300)  # the half-open attempt connects: this result and the one of 100 are written
-    assert tunecache.flush()
+    # Not `assert tunecache.flush()`: that is every store this process queued for, and under xdist an
+    # earlier test's in the same worker (a server since gone) may still be queued. This store's rows:
+    tunecache.flush()
     stored = sorted(json.loads(p.key_json)[0][1] for p in open_store(pg_url).find_problems())
     assert stored == [100, 300]
 
