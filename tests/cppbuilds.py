@@ -32,32 +32,29 @@ def _builds(root: Path) -> list[Path]:
     return [p for p in root.glob("??/*") if p.is_file() and p.suffix in _SUFFIXES and p.parent.name == p.name[1:3]]
 
 
-def seed(pool: Path, cache: Path) -> int:
-    """Copy the pool's builds into ``cache`` where missing; how many were copied."""
+def _copy_missing(src: Path, dst: Path) -> int:
+    """Copy ``src``'s builds to ``dst`` where ``dst`` lacks them, each file whole (written aside, then
+    renamed: a process reading ``dst`` meanwhile never sees half a file); how many were copied."""
     n = 0
-    for src in _builds(pool):
-        dst = cache / src.parent.name / src.name
-        if not dst.exists():
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            tmp = dst.with_name(f".{uuid.uuid4().hex}.tmp")
-            shutil.copy2(src, tmp)
-            os.replace(tmp, dst)
+    for f in _builds(src):
+        to = dst / f.parent.name / f.name
+        if not to.exists():
+            to.parent.mkdir(parents=True, exist_ok=True)
+            tmp = to.with_name(f".{uuid.uuid4().hex}.tmp")
+            shutil.copy2(f, tmp)
+            os.replace(tmp, to)
             n += 1
     return n
+
+
+def seed(pool: Path, cache: Path) -> int:
+    """Copy the pool's builds into an Inductor cache directory where missing; how many."""
+    return _copy_missing(pool, cache)
 
 
 def keep(cache: Path, pool: Path) -> int:
-    """Add ``cache``'s builds that the pool lacks, each file whole (written aside, then renamed); how many."""
-    n = 0
-    for src in _builds(cache):
-        dst = pool / src.parent.name / src.name
-        if not dst.exists():
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            tmp = dst.with_name(f".{uuid.uuid4().hex}.tmp")
-            shutil.copy2(src, tmp)
-            os.replace(tmp, dst)
-            n += 1
-    return n
+    """Add an Inductor cache directory's builds that the pool lacks; how many."""
+    return _copy_missing(cache, pool)
 
 
 def share() -> None:

@@ -8,8 +8,10 @@ is filled from that file.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -46,6 +48,9 @@ def collect(p: subprocess.Popen, timeout: float) -> dict:
     try:
         out, err = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p.pid, signal.SIGUSR1)  # worker.py's faulthandler: every thread's stack to stderr
+        time.sleep(2)
         p.kill()
         out, err = p.communicate(timeout=30)
         return {"rc": "timeout", "stderr": err, "stdout": out, "pid": p.pid}
