@@ -13,6 +13,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+import tunecache.process.summary  # noqa: F401 - registers the TUNECACHE_SUMMARY line (at process end)
 from tunecache import buckets
 from tunecache.errors import (
     Busy,
@@ -25,7 +26,6 @@ from tunecache.errors import (
     TunecacheError,
 )
 from tunecache.problem.model import ConfigResult, Problem
-from tunecache.process import summary as _summary  # noqa: F401 - registers the TUNECACHE_SUMMARY line (at process end)
 from tunecache.process.counters import coverage, preload_skips, reset_stats, stats
 from tunecache.process.writeback import flush
 from tunecache.store.opening import open_store
