@@ -125,7 +125,7 @@ def warm_rounds(fl: Fleet, workload: str, url: str, first: list[dict[str, Any]],
 
 def store_trouble(fl: Fleet, workload: str, log: Any) -> dict[str, Any]:
     """A private PostgreSQL restarted during a cold rollout, then down during another."""
-    sys.path.insert(0, str(ROOT / "tests" / "faults"))
+    sys.path[:0] = [str(ROOT / "tests" / "faults"), str(ROOT / "tests")]  # pgcluster, and debianpkg it imports
     from pgcluster import PgCluster, private_cluster_available
 
     why = private_cluster_available()

@@ -21,40 +21,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-INSTALL_TIMEOUT_S = 600
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+import debianpkg
+from debianpkg import free_port
 
 
 def ensure_installed() -> str:
     """The pgbouncer binary; installs Debian's package when it is missing. Raises RuntimeError."""
-    found = shutil.which("pgbouncer") or (os.path.exists("/usr/sbin/pgbouncer") and "/usr/sbin/pgbouncer")
-    if found:
-        return found
-    if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        raise RuntimeError("pgbouncer is not installed and cannot be installed here: apt-get install pgbouncer")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    deadline = time.monotonic() + INSTALL_TIMEOUT_S
-    last = ""
-    while time.monotonic() < deadline:  # another apt-get may hold the dpkg lock for a while
-        r = subprocess.run(
-            ["apt-get", "install", "-y", "-qq", "pgbouncer"], env=env, capture_output=True, text=True, timeout=300
-        )
-        if r.returncode == 0:
-            break
-        last = r.stderr[-1000:]
-        if "Unable to locate package" in last:
-            subprocess.run(["apt-get", "update", "-qq"], env=env, capture_output=True, timeout=300)
-        else:
-            time.sleep(5)
-    found = shutil.which("pgbouncer") or (os.path.exists("/usr/sbin/pgbouncer") and "/usr/sbin/pgbouncer")
-    if not found:
-        raise RuntimeError(f"apt-get install pgbouncer failed: {last}")
-    return found
+    return debianpkg.ensure_installed("pgbouncer")
 
 
 class PgBouncer:

@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -23,53 +22,22 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-INSTALL_TIMEOUT_S = 600
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def _found(name: str) -> str | None:
-    return shutil.which(name) or (os.path.exists(f"/usr/bin/{name}") and f"/usr/bin/{name}") or None
+import debianpkg
+from debianpkg import free_port
 
 
 def ensure_installed() -> str:
     """The prometheus binary; installs Debian's package when it is missing. Raises RuntimeError."""
-    found = _found("prometheus")
-    if found:
-        return found
-    if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        raise RuntimeError("prometheus is not installed and cannot be installed here: apt-get install prometheus")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    deadline = time.monotonic() + INSTALL_TIMEOUT_S
-    last = ""
-    while time.monotonic() < deadline:  # another apt-get may hold the dpkg lock for a while
-        r = subprocess.run(
-            ["apt-get", "install", "-y", "-qq", "prometheus"], env=env, capture_output=True, text=True, timeout=300
-        )
-        if r.returncode == 0:
-            break
-        last = r.stderr[-1000:]
-        if "Unable to locate package" in last:
-            subprocess.run(["apt-get", "update", "-qq"], env=env, capture_output=True, timeout=300)
-        else:
-            time.sleep(5)
-    found = _found("prometheus")
-    if not found:
-        raise RuntimeError(f"apt-get install prometheus failed: {last}")
-    return found
+    return debianpkg.ensure_installed("prometheus")
 
 
 def promtool() -> str:
     """Debian's promtool (it comes with the prometheus package)."""
     ensure_installed()
-    found = _found("promtool")
-    if not found:
+    path = debianpkg.found("promtool")
+    if not path:
         raise RuntimeError("promtool not found beside prometheus")
-    return found
+    return path
 
 
 class Prometheus:

@@ -20,10 +20,11 @@ from pathlib import Path
 
 import pytest
 import tinykernels
+from debianpkg import free_port
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
-from prometheusserver import Prometheus, free_port, promtool
+from prometheusserver import Prometheus, promtool
 
 import tunecache
 from tunecache.inductor.entries import InductorStore

@@ -15,7 +15,6 @@ from __future__ import annotations
 import glob
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -25,6 +24,7 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from debianpkg import free_port
 
 
 def pg_bindir() -> Path | None:
@@ -33,12 +33,6 @@ def pg_bindir() -> Path | None:
         return Path(env)
     found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(Path(p).parts[-3]))
     return Path(found[-1]).parent if found else None
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 class PgCluster:
