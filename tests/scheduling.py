@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import re
 import statistics
 from collections.abc import Iterable
@@ -94,24 +93,4 @@ def arrange(config: pytest.Config, items: list[pytest.Item], parallel: bool) -> 
         us = keep
     if parallel:
         us.sort(key=weight, reverse=True)  # stable: a unit keeps its file order
-        us = spread_fleets(us, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
     items[:] = [i for u in us for i in u]
-
-
-def spread_fleets(us: list[list[pytest.Item]], workers: int) -> list[list[pytest.Item]]:
-    """The units in the same order, but each unit of ``fleet``-marked tests at least ``workers``
-    places after the previous one: they run one at a time (conftest's lock), so heaviest-first would
-    otherwise start them together and leave every worker but one waiting on the lock."""
-    fleets = [u for u in us if any(i.get_closest_marker("fleet") for i in u)]
-    others = [u for u in us if not any(i.get_closest_marker("fleet") for i in u)]
-    step = max(workers - 1, 1)
-    out: list[list[pytest.Item]] = []
-    while fleets or others:
-        if fleets:
-            out.append(fleets.pop(0))
-        out += others[:step]
-        del others[:step]
-        if not others:
-            out += fleets
-            fleets = []
-    return out
