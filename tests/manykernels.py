@@ -3,11 +3,15 @@
 Run as ``python tests/manykernels.py N M``: writes a module of N ``@tunecache.autotune`` kernels,
 imports it (every kernel queues its store prefetch in the background), launches the first M and
 checks their output, then prints one JSON line: how long the definitions and the launches took and
-when the script ended (``done_at``, wall clock), so that the parent times the exit on its own.
+when the script ended (``done_at``, wall clock), so that the parent times the exit on its own. At the
+very end of the exit's own work (the joins of threads and every ``atexit`` handler, tunecache's
+included; what remains is the interpreter's teardown, which load stretches and tunecache does not
+own) it writes ``handlers_done_at=<wall clock>`` on stderr.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import sys
@@ -23,6 +27,12 @@ def k{i}(x, out, N, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     tl.store(out + offs, tl.load(x + offs, mask=offs < N) + {i}, mask=offs < N)
 """
+
+
+def _handlers_done() -> None:
+    # Registered before tunecache is imported: atexit runs its handlers last in, first out, and
+    # Python joins the process's threads before any of them.
+    print(f"handlers_done_at={time.time()}", file=sys.stderr, flush=True)
 
 
 def main(n: int, m: int) -> dict:
@@ -51,4 +61,5 @@ def main(n: int, m: int) -> dict:
 
 
 if __name__ == "__main__":
+    atexit.register(_handlers_done)
     print(json.dumps(main(int(sys.argv[1]), int(sys.argv[2]))), flush=True)

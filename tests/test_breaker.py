@@ -83,8 +83,10 @@ def hung_server() -> Iterator[HungServer]:
     s.close()
 
 
-def _library(url: str, n: int, m: int, timeout: float) -> tuple[dict, float]:
-    """Run tests/manykernels.py N M on ``url``; its result and how long its exit took."""
+def _library(url: str, n: int, m: int, timeout: float) -> tuple[dict, float, float]:
+    """Run tests/manykernels.py N M on ``url``: its result, how long its exit took in all, and how
+    long the exit's own work took (thread joins and atexit handlers, before the interpreter's
+    teardown)."""
     env = {**os.environ, "TUNECACHE_URL": url, "TUNECACHE_CONNECT_TIMEOUT": str(CONNECT_TIMEOUT)}
     r = subprocess.run(
         [sys.executable, str(HERE / "manykernels.py"), str(n), str(m)],
@@ -96,17 +98,19 @@ def _library(url: str, n: int, m: int, timeout: float) -> tuple[dict, float]:
     ended = time.time()
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
-    return out, ended - out["done_at"]
+    handlers_done = [float(ln.split("=", 1)[1]) for ln in r.stderr.splitlines() if ln.startswith("handlers_done_at=")]
+    assert len(handlers_done) == 1, r.stderr[-3000:]
+    return out, ended - out["done_at"], handlers_done[0] - out["done_at"]
 
 
 def test_store_that_never_answers_costs_one_connect_timeout(hung_server, tmp_path):
     """200 kernels defined and 4 launched against a server that accepts and never answers: one
-    connection attempt in all, the kernels tuned in the process, and an exit in under 3 s (or, on a
-    machine so loaded that the interpreter's own exit takes that long, within 1 s of the same
-    program's exit on a store that answers)."""
+    connection attempt in all, the kernels tuned in the process, and an exit whose own work (thread
+    joins, atexit handlers: where a write-back would wait on the server) takes less than one connect
+    timeout; the interpreter's teardown after it is not tunecache's and only loosely bounded."""
     # The same work on a store that answers at once (and stores the results): what it costs without a stall.
-    base, base_exit = _library(f"sqlite:///{tmp_path / 's.sqlite3'}", 200, 4, timeout=120)
-    hung, exit_s = _library(hung_server.url(), 200, 4, timeout=60)  # without the breaker: minutes
+    base, base_exit, _ = _library(f"sqlite:///{tmp_path / 's.sqlite3'}", 200, 4, timeout=120)
+    hung, exit_s, handlers_s = _library(hung_server.url(), 200, 4, timeout=60)  # without the breaker: minutes
     assert hung["stats"]["benchmarks"] == base["stats"]["benchmarks"] == 4 * 2
     assert hung["stats"]["store_errors"] >= 1
     assert hung_server.accepted == 1, "the store was tried again before its back-off ended"
@@ -114,7 +118,11 @@ def test_store_that_never_answers_costs_one_connect_timeout(hung_server, tmp_pat
     # The precise check is the one connection above; the time only bounds it loosely (a loaded 2-core
     # machine stretches both starts): 27 s of launches before the breaker.
     assert stall <= 3 * CONNECT_TIMEOUT, (stall, hung, base)
-    assert exit_s < max(3.0, base_exit + 1.0), (exit_s, base_exit)
+    # One write-back that waited on the server would cost a connect timeout here (CI, at load 20,
+    # once took 5.5 s to tear an interpreter down against 3.7 s for the same program on SQLite: the
+    # whole exit is measured, but bounded only by what no stall can fit under).
+    assert handlers_s < CONNECT_TIMEOUT, (handlers_s, exit_s, base_exit)
+    assert exit_s < base_exit + 3 * CONNECT_TIMEOUT, (exit_s, base_exit)
 
 
 def _through(server: HungServer, url: str) -> str:
