@@ -198,8 +198,11 @@ def locks(url: str) -> dict:
 
 def hits(url: str, exit_how: str) -> dict:
     """Deferred writes across a fork: the parent has a pending hit; the child makes its own hit and a
-    deferred result, then exits by ``exit_how``. Every hit must be written exactly once."""
-    writeback.FLUSH_DELAY_S = 1.0
+    deferred result, then exits by ``exit_how``. Every hit must be written exactly once.
+
+    The parent's timer waits an hour (its hit stays queued across the fork however long a starved
+    step takes; the parent flushes it itself at the end); the child's waits 1 s."""
+    writeback.FLUSH_DELAY_S = 3600.0
     k = tinykernels.make_add(store=url)
     tinykernels.launch(k, 64)  # tunes and stores
     tunecache.flush()
@@ -211,6 +214,7 @@ def hits(url: str, exit_how: str) -> dict:
     extra = replace(p, digest="f" * 64, key_json='[["N", 12345]]')
 
     def child() -> dict:
+        writeback.FLUSH_DELAY_S = 1.0
         k3 = tinykernels.make_add(store=url)
         tinykernels.launch(k3, 64)  # the child's own hit
         writeback.defer_put(opening.shared_store(url), extra, p.configs, False)  # a result the store could not take
