@@ -41,6 +41,24 @@ def run_json_stderr(argv: list[str], env: dict | None = None, timeout: float = 3
     return json.loads(out.strip().splitlines()[-1]), err
 
 
+def run(
+    argv: list[str], env: dict | None = None, timeout: float = 300, inherit: bool = True, **kw
+) -> subprocess.CompletedProcess:
+    """``subprocess.run([python, *ARGV], capture_output=True, text=True, ...)`` for a restart, from the
+    warm pool (a fresh interpreter where :func:`warmpool.warm_enough` says so): for a child that prints
+    no JSON object, or whose failure is the check. ``env`` adds to this process's environment, or with
+    ``inherit=False`` is the whole of the child's."""
+    full = {**os.environ, **(env or {})} if inherit else dict(env or {})
+    p = warmpool.popen(argv, full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.communicate()
+        raise
+    return subprocess.CompletedProcess(argv, p.returncode, out, err)
+
+
 def run_procs(cmd: str, nprocs: int, env: dict | None = None, timeout: float = 300, **args) -> list[dict]:
     """Start nprocs copies of ``tests/procs.py CMD`` at once; return each one's RESULT (asserting exit 0)."""
     args.setdefault("start_at", time.time() + 3.0)

@@ -48,8 +48,14 @@ def one_line_error(r: subprocess.CompletedProcess, code: int = 1) -> str:
     return lines[-1]
 
 
-def tc(*args: str, env: dict[str, str | None] | None = None, **kw: Any) -> subprocess.CompletedProcess:
-    """``tunecache ARGS`` in a fresh process, tests/ importable; ``env`` values of None remove a variable."""
+def tc(
+    *args: str, env: dict[str, str | None] | None = None, pool: bool = False, **kw: Any
+) -> subprocess.CompletedProcess:
+    """``tunecache ARGS`` in a fresh process, tests/ importable; ``env`` values of None remove a variable.
+
+    ``pool``: forked from the warm pool (tests/warmpool.py), for a command that imports torch (``warm``:
+    2 s of CPU fresh) in a test about what the command does, not about the process's own start-up.
+    Most commands import neither torch nor Triton: a fresh one costs 0.4 s, so they stay fresh."""
     full = {**os.environ}
     for k, v in (env or {}).items():
         if v is None:
@@ -57,9 +63,13 @@ def tc(*args: str, env: dict[str, str | None] | None = None, **kw: Any) -> subpr
         else:
             full[k] = v
     full["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), full.get("PYTHONPATH")) if p)
-    return subprocess.run(
-        [sys.executable, "-m", "tunecache.cli", *args], env=full, capture_output=True, text=True, timeout=300, **kw
-    )
+    if not pool:
+        return subprocess.run(
+            [sys.executable, "-m", "tunecache.cli", *args], env=full, capture_output=True, text=True, timeout=300, **kw
+        )
+    from processes import run
+
+    return run(["-m", "tunecache.cli", *args], full, inherit=False, **kw)
 
 
 def leaf_commands(group: click.Group | None = None, prefix: str = "") -> dict[str, click.Command]:
