@@ -8,7 +8,6 @@ import datetime as dt
 import json
 import os
 import shutil
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 from builders import fill
 from click.testing import CliRunner
+from processes import run, run_json
 from realcli import tc
 
 from tunecache.cli import main
@@ -39,16 +39,8 @@ SERVE = """
 
 
 def child(code: str, env: dict) -> dict:
-    r = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        env={**os.environ, **env},
-        cwd=str(HERE),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    """A serving process: a restart (no tunecache state), from the warm pool."""
+    return run_json(["-c", textwrap.dedent(code)], env)
 
 
 @pytest.mark.parametrize("mode", ["offline", "readonly"])
@@ -151,14 +143,9 @@ SERVE_EACH = f"""
 
 
 def _run(code: str, url: str) -> None:
-    r = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        env={**os.environ, "TUNECACHE_URL": url},
-        cwd=str(HERE),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    """A tuning process, from the warm pool: it ends as Python does (its atexit handlers, its daemon
+    threads left running), which is what the store must be whole after."""
+    r = run(["-c", textwrap.dedent(code)], {"TUNECACHE_URL": url}, cwd=str(HERE))
     assert r.returncode == 0, r.stderr[-3000:]
 
 
@@ -171,7 +158,7 @@ def _written(way: str, path: Path, tmp_path: Path) -> int:
         _run(POOL, url)
     elif way == "warm":
         (tmp_path / "heldwarm.py").write_text(textwrap.dedent(WARM))
-        r = tc("--url", url, "warm", "heldwarm", cwd=tmp_path)
+        r = tc("--url", url, "warm", "heldwarm", cwd=tmp_path, pool=True)
         assert r.returncode == 0, r.stderr[-3000:]
     elif way == "import":
         src = tmp_path / "tuner.sqlite3"

@@ -6,15 +6,12 @@ every missed key is in the log."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
+from processes import run_json_stderr
 from realcli import cli_process
 
-HERE = Path(__file__).parent
 SIZES = (64, 200, 300)
 
 SERVE = f"""
@@ -28,16 +25,8 @@ SERVE = f"""
 
 
 def serve(env: dict[str, str]) -> tuple[dict, str]:
-    r = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(SERVE)],
-        env={**os.environ, **env},
-        cwd=str(HERE),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1]), r.stderr
+    """A serving process (a restart, from the warm pool): its stats and its stderr."""
+    return run_json_stderr(["-c", textwrap.dedent(SERVE)], env)
 
 
 def read_only_store(tmp_path: Path, make_readonly) -> str:
