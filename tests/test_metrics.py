@@ -20,7 +20,9 @@ from pathlib import Path
 
 import pytest
 import tinykernels
+import warmpool
 from debianpkg import free_port
+from processes import run
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
@@ -258,10 +260,8 @@ print(first, "tunecache_hits" in names)
 
 @pytest.mark.parametrize("metrics", ["1", "0"])
 def test_tunecache_never_imports_prometheus_client_first_and_registers_once_the_program_does(sqlite_url, metrics):
-    env = {**os.environ, "TUNECACHE_METRICS": metrics}
-    r = subprocess.run(
-        [sys.executable, "-c", NEVER_FIRST, sqlite_url], env=env, cwd=HERE, capture_output=True, text=True, timeout=300
-    )
+    # A restart, from the warm pool: its server imports neither prometheus_client nor tunecache.
+    r = run(["-c", NEVER_FIRST, sqlite_url], {"TUNECACHE_METRICS": metrics}, cwd=HERE)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.split() == ["False", str(metrics == "1")]
 
@@ -270,12 +270,13 @@ def test_tunecache_never_imports_prometheus_client_first_and_registers_once_the_
 
 
 class Prog:
-    """A tests/metricsprog.py process: its RESULT, and the line on stdin that ends it."""
+    """A tests/metricsprog.py process: its RESULT, and the line on stdin that ends it. From the warm
+    pool; a zero-code one (``TUNECACHE_INSTALL=1``: the start-up hook) starts fresh."""
 
     def __init__(self, args: list[str], env: dict[str, str]) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, str(HERE / "metricsprog.py"), *args],
-            env={**os.environ, **env},
+        self.proc = warmpool.popen(
+            [str(HERE / "metricsprog.py"), *args],
+            {**os.environ, **env},
             cwd=HERE,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
