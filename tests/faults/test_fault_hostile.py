@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
 import traceback
@@ -21,8 +22,9 @@ from decimal import Decimal
 import pytest
 import sqlalchemy as sa
 import tinykernels
+import warmpool
 from click.testing import CliRunner
-from faultlib import check_ok, collect, fault_report_fixture, log_lines, spawn  # noqa: F401
+from faultlib import WORKER, check_ok, collect, fault_report_fixture, log_lines  # noqa: F401
 from realcli import cli_process
 
 import tunecache
@@ -215,9 +217,18 @@ def test_url_password_never_appears(pg_url, tmp_path, caplog, fault_report):
     assert any("store unavailable" in r.getMessage() for r in caplog.records)
     assert any(r.name.startswith("sqlalchemy") for r in caplog.records)
     checked += len(caplog.records)
-    # ... and in a fresh process whose stderr gets everything at DEBUG.
+    # ... and in a new process (a restart, from the warm pool) whose stderr gets everything at DEBUG.
     for url in (down, up):
-        w = collect(spawn("kernel", {"url": url, "sizes": [64]}, {"TUNECACHE_FAULTS_LOG": "DEBUG"}), 240)
+        w = collect(
+            warmpool.popen(
+                [str(WORKER), "kernel", json.dumps({"url": url, "sizes": [64]})],
+                {**os.environ, "TUNECACHE_FAULTS_LOG": "DEBUG"},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            ),
+            240,
+        )
         check_ok(w)
         _no_secret(w["stderr"], w["stdout"])
         checked += len(w["stderr"].splitlines())
