@@ -18,6 +18,7 @@ from pathlib import Path
 import psycopg
 import pytest
 import sqlalchemy as sa
+import warmpool
 from processes import run_procs
 from servers import PG_URL
 
@@ -91,9 +92,8 @@ def test_a_worker_holds_no_server_connection_across_a_benchmark_nor_after_its_st
     script = tmp_path / "worker.py"
     script.write_text(textwrap.dedent(WORKER))
     env = {**os.environ, "TUNECACHE_URL": url, "PYTHONPATH": str(HERE)}
-    p = subprocess.Popen(
-        [sys.executable, str(script)], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
+    # A worker's start (a restart: no tunecache state), from the warm pool.
+    p = warmpool.popen([str(script)], env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert p.stdout.readline().strip() == "BENCHING"
         during = [server_connections(pg_url) for _ in range(5)]
@@ -158,7 +158,7 @@ def test_every_command_works_through_pgbouncer(pgbouncer, pg_url, tmp_path, role
     for i, step in enumerate(steps):
         if step[0] == "ls":
             fill(url, 4)
-        r = tc(*step, env=env)
+        r = tc(*step, env=env, pool=step[0] == "warm")  # the one that imports torch: from the warm pool
         assert r.returncode == 0 and "error" not in r.stderr.lower(), (step, r.stdout[-2000:], r.stderr[-2000:])
         done[" ".join(step[:2])] = r
         if step[0] == "ls":
