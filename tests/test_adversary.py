@@ -583,6 +583,7 @@ def keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, str]]:
     return {k: signing.keygen(d / k) for k in ("fleet", "writer")}
 
 
+@pytest.mark.sql_variants("raw SQL and the serving host's reads; Triton's part (binaries.place) runs in the SQLite one")
 @pytest.mark.parametrize("fam", FAMILIES, ids=lambda f: f.name)
 def test_an_adversarial_writer_never_gets_foreign_code_run_nor_keeps_the_fleet_out(
     fam: Family, store_url: str, keys, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
@@ -631,6 +632,7 @@ def test_every_column_of_every_table_of_code_is_signed_or_cannot_change_what_run
 # ---- one entry removed by name ---------------------------------------------------------------
 
 
+@pytest.mark.sql_variants("`tunecache invalidate` deletes rows: SQL alone, nothing of Triton's")
 def test_invalidate_removes_one_entry_by_key_and_kind_dry_run_first(store_url, keys, tmp_path, monkeypatch):
     """`invalidate --kind K --key PREFIX`: a dry run lists the rows (every signer's) and deletes
     nothing; the run deletes them and nothing else; a prefix of nothing, or a kind it does not know,

@@ -427,6 +427,7 @@ def test_import_format_error_for_a_signature_by_another_key_than_the_header_name
         import_(open_store(target), bad)  # a signed file is checked by every import, --binaries or not
 
 
+@pytest.mark.sql_variants("the store's put, get and gc of binary rows: SQL alone, nothing of Triton's")
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql", "mysql"])
 def test_the_store_keeps_binaries_byte_for_byte_on_every_backend(backend, request):
     url = request.getfixturevalue({"sqlite": "sqlite_url", "postgresql": "pg_url", "mysql": "mysql_url"}[backend])

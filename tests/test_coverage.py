@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import site
-import subprocess
 import sys
 import sysconfig
 import textwrap
@@ -24,7 +23,7 @@ import pytest
 import torch
 import triton
 import triton.language as tl
-from processes import run_json
+from processes import run_json, run_json_stderr
 from triton.runtime.autotuner import Autotuner
 
 import tunecache
@@ -119,9 +118,10 @@ def test_the_startup_hook_imports_nothing_until_triton_and_honours_zero():
         "import triton.runtime.autotuner as a; "
         "print(json.dumps([before, hasattr(a.Autotuner.__init__, '__wrapped__'), 'tunecache' in sys.modules]))"
     )
-    assert run_json(["-c", probe], {"TUNECACHE_INSTALL": ""}) == [[], False, False]
-    assert run_json(["-c", probe], {"TUNECACHE_INSTALL": "1"}) == [[], True, True]
-    assert run_json(["-c", probe], {"TUNECACHE_INSTALL": "0"}) == [[], False, True]  # parsed, not installed
+    fresh = {"TUNECACHE_TEST_FRESH": "1"}  # what a new interpreter imports is the point: never the warm pool's
+    assert run_json(["-c", probe], {**fresh, "TUNECACHE_INSTALL": ""}) == [[], False, False]
+    assert run_json(["-c", probe], {**fresh, "TUNECACHE_INSTALL": "1"}) == [[], True, True]
+    assert run_json(["-c", probe], {**fresh, "TUNECACHE_INSTALL": "0"}) == [[], False, True]  # parsed, not installed
 
 
 def test_the_startup_hook_survives_a_find_spec_probe_before_the_import():
@@ -140,20 +140,13 @@ def test_the_startup_hook_survives_a_find_spec_probe_before_the_import():
 
 
 def hooked(code: str, env: dict) -> tuple[dict, str]:
-    """Run ``code`` (which prints one JSON line last) in a fresh process with the start-up hook on;
-    returns that JSON and the process's stderr (it must exit 0)."""
+    """Run ``code`` (which prints one JSON line last) in a new process with the start-up hook on
+    (unless ``env`` sets ``TUNECACHE_INSTALL`` otherwise); returns that JSON and the process's stderr
+    (it must exit 0). A hook asked for (any value but "") makes it a fresh interpreter (the warm
+    pool's rule, tests/warmpool.py); with ``TUNECACHE_INSTALL=""`` it is forked warm, as unset."""
     assert _pth_installed(), "tunecache-install.pth is not in site-packages: reinstall (pip install -e .)"
     path = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p)
-    r = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        env={**os.environ, "PYTHONPATH": path, "TUNECACHE_INSTALL": "1", **env},
-        capture_output=True,
-        text=True,
-        cwd=str(HERE),
-        timeout=300,
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1]), r.stderr
+    return run_json_stderr(["-c", textwrap.dedent(code)], {"PYTHONPATH": path, "TUNECACHE_INSTALL": "1", **env})
 
 
 COVERED = """

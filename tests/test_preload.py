@@ -300,6 +300,7 @@ def test_the_modules_a_first_launch_imports_are_imported_by_the_preload():
     assert not all(before)  # `import triton` alone leaves Gluon's descriptors to the first launch
 
 
+@pytest.mark.sql_variants("the store's launch-spec rows: SQL alone, nothing of Triton's")
 def test_store_keeps_specs_per_kernel_and_target_and_drops_them_with_the_last_problem(store_url):
     s = open_store(store_url)
     a, b = spec(1), spec(2, "c2")
@@ -336,6 +337,7 @@ def test_store_keeps_specs_per_kernel_and_target_and_drops_them_with_the_last_pr
     s.close()
 
 
+@pytest.mark.sql_variants("the store's launch-spec rows and their gc: SQL alone, nothing of Triton's")
 def test_a_spec_of_another_binary_is_added_beside_the_stored_one_and_gc_drops_the_superseded(store_url):
     """The same specialisation of the same source (hash) compiled to another binary (another text, e.g.
     a comment edit, tunecache.tuner.heal): the store keeps the first one recorded; heal adds the other as

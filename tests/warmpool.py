@@ -34,13 +34,22 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PRELOAD = ("torch", "numpy", "sqlalchemy", "click", "orjson", "filelock")
 # Variables read when those libraries are imported or Python starts: a child with another value
 # for one of them (or with tunecache's start-up hook asked for) starts fresh.
-_AT_START = ("PYTHON", "TORCH", "OMP_", "MKL_", "TUNECACHE_INSTALL", "LD_")
+_AT_START = ("PYTHON", "TORCH", "OMP_", "MKL_", "LD_")
 _SAME_ANYWHERE = ("PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "PYTHONIOENCODING")
+# What tunecache-install.pth reads at start: ``os.environ.get(NAME) or ...`` (so does
+# _tunecache_startup, and tunecache.settings later), so "" starts exactly as unset does (no hook
+# imported): a child given "" is as warm as one without it. Any other value, "0" included (the .pth
+# line then imports the hook), starts fresh.
+_HOOK = ("TUNECACHE_INSTALL", "TUNECACHE_INDUCTOR")
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
 
 def _start_env(env: dict[str, str]) -> dict[str, str]:
-    return {k: v for k, v in env.items() if k.startswith(_AT_START) and k not in _SAME_ANYWHERE}
+    return {
+        k: v
+        for k, v in env.items()
+        if (k.startswith(_AT_START) and k not in _SAME_ANYWHERE) or (k in _HOOK and v != "")
+    }
 
 
 def warm_enough(argv: list[str], env: dict[str, str]) -> bool:
