@@ -101,9 +101,7 @@ def host(url: str, name: str, env: dict[str, str], **args) -> subprocess.Popen:
         **env,
     )
     argv = [str(HERE / "inductor_put_prog.py"), json.dumps({"host": name, **args})]
-    return warmpool.popen(
-        argv, full, inductor=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=HERE
-    )
+    return warmpool.popen(argv, full, inductor=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def result(p: subprocess.Popen) -> tuple[dict, str]:

@@ -44,7 +44,8 @@ _SAME_ANYWHERE = ("PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "
 # cache takes its directory from TORCHINDUCTOR_CACHE_DIR there (torch 2.13: ``DynamoCache``). So a
 # child of this server is warm only with the server's whole environment but what is read at run time
 # (:func:`_import_env`), and gets the server's TORCHINDUCTOR_CACHE_DIR, a directory of this process
-# (:func:`inductor_cache_dir`), fresh or warm: a host that never compiles writes nothing there.
+# (:func:`inductor_cache_dir`), fresh or warm: a host that never compiles writes nothing there. Its
+# working directory is the server's too (torch._dynamo.config's debug_dir_root is the cwd at import).
 INDUCTOR_PRELOAD = (*PRELOAD, "torch._dynamo", "torch._inductor.remote_cache")
 # Read only by tunecache (imported by the child itself), or set by pytest per test.
 _RUN_TIME = ("TUNECACHE_", "PYTEST_CURRENT_TEST")
@@ -106,6 +107,7 @@ class _Server:
         self.dir = tempfile.mkdtemp(prefix="tc-warm-")
         self.path = os.path.join(self.dir, "s")
         self.env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": inductor_cache_dir()} if inductor else None
+        self.cwd = os.getcwd()
         self.proc = subprocess.Popen(
             [sys.executable, __file__, "serve", self.path, str(os.getpid()), *(["inductor"] if inductor else [])],
             env=self.env,
@@ -143,7 +145,9 @@ def popen(argv: list[str], env: dict[str, str], *, inductor: bool = False, **kw)
         env = {**env, "TORCHINDUCTOR_CACHE_DIR": inductor_cache_dir()}
         base = server.env if server is not None else {**os.environ, "TORCHINDUCTOR_CACHE_DIR": inductor_cache_dir()}
         hooked = any(k.startswith(_HOOK) for k in env) or _site_hooks(env)  # run at start-up, never in a fork
-        warm = warm and not hooked and _import_env(env) == _import_env(base)
+        cwd = os.path.abspath(kw.get("cwd") or os.getcwd())  # dynamo's debug_dir_root is the cwd at import
+        same_cwd = cwd == (server.cwd if server is not None else os.getcwd())
+        warm = warm and not hooked and same_cwd and _import_env(env) == _import_env(base)
     if not warm:
         return subprocess.Popen([sys.executable, *argv], env=env, **kw)
     if server is None:
