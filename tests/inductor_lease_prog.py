@@ -13,9 +13,9 @@ with tunecache as its backend (``enable()``), as Inductor does on a miss. Roles:
 - ``compute-put SECONDS``: a get inside a compile, then (once a line comes on stdin) SECONDS of
   computing, then the put;
 - ``put``: only the put (another process of a host whose process took the lease);
-- ``wait``: prints ``LOOKING``, then a get; prints how long it took, when it ended and what it returned.
+- ``wait``: prints ``LOOKING PID``, then a get; prints how long it took, when it ended and what it returned.
 
-It prints ``HELD`` once its get is done (the test then starts the other host), and one JSON line
+It prints ``HELD PID`` once its get is done (the test then starts the other host), and one JSON line
 as its last line of output (for the roles that end by themselves).
 """
 
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 import time
 
@@ -51,29 +52,29 @@ def main() -> None:
         out["got"] = cache.get(key)
     elif role == "hold":
         out["got"] = cache.get(key)
-        print("HELD", flush=True)
+        print("HELD", os.getpid(), flush=True)
         time.sleep(600)
     elif role == "compiling-hold":
         with compiling():
             out["got"] = cache.get(key)
-            print("HELD", flush=True)
+            print("HELD", os.getpid(), flush=True)
             time.sleep(600)
     elif role == "compile-end":
         with compiling():
             out["got"] = cache.get(key)
-        print("HELD", flush=True)
+        print("HELD", os.getpid(), flush=True)
         time.sleep(600)
     elif role == "compute-put":
         with compiling():
             out["got"] = cache.get(key)
-            print("HELD", flush=True)
+            print("HELD", os.getpid(), flush=True)
             sys.stdin.readline()  # the test's go: the other host is looking now
             time.sleep(float(sys.argv[4]))
             cache.put(key, VALUE)
     elif role == "put":
         cache.put(key, VALUE)
     elif role == "wait":
-        print("LOOKING", flush=True)
+        print("LOOKING", os.getpid(), flush=True)
         t = time.monotonic()
         out["got"] = cache.get(key)
         out["seconds"], out["end"] = time.monotonic() - t, time.time()

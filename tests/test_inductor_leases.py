@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+import warmpool
 from skewclock import skewed_env
 
 pytest.importorskip("torch._inductor.remote_cache")
@@ -155,11 +156,11 @@ LEASE_S = 1.0  # TUNECACHE_LEASE_SECONDS of these processes
 WAIT_S = 20.0  # TUNECACHE_WAIT_SECONDS: a waiter held by a lease nobody renews or releases waits this
 
 
-def host(
-    store_url: str, host_id: str, *argv: str, tmp_path, base: dict[str, str] | None = None, **more: str
-) -> subprocess.Popen:
+def host(store_url: str, host_id: str, *argv: str, base: dict[str, str] | None = None, **more: str) -> subprocess.Popen:
     """``tests/inductor_lease_prog.py ARGV`` as a process of host ``host_id`` (``more``: its env, on
-    ``base``, by default this process's)."""
+    ``base``, by default this process's). Forked from the warm pool's Inductor server (it imports
+    torch._dynamo and Inductor's remote caches first thing): it never compiles, so its local Inductor
+    cache directory is the pool's, where it writes nothing; a skewed clock (``base``) starts fresh."""
     base = dict(os.environ if base is None else base)
     env = {
         **base,
@@ -168,13 +169,13 @@ def host(
         "TUNECACHE_TRUST_STORE": "yes",
         "TUNECACHE_LEASE_SECONDS": str(LEASE_S),
         "TUNECACHE_WAIT_SECONDS": str(WAIT_S),
-        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / f"inductor-{host_id}"),
         "PYTHONPATH": os.pathsep.join([str(ROOT), base.get("PYTHONPATH", "")]),
         **more,
     }
-    return subprocess.Popen(
-        [sys.executable, str(HERE / "inductor_lease_prog.py"), *argv],
-        env=env,
+    return warmpool.popen(
+        [str(HERE / "inductor_lease_prog.py"), *argv],
+        env,
+        inductor=True,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -182,11 +183,13 @@ def host(
     )
 
 
-def held(p: subprocess.Popen, what: str = "HELD") -> None:
-    """Wait until ``p`` printed HELD (its get is done, the lease taken), or ``what``."""
+def held(p: subprocess.Popen, what: str = "HELD") -> int:
+    """Wait until ``p`` printed HELD (its get is done, the lease taken), or ``what``; the pid it
+    printed there (``p.pid`` is a warm child's launcher)."""
     assert p.stdout is not None
     line = p.stdout.readline()
-    assert line.strip() == what, (line, p.stderr.read() if p.poll() is not None else "")
+    assert line.split()[:1] == [what], (line, p.stderr.read() if p.poll() is not None else "")
+    return int(line.split()[1])
 
 
 def go(p: subprocess.Popen) -> None:
@@ -202,9 +205,9 @@ def result(p: subprocess.Popen) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
-def waiter(store_url: str, cache: str, key: str, tmp_path) -> dict:
+def waiter(store_url: str, cache: str, key: str) -> dict:
     """A process of host B that misses ``key`` now: what it got and how long its get took."""
-    return result(host(store_url, "host-b", "wait", cache, key, tmp_path=tmp_path))
+    return result(host(store_url, "host-b", "wait", cache, key))
 
 
 def lease_row(store, kind: str, key: str) -> dict | None:
@@ -212,13 +215,13 @@ def lease_row(store, kind: str, key: str) -> dict | None:
     return store.lease_of(leases.lease_digest(kind, f"pt2:tc-lease-test::{key}:c1", _digest()))
 
 
-def test_a_get_that_no_put_follows_does_not_hold_another_host_after_its_process_ends(store, store_url, tmp_path):
+def test_a_get_that_no_put_follows_does_not_hold_another_host_after_its_process_ends(store, store_url):
     """The issue's repro: host A gets an autotune entry and exits without a put; host B's get must
     not wait for the lease to lapse (it waited TUNECACHE_WAIT_SECONDS)."""
-    a = result(host(store_url, "host-a", "get", "RemoteAutotuneCache", "k-exit", tmp_path=tmp_path))
+    a = result(host(store_url, "host-a", "get", "RemoteAutotuneCache", "k-exit"))
     assert a["got"] is None
     assert lease_row(store, "autotune", "k-exit") is None  # released as A ended
-    b = waiter(store_url, "RemoteAutotuneCache", "k-exit", tmp_path)
+    b = waiter(store_url, "RemoteAutotuneCache", "k-exit")
     assert b["got"] is None and b["seconds"] < LEASE_S, b
     assert "inductor_lease_waits" not in b["stats"], b
 
@@ -236,10 +239,10 @@ def test_a_killed_holder_holds_the_waiter_no_longer_than_the_lease_seconds(store
     A's live lease over at once): a lease's time is the database's. (Each skew on one database: both
     skews on all three are tests/test_lease_clock.py's, through the same store calls.)"""
     base = skewed_env(tmp_path, skew)
-    a = host(store_url, "host-a", "compiling-hold", "RemoteFxGraphCache", "g-killed", tmp_path=tmp_path, base=base)
+    a = host(store_url, "host-a", "compiling-hold", "RemoteFxGraphCache", "g-killed", base=base)
     try:
         held(a)
-        b = host(store_url, "host-b", "wait", "RemoteFxGraphCache", "g-killed", tmp_path=tmp_path)
+        b = host(store_url, "host-b", "wait", "RemoteFxGraphCache", "g-killed")
         held(b, "LOOKING")
         time.sleep(2 * LEASE_S)  # B waits past a lease period: A's heartbeat keeps its lease meanwhile
         a.send_signal(signal.SIGKILL)
@@ -254,11 +257,11 @@ def test_a_killed_holder_holds_the_waiter_no_longer_than_the_lease_seconds(store
     assert lease_row(store, "fx_graph", "g-killed") is None
 
 
-def test_a_holder_whose_compile_ended_without_a_put_does_not_hold_the_waiter(store, store_url, tmp_path):
-    a = host(store_url, "host-a", "compile-end", "RemoteFxGraphCache", "g-ended", tmp_path=tmp_path)
+def test_a_holder_whose_compile_ended_without_a_put_does_not_hold_the_waiter(store, store_url):
+    a = host(store_url, "host-a", "compile-end", "RemoteFxGraphCache", "g-ended")
     try:
         held(a)
-        b = waiter(store_url, "RemoteFxGraphCache", "g-ended", tmp_path)
+        b = waiter(store_url, "RemoteFxGraphCache", "g-ended")
         assert a.poll() is None  # A still lives
     finally:
         a.kill()
@@ -266,13 +269,13 @@ def test_a_holder_whose_compile_ended_without_a_put_does_not_hold_the_waiter(sto
     assert b["got"] is None and b["seconds"] < LEASE_S, b
 
 
-def test_an_idle_holder_of_an_autotune_lease_stops_holding_it_within_two_lease_periods(store, store_url, tmp_path):
+def test_an_idle_holder_of_an_autotune_lease_stops_holding_it_within_two_lease_periods(store, store_url):
     """A kernel whose autotune entry was looked up but which is never launched (so never put): the
     holder lives on, idle; its lease goes within twice the lease seconds, not the wait seconds."""
-    a = host(store_url, "host-a", "hold", "RemoteAutotuneCache", "k-idle", tmp_path=tmp_path)
+    a = host(store_url, "host-a", "hold", "RemoteAutotuneCache", "k-idle")
     try:
         held(a)
-        b = waiter(store_url, "RemoteAutotuneCache", "k-idle", tmp_path)
+        b = waiter(store_url, "RemoteAutotuneCache", "k-idle")
         assert a.poll() is None
     finally:
         a.kill()
@@ -280,11 +283,11 @@ def test_an_idle_holder_of_an_autotune_lease_stops_holding_it_within_two_lease_p
     assert b["got"] is None and b["seconds"] < 2 * LEASE_S + 3, b
 
 
-def test_a_holder_computing_longer_than_the_lease_keeps_it_and_the_waiter_is_served_its_put(store, store_url, tmp_path):
-    a = host(store_url, "host-a", "compute-put", "RemoteFxGraphCache", "g-slow", str(4 * LEASE_S), tmp_path=tmp_path)
+def test_a_holder_computing_longer_than_the_lease_keeps_it_and_the_waiter_is_served_its_put(store, store_url):
+    a = host(store_url, "host-a", "compute-put", "RemoteFxGraphCache", "g-slow", str(4 * LEASE_S))
     try:
         held(a)
-        b = host(store_url, "host-b", "wait", "RemoteFxGraphCache", "g-slow", tmp_path=tmp_path)
+        b = host(store_url, "host-b", "wait", "RemoteFxGraphCache", "g-slow")
         held(b, "LOOKING")
         go(a)
         assert result(a)["got"] is None
@@ -297,15 +300,15 @@ def test_a_holder_computing_longer_than_the_lease_keeps_it_and_the_waiter_is_ser
     assert lease_row(store, "fx_graph", "g-slow") is None
 
 
-def test_a_put_from_another_process_of_the_host_releases_the_lease_a_compile_worker_took(store, store_url, tmp_path):
+def test_a_put_from_another_process_of_the_host_releases_the_lease_a_compile_worker_took(store, store_url):
     """Inductor looks an autotune entry up where it loads the kernel (a compile worker) and puts it
     from the process that benchmarks it (the main process)."""
     long = {"TUNECACHE_LEASE_SECONDS": "60"}  # the worker keeps it: only the put ends it here
-    worker = host(store_url, "host-a", "hold", "RemoteAutotuneCache", "k-worker", tmp_path=tmp_path, **long)
+    worker = host(store_url, "host-a", "hold", "RemoteAutotuneCache", "k-worker", **long)
     try:
-        held(worker)
-        assert lease_row(store, "autotune", "k-worker")["pid"] == worker.pid
-        result(host(store_url, "host-a", "put", "RemoteAutotuneCache", "k-worker", tmp_path=tmp_path, **long))
+        pid = held(worker)
+        assert lease_row(store, "autotune", "k-worker")["pid"] == pid
+        result(host(store_url, "host-a", "put", "RemoteAutotuneCache", "k-worker", **long))
         assert lease_row(store, "autotune", "k-worker") is None
         assert worker.poll() is None
     finally:
@@ -328,13 +331,13 @@ def inductor_summary(stderr: str) -> dict:
     return {k: v if k == "pid" else float(v.replace(",", "")) for k, v in line.items()}
 
 
-def test_the_summary_line_says_what_torch_compiles_store_did(store_url, tmp_path, monkeypatch):
+def test_the_summary_line_says_what_torch_compiles_store_did(store_url, monkeypatch):
     """A process that computed and put, one kept waiting then served, one refused an entry it does
     not trust: each says so in its TUNECACHE_SUMMARY line (the tuner's line stays as it was)."""
     monkeypatch.setenv("TUNECACHE_SUMMARY", "1")
-    a = host(store_url, "host-a", "compute-put", "RemoteFxGraphCache", "g-said", str(2 * LEASE_S), tmp_path=tmp_path)
+    a = host(store_url, "host-a", "compute-put", "RemoteFxGraphCache", "g-said", str(2 * LEASE_S))
     held(a)
-    b = host(store_url, "host-b", "wait", "RemoteFxGraphCache", "g-said", tmp_path=tmp_path)
+    b = host(store_url, "host-b", "wait", "RemoteFxGraphCache", "g-said")
     held(b, "LOOKING")
     go(a)
     _, a_err = a.communicate(timeout=120)
@@ -345,7 +348,7 @@ def test_the_summary_line_says_what_torch_compiles_store_did(store_url, tmp_path
     said, got = inductor_summary(b_err), json.loads(b_out.strip().splitlines()[-1])
     assert (said["served"], said["computed"], said["put"], said["waits"]) == (1, 0, 0, 1), said
     assert LEASE_S < said["wait_s"] <= got["seconds"] + 0.05, (said, got)  # A computed 2 s: B waited that
-    c = host(store_url, "host-c", "wait", "RemoteFxGraphCache", "g-said", tmp_path=tmp_path, TUNECACHE_TRUST_STORE="no")
+    c = host(store_url, "host-c", "wait", "RemoteFxGraphCache", "g-said", TUNECACHE_TRUST_STORE="no")
     _, c_err = c.communicate(timeout=120)
     said = inductor_summary(c_err)
     assert (said["served"], said["computed"], said["untrusted"]) == (0, 1, 1), said

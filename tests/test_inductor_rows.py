@@ -15,12 +15,12 @@ import contextlib
 import json
 import os
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
+import warmpool
 
 pytest.importorskip("torch._inductor.remote_cache")
 
@@ -87,20 +87,21 @@ def test_a_hit_is_served_without_waiting_for_the_store_to_record_it(store, monke
 # ---- item 4: an untrusted put never evicts a signed entry ------------------------------------
 
 
-def host(url: str, name: str, env: dict[str, str], tmp_path: Path, **args) -> subprocess.Popen:
+def host(url: str, name: str, env: dict[str, str], **args) -> subprocess.Popen:
     """tests/inductor_put_prog.py as host ``name`` of a fleet sharing store ``url`` (a shared store:
-    trusted by signature only, as PostgreSQL is), with its own empty Inductor caches."""
+    trusted by signature only, as PostgreSQL is). Forked from the warm pool's Inductor server (it
+    imports Inductor's remote caches first thing): it compiles nothing, so its local Inductor cache
+    directory is the pool's, where it writes nothing; what it is served comes from the store alone."""
     full = {k: v for k, v in os.environ.items() if k not in SETTINGS}
     full.update(
         TUNECACHE_URL=url,
         TUNECACHE_HOST_ID=name,
         TUNECACHE_TRUST_STORE="no",
-        TORCHINDUCTOR_CACHE_DIR=str(tmp_path / f"inductor-{name}"),
         PYTHONPATH=os.pathsep.join(p for p in (str(HERE.parent), os.environ.get("PYTHONPATH")) if p),
         **env,
     )
-    argv = [sys.executable, str(HERE / "inductor_put_prog.py"), json.dumps({"host": name, **args})]
-    return subprocess.Popen(argv, env=full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=HERE)
+    argv = [str(HERE / "inductor_put_prog.py"), json.dumps({"host": name, **args})]
+    return warmpool.popen(argv, full, inductor=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def result(p: subprocess.Popen) -> tuple[dict, str]:
@@ -122,8 +123,8 @@ def test_a_host_that_trusts_no_key_never_evicts_the_fleets_signed_entries(store,
     done = tmp_path / "fleet-a.done"
     start_at = time.time() + 4
     store_url = store.url.render_as_string(hide_password=False)
-    a = host(store_url, "fleet-a", fleet, tmp_path, keys=graphs, rounds=3, start_at=start_at, done=str(done))
-    dev = host(store_url, "dev-box", {}, tmp_path, keys=graphs, rounds=3, start_at=start_at, last_round_after=str(done))
+    a = host(store_url, "fleet-a", fleet, keys=graphs, rounds=3, start_at=start_at, done=str(done))
+    dev = host(store_url, "dev-box", {}, keys=graphs, rounds=3, start_at=start_at, last_round_after=str(done))
     (ra, _), (rd, dev_err) = result(a), result(dev)
     # fleet-a computed each graph once; its later rounds were served its own entries, never evicted.
     assert ra["computed"] == 4 and ra["served"] == ["fleet-a"] * 8, ra

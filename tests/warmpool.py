@@ -14,7 +14,9 @@ directory and argv to the server, forwards the signals it gets to the child, and
 child's status, so ``subprocess.run``'s capture, timeouts and return codes work unchanged. When the
 launcher dies (``kill()``, a timeout), the child is killed. A program the server could change
 runs as a fresh ``exec`` instead (:func:`warm_enough`), and ``TUNECACHE_TEST_FRESH=1`` makes every
-child fresh (to check that the pool hides nothing), or, in the child's env, that child. See
+child fresh (to check that the pool hides nothing), or, in the child's env, that child.
+``popen(..., inductor=True)`` forks from a second server that also imported torch._dynamo and
+Inductor's remote caches (:data:`INDUCTOR_PRELOAD`), for the torch.compile tests' hosts. See
 docs/testing.md.
 """
 
@@ -41,6 +43,17 @@ _SAME_ANYWHERE = ("PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "
 # imported): a child given "" is as warm as one without it. Any other value, "0" included (the .pth
 # line then imports the hook), starts fresh.
 _HOOK = ("TUNECACHE_INSTALL", "TUNECACHE_INDUCTOR")
+# The torch.compile tests' host programs (tests/inductor_lease_prog.py, inductor_put_prog.py) import
+# these first thing: 1.3 s of CPU more than torch alone, in every host. Importing them reads more than
+# torch does: Triton (TRITON_INTERPRET...), Inductor's config (TORCHINDUCTOR_*), and dynamo's package
+# cache takes its directory from TORCHINDUCTOR_CACHE_DIR there (torch 2.13: ``DynamoCache``). So a
+# child of this server is warm only with the server's whole environment but what is read at run time
+# (:func:`_import_env`), and gets the server's TORCHINDUCTOR_CACHE_DIR, a directory of this process
+# (:func:`inductor_cache_dir`), fresh or warm: a host that never compiles writes nothing there. Its
+# working directory is the server's too (torch._dynamo.config's debug_dir_root is the cwd at import).
+INDUCTOR_PRELOAD = (*PRELOAD, "torch._dynamo", "torch._inductor.remote_cache")
+# Read only by tunecache (imported by the child itself), or set by pytest per test.
+_RUN_TIME = ("TUNECACHE_", "PYTEST_CURRENT_TEST")
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
 
@@ -62,17 +75,50 @@ def warm_enough(argv: list[str], env: dict[str, str]) -> bool:
     return _start_env(env) == _start_env(dict(os.environ))
 
 
-class _Server:
-    """This process's server: started at first use, ended with this process."""
+def _import_env(env: dict[str, str]) -> dict[str, str]:
+    """What of ``env`` a child of the Inductor server must share with it: all but what is read at run
+    time (``PYTHONPATH`` is the child's own, as in any warm child)."""
+    return {
+        k: v for k, v in env.items() if k not in _SAME_ANYWHERE and (not k.startswith(_RUN_TIME) or k.startswith(_HOOK))
+    }
 
-    def __init__(self) -> None:
+
+def _site_hooks(env: dict[str, str]) -> bool:
+    """Whether ``env``'s PYTHONPATH holds a module that ``site`` imports at start-up (a fork never does)."""
+    dirs = filter(None, env.get("PYTHONPATH", "").split(os.pathsep))
+    return any(os.path.exists(os.path.join(d, f"{m}.py")) for d in dirs for m in ("sitecustomize", "usercustomize"))
+
+
+_inductor_dir: str | None = None
+
+
+def inductor_cache_dir() -> str:
+    """The TORCHINDUCTOR_CACHE_DIR of the Inductor server and its children: this process's, removed at its end."""
+    global _inductor_dir
+    if _inductor_dir is None:
+        import atexit
+        import shutil
+        import tempfile
+
+        _inductor_dir = tempfile.mkdtemp(prefix="tc-warm-inductor-")
+        atexit.register(shutil.rmtree, _inductor_dir, ignore_errors=True)
+    return _inductor_dir
+
+
+class _Server:
+    """This process's server (or its Inductor server): started at first use, ended with this process."""
+
+    def __init__(self, inductor: bool = False) -> None:
         import subprocess
         import tempfile
 
         self.dir = tempfile.mkdtemp(prefix="tc-warm-")
         self.path = os.path.join(self.dir, "s")
+        self.env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": inductor_cache_dir()} if inductor else None
+        self.cwd = os.getcwd()
         self.proc = subprocess.Popen(
-            [sys.executable, __file__, "serve", self.path, str(os.getpid())],
+            [sys.executable, __file__, "serve", self.path, str(os.getpid()), *(["inductor"] if inductor else [])],
+            env=self.env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=open(os.path.join(self.dir, "log"), "w"),  # noqa: SIM115
@@ -90,20 +136,31 @@ class _Server:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-_server: _Server | None = None
+_servers: dict[bool, _Server] = {}  # by ``inductor``
 
 
-def popen(argv: list[str], env: dict[str, str], **kw):  # noqa: ANN003, ANN201
+def popen(argv: list[str], env: dict[str, str], *, inductor: bool = False, **kw):  # noqa: ANN003, ANN201
     """``subprocess.Popen([python, *argv], env=env, **kw)``, forked from the warm server when
-    :func:`warm_enough`, else a fresh interpreter."""
+    :func:`warm_enough`, else a fresh interpreter. With ``inductor``, from the server that imported
+    :data:`INDUCTOR_PRELOAD` too, and TORCHINDUCTOR_CACHE_DIR is :func:`inductor_cache_dir`."""
     import subprocess
 
-    global _server
-    if not warm_enough(argv, env):
+    server = _servers.get(inductor)
+    if server is not None and server.proc.poll() is not None:
+        server = None
+    warm = warm_enough(argv, env)
+    if inductor:
+        env = {**env, "TORCHINDUCTOR_CACHE_DIR": inductor_cache_dir()}
+        base = server.env if server is not None else {**os.environ, "TORCHINDUCTOR_CACHE_DIR": inductor_cache_dir()}
+        hooked = any(k.startswith(_HOOK) for k in env) or _site_hooks(env)  # run at start-up, never in a fork
+        cwd = os.path.abspath(kw.get("cwd") or os.getcwd())  # dynamo's debug_dir_root is the cwd at import
+        same_cwd = cwd == (server.cwd if server is not None else os.getcwd())
+        warm = warm and not hooked and same_cwd and _import_env(env) == _import_env(base)
+    if not warm:
         return subprocess.Popen([sys.executable, *argv], env=env, **kw)
-    if _server is None or _server.proc.poll() is not None:
-        _server = _Server()
-    launcher = [sys.executable, "-S", __file__, "launch", _server.path, str(_server.proc.pid)]
+    if server is None:
+        server = _servers[inductor] = _Server(inductor)
+    launcher = [sys.executable, "-S", __file__, "launch", server.path, str(server.proc.pid)]
     return subprocess.Popen([*launcher, *argv], env=env, **kw)
 
 
@@ -155,10 +212,10 @@ def launch(path: str, server: int, argv: list[str]) -> None:
 # ---- the server (python warmpool.py serve SOCK PARENT_PID) --------------------------------------
 
 
-def serve(path: str, parent: int) -> None:
+def serve(path: str, parent: int, inductor: bool = False) -> None:
     import importlib
 
-    for name in PRELOAD:
+    for name in INDUCTOR_PRELOAD if inductor else PRELOAD:
         try:
             importlib.import_module(name)
         except ImportError:
@@ -307,6 +364,6 @@ if __name__ == "__main__":
     if sys.argv[1] == "launch":
         launch(sys.argv[2], int(sys.argv[3]), sys.argv[4:])
     else:
-        serve(sys.argv[2], int(sys.argv[3]))
+        serve(sys.argv[2], int(sys.argv[3]), sys.argv[4:] == ["inductor"])
         if _program is not None:  # this is a child: run its program, at top level
             _run_program()
