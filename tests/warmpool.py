@@ -65,14 +65,18 @@ def _start_env(env: dict[str, str]) -> dict[str, str]:
     }
 
 
-def warm_enough(argv: list[str], env: dict[str, str]) -> bool:
+def warm_enough(argv: list[str], env: dict[str, str], server_env: dict[str, str] | None = None) -> bool:
     """Whether ``python ARGV`` in ``env`` behaves the same forked from the server: a script, ``-c`` or
-    ``-m`` (no interpreter flags), and the server's values for what is read at start-up."""
+    ``-m`` (no interpreter flags), no ``sitecustomize`` of its own (``site`` runs at start-up, never in
+    a fork), and the values the server started with (``server_env``; this process's environment for
+    a server not started yet) for what is read at start-up."""
     if "1" in (os.environ.get("TUNECACHE_TEST_FRESH"), env.get("TUNECACHE_TEST_FRESH")) or not argv:
         return False
     if argv[0].startswith("-") and argv[0] not in ("-c", "-m"):
         return False
-    return _start_env(env) == _start_env(dict(os.environ))
+    if _site_hooks(env):
+        return False
+    return _start_env(env) == _start_env(dict(os.environ) if server_env is None else server_env)
 
 
 def _import_env(env: dict[str, str]) -> dict[str, str]:
@@ -114,7 +118,7 @@ class _Server:
 
         self.dir = tempfile.mkdtemp(prefix="tc-warm-")
         self.path = os.path.join(self.dir, "s")
-        self.env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": inductor_cache_dir()} if inductor else None
+        self.env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": inductor_cache_dir()} if inductor else dict(os.environ)
         self.cwd = os.getcwd()
         self.proc = subprocess.Popen(
             [sys.executable, __file__, "serve", self.path, str(os.getpid()), *(["inductor"] if inductor else [])],
@@ -148,7 +152,7 @@ def popen(argv: list[str], env: dict[str, str], *, inductor: bool = False, **kw)
     server = _servers.get(inductor)
     if server is not None and server.proc.poll() is not None:
         server = None
-    warm = warm_enough(argv, env)
+    warm = warm_enough(argv, env, server.env if server is not None else None)
     if inductor:
         env = {**env, "TORCHINDUCTOR_CACHE_DIR": inductor_cache_dir()}
         base = server.env if server is not None else {**os.environ, "TORCHINDUCTOR_CACHE_DIR": inductor_cache_dir()}
