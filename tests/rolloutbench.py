@@ -17,7 +17,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 ROLLOUT = ROOT / "scripts" / "bench_rollout.py"
-HOSTS = 4
+HOSTS = 3
 
 
 def bench(out: Path, *args: str, timeout: float = 900) -> dict[str, Any]:
