@@ -55,7 +55,7 @@ def run_scenarios(fl: Fleet, workload: str) -> dict[str, Any]:
         fl.fleet(workload, url, hosts)
         steps = []
         for edit in EDITS:
-            for h in hosts[: max(1, n // 2)]:  # half the fleet, one restart at a time (same host, same caches)
+            for h in hosts[: (n + 1) // 2]:  # half the fleet (of 3, 2), one restart at a time (same host, same caches)
                 log(f"upgrade: {h['host']} restarts on the {edit} edit")
                 steps += fl.fleet(workload, url, [{**h, "version": edit}])
         log("upgrade: a fresh host of each version")

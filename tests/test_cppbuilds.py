@@ -49,3 +49,34 @@ def test_share_seeds_from_the_pool_only_where_both_are_named(tmp_path, monkeypat
     monkeypatch.setattr(cppbuilds.atexit, "register", lambda *a: None)
     cppbuilds.share()
     assert (cache / "cd" / "ccdq.main.so").read_text() == "ELF2"
+
+
+def test_a_build_another_host_pooled_meanwhile_is_taken_not_built(tmp_path):
+    """A cold fleet's hosts start together (the pool empty): one that waited for another's torch.compile
+    entry must find that host's builds at its own build step, and its own builds go in at once."""
+    import types
+
+    pool, cache = tmp_path / "pool", tmp_path / "host"
+    cppbuilds.keep(_host(tmp_path / "other"), pool)  # another host built these after this one started
+    built: list[str] = []
+
+    class CppBuilder:
+        def __init__(self, target: Path) -> None:
+            self.target = target
+
+        def get_target_file_path(self) -> str:
+            return str(self.target)
+
+        def build(self) -> None:
+            self.target.parent.mkdir(parents=True, exist_ok=True)
+            self.target.write_text("built here")
+            built.append(self.target.name)
+
+    cppbuilds._wrap(types.SimpleNamespace(CppBuilder=CppBuilder), pool, cache)
+    CppBuilder(cache / "ab" / "cabxyz.so").build()  # in the pool: copied, not built
+    assert built == [] and (cache / "ab" / "cabxyz.so").read_text() == "ELF"
+    CppBuilder(cache / "ef" / "cefnew.so").build()  # not in the pool: built, then pooled
+    assert built == ["cefnew.so"] and (pool / "ef" / "cefnew.so").read_text() == "built here"
+    CppBuilder(cache / "ab" / "cabxyz.o").build()  # an intermediate object: built, never pooled
+    CppBuilder(tmp_path / "elsewhere" / "ab" / "cabxyz.so").build()  # outside this cache: built
+    assert built == ["cefnew.so", "cabxyz.o", "cabxyz.so"] and not (pool / "ab" / "cabxyz.o").exists()

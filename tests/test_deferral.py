@@ -4,7 +4,8 @@ is benchmarking, so that a cold fleet spreads its keys over its hosts instead of
 Inside the context a launch whose key misses and whose lease (or host lock) another live process holds
 raises ``tunecache.Busy`` at once: nothing launched or benchmarked, nothing cached, no lease taken, no
 wait counted, the tuner as it was. Outside it, and wherever tunecache would not wait, nothing changes.
-The fleet itself (processes warming the bundled kernel together) is in tests/test_rollout.py.
+The fleet itself (processes warming the bundled kernel together) is in tests/test_rollout.py and
+tests/test_rollout_spread.py.
 """
 
 from __future__ import annotations

@@ -496,7 +496,7 @@ def test_autotuned_path_stores_the_bucket_and_matches_reference(sqlite_url):
 
 
 def test_warmup_defers_a_bucket_another_host_is_benchmarking_then_comes_back_to_it(tmp_path, monkeypatch):
-    """A cold fleet spreads the buckets (tests/test_rollout.py): here bucket 2's lease is another host's
+    """A cold fleet spreads the buckets (tests/test_rollout_spread.py): here bucket 2's lease is another host's
     (which never stores it), so warmup tunes bucket 1 first, then comes back to 2, waits for it in vain
     and tunes it; progress is called once per bucket and every bucket has its winner."""
     import time
