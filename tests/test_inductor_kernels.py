@@ -229,6 +229,9 @@ def test_a_process_with_an_override_or_dump_knob_neither_files_nor_fetches(store
     process's builds stay on its host (said once), and it compiles what its cache lacks (its override applies)."""
     from tunecache.trust import sharing
 
+    # Said once per reason and process: a test that ran an overridden build before on this worker
+    # (test_shared_builds) has said one already.
+    monkeypatch.setattr(sharing, "_said", set())
     monkeypatch.setenv("TUNECACHE_TRUST_STORE", "yes")
     tritoncache.install(InductorStore(store))
     shared, built = kernel(60), kernel(61)
