@@ -23,22 +23,9 @@ def run_json(argv: list[str], env: dict | None = None, timeout: float = 300) -> 
 
 def run_json_stderr(argv: list[str], env: dict | None = None, timeout: float = 300) -> tuple[dict, str]:
     """:func:`run_json`, and what the process wrote on stderr."""
-    p = warmpool.popen(
-        argv,
-        {**os.environ, **(env or {})},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=str(HERE),
-    )
-    try:
-        out, err = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        p.communicate()
-        raise
-    assert p.returncode == 0, err[-3000:]
-    return json.loads(out.strip().splitlines()[-1]), err
+    r = run(argv, env, timeout, cwd=str(HERE))
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1]), r.stderr
 
 
 def run(
